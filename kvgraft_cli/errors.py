@@ -1,0 +1,67 @@
+"""The one exception hierarchy of kvgraft.
+
+Every failure a user can cause or meet is a :class:`KvgraftError`. The CLI turns it into one line on stderr,
+``Error: <message>`` followed by ``Hint: <hint>`` when there is one, and exits with :attr:`exit_code`:
+2 for bad input or usage (:class:`InputError`), 1 for a check that ran and failed (:class:`CheckFailed`).
+"""
+
+from __future__ import annotations
+
+
+class KvgraftError(Exception):
+    """Base of all kvgraft errors."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class InputError(KvgraftError):
+    """Bad input or usage: a missing file, malformed YAML/JSONL, a manifest that does not validate."""
+
+    exit_code = 2
+
+
+class ManifestError(InputError):
+    """A run-manifest that cannot be read or does not validate against the schema."""
+
+    def __init__(self, message: str, hint: str | None = None, problems: list[str] | None = None):
+        super().__init__(message, hint)
+        self.problems = problems or []
+
+
+class ProblemFileError(InputError):
+    """A problems JSONL file with a malformed line or a missing field."""
+
+
+class ArtifactError(InputError):
+    """An artifact that is missing, truncated, tampered with or not a kvgraft artifact."""
+
+
+class ModelMismatch(InputError):
+    """An artifact or manifest that belongs to another model, tokenizer, dtype or layer layout."""
+
+
+class UnsupportedModel(InputError):
+    """A model whose cache holds state kvgraft cannot deposit exactly (linear attention, quantized, ...)."""
+
+
+class DriftError(InputError):
+    """The effective environment differs from the manifest's pin (versions, device, kernel flags, model hash)."""
+
+
+class DeviceError(InputError):
+    """The manifest asks for a device this machine does not have."""
+
+
+class LedgerError(InputError):
+    """A ledger that cannot be appended to (torn last line, unreadable)."""
+
+
+class CheckFailed(KvgraftError):
+    """A check ran and found a difference (hash mismatch, an inexact graft)."""
+
+    exit_code = 1

@@ -1,0 +1,88 @@
+"""The ledger, first version: append-only JSON Lines, one RFC 8785 canonical entry a line, chained by hash.
+
+Each entry carries ``seq`` (0-based line number), ``prev`` (SHA-256 of the previous line's bytes, without its
+newline; null for the first), ``kind``, ``time`` and the run's input and output digests. Appends hold an exclusive
+file lock, write one whole line with a single ``write`` on an ``O_APPEND`` descriptor and fsync it. A torn last line
+(a writer killed mid-line) stops further appends instead of being silently continued.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .errors import LedgerError
+from .hashing import canonical_json, fsync_dir, sha256_bytes
+
+TAIL_READ = 1 << 16
+
+
+def _lock(path: Path):
+    from filelock import FileLock
+
+    return FileLock(str(path) + ".lock", timeout=120)
+
+
+def _last_line(path: Path) -> tuple[int, bytes | None]:
+    """(number of lines, bytes of the last line) of a ledger; raises LedgerError on a torn tail."""
+    size = path.stat().st_size if path.exists() else 0
+    if size == 0:
+        return 0, None
+    with open(path, "rb") as f:
+        f.seek(max(0, size - 1))
+        if f.read(1) != b"\n":
+            raise LedgerError(
+                f"{path}: the last line is torn (no newline at the end: a writer was interrupted)",
+                "inspect it with `kvgraft verify`; nothing will be appended after a torn line",
+            )
+        # Read backwards until the newline before the last line.
+        pos, tail = size, b""
+        while pos > 0 and tail.count(b"\n") < 2:
+            step = min(TAIL_READ, pos)
+            pos -= step
+            f.seek(pos)
+            tail = f.read(step) + tail
+        last = tail[:-1].rsplit(b"\n", 1)[-1]
+    try:
+        seq = json.loads(last)["seq"]
+    except (ValueError, KeyError, TypeError):
+        raise LedgerError(f"{path}: the last line is not a ledger entry", "inspect it with `kvgraft verify`") from None
+    return seq + 1, last
+
+
+def append(path: Path, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Append one entry (``body`` plus seq, prev, kind, time) and return it as written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(path):
+        n, last = _last_line(path)
+        entry = dict(body)
+        entry.update(
+            seq=n,
+            prev=sha256_bytes(last) if last is not None else None,
+            kind=kind,
+            time=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
+        )
+        line = canonical_json(entry) + b"\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = os.write(fd, line)
+            if written != len(line):
+                raise LedgerError(f"{path}: short write ({written} of {len(line)} bytes)")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if n == 0:
+            fsync_dir(path.parent)
+    return entry
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    """All entries of a ledger (no verification: that is `kvgraft verify`)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_bytes().splitlines() if line]

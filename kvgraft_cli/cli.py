@@ -142,8 +142,9 @@ def deposit(
         table.add_column(col, justify="right" if col in ("line", "tokens", "bytes") else "left")
     for r in report.results:
         style = {"deposited": "green", "existing": "cyan", "skipped": "yellow"}[r.status]
+        note = r.reason if r.status == "skipped" else ("verified" if r.verified else "UNVERIFIED: " + r.reason)
         table.add_row(r.id, str(r.line), f"[{style}]{r.status}[/]", str(r.num_tokens or ""),
-                      _human_bytes(r.file_bytes) if r.file_bytes else "", (r.artifact or "")[:16], r.reason)
+                      _human_bytes(r.file_bytes) if r.file_bytes else "", (r.artifact or "")[:12], note)
     out.print(table)
     t = report.totals()
     summary = Table(show_header=True, title="summary", title_justify="left")

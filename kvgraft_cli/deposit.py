@@ -65,7 +65,7 @@ def render_prefix(template: str, p: Problem) -> str:
 
 
 def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, allow_unverified: bool = False,
-            recompute: bool = False, level: int = 3,
+            recompute: bool = False, level: int = 3, engine: Engine | None = None,
             on_start: Callable[[int], None] | None = None,
             on_progress: Callable[[DepositResult], None] | None = None) -> DepositReport:
     """Deposit every verified problem of a JSONL file. The whole file is parsed and checked before any work."""
@@ -83,7 +83,8 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
             report.results.append(DepositResult(p.id, p.line, "skipped", f"{verdict.status}: {verdict.reason}"))
     if not plan:
         return report
-    engine = load_engine(ctx.manifest, ctx.allow_drift)
+    if engine is None:
+        engine = load_engine(ctx.manifest, ctx.allow_drift)
     if on_start:
         on_start(len(plan))
     with Store(ctx.store) as store:

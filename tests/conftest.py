@@ -1,0 +1,64 @@
+"""Shared fixtures. Pins the portable kernel flags before anything imports torch, so in-process engine tests run
+under the embedded default manifest without drift (the CLI does this itself; pytest imports torch first)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvgraft_cli.determinism import KNOWN_BIT_ENV
+
+# Must happen before torch is imported by any test module.
+for _name in KNOWN_BIT_ENV:
+    os.environ.pop(_name, None)
+os.environ["MKL_CBWR"] = "COMPATIBLE"
+os.environ["ATEN_CPU_CAPABILITY"] = "default"
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples" / "problems.jsonl"
+SHARED = REPO.parent / "shared"
+MATH500 = SHARED / "data" / "math500.jsonl"
+
+
+def run_cli(*args: str, cwd: Path, env: dict | None = None, check_rc: int | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m kvgraft_cli ARGS` in a fresh process (as a user would), capturing output."""
+    full_env = {k: v for k, v in os.environ.items() if k not in KNOWN_BIT_ENV and k != "KVGRAFT_DEBUG"}
+    full_env.update(env or {})
+    p = subprocess.run([sys.executable, "-m", "kvgraft_cli", *args], cwd=cwd, env=full_env,
+                       capture_output=True, text=True, timeout=600)
+    if check_rc is not None:
+        assert p.returncode == check_rc, f"rc={p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+    return p
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """The embedded default model, loaded once for the session."""
+    from kvgraft_cli.engine import load_engine
+    from kvgraft_cli.manifest import load_manifest
+
+    return load_engine(load_manifest(None))
+
+
+@pytest.fixture
+def ctx(tmp_path, engine):
+    """A RunContext on the default manifest with store and ledger in a temporary folder."""
+    from kvgraft_cli.runctx import RunContext
+
+    return RunContext.make(engine.manifest, tmp_path / "store", tmp_path / "ledger.jsonl")
+
+
+@pytest.fixture(scope="session")
+def deposited(tmp_path_factory, engine):
+    """The examples deposited once into a session store (read-only for tests)."""
+    from kvgraft_cli.deposit import deposit
+    from kvgraft_cli.runctx import RunContext
+
+    d = tmp_path_factory.mktemp("deposited")
+    c = RunContext.make(engine.manifest, d / "store", d / "ledger.jsonl")
+    report = deposit(c, EXAMPLES, engine=engine)
+    return c, report

@@ -181,8 +181,10 @@ class Engine:
 
 
 def _capture_layer(i: int, layer) -> LayerState:
-    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+    from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
 
+    if type(layer) is DummyLayer:  # a KV-sharing consumer (Gemma-3n/4): reads another layer's KV, holds none
+        return LayerState("empty")
     kind_of = {DynamicLayer: "full", DynamicSlidingWindowLayer: "sliding"}
     kind = kind_of.get(type(layer))
     if kind is None:

@@ -181,7 +181,11 @@ def parse_text(text: str, source: str) -> Any:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        raise ManifestError(f"{where}: malformed YAML: {e.problem or e}", "fix the YAML syntax at that line") from None
+        context = ""
+        if e.context and e.context_mark and mark and e.context_mark.line != mark.line:
+            context = f" ({e.context} started on line {e.context_mark.line + 1})"
+        raise ManifestError(f"{where}: malformed YAML: {e.problem or e}{context}",
+                            "fix the YAML syntax at that line") from None
     except yaml.YAMLError as e:
         raise ManifestError(f"{source}: malformed YAML: {e}") from None
 

@@ -45,10 +45,11 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-def build_config():
+def build_config(**overrides):
+    """The embedded model's Gemma-4 text config; keyword arguments replace fields (tests vary the layout)."""
     from transformers import Gemma4TextConfig
 
-    return Gemma4TextConfig(
+    kwargs = dict(
         vocab_size=len(SPECIALS) + 256,
         hidden_size=64,
         intermediate_size=128,
@@ -67,6 +68,8 @@ def build_config():
         bos_token_id=2,
         tie_word_embeddings=True,
     )
+    kwargs.update(overrides)
+    return Gemma4TextConfig(**kwargs)
 
 
 def write_tiny_model(out: Path, seed: int = SEED, config=None) -> Path:

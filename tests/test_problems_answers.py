@@ -1,0 +1,88 @@
+"""Problem files and the answer extractor used for deposit verification."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import MATH500
+from kvgraft_cli import answers
+from kvgraft_cli.errors import ProblemFileError
+from kvgraft_cli.problems import read_problems, verify_solution
+
+DEFAULT_MAP = {"id": "id", "problem": "problem", "solution": "solution", "answer": "answer", "answer_extract": "verbatim"}
+MATH_MAP = {"id": None, "problem": "question", "solution": "answer", "answer": "answer", "answer_extract": "trailer"}
+
+
+@pytest.mark.parametrize("text,want", [
+    ("so $\\boxed{42}$.", "42"),
+    ("\\boxed{\\frac{1}{2}} then \\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+    ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
+    ("\\fbox{7}", "7"),
+    ("no box. The answer is: 12", "12"),
+    ("work\nAnswer: x=3", "x=3"),
+    ("nothing here", None),
+    ("\\boxed{unclosed", None),
+])
+def test_extract(text, want):
+    assert answers.extract(text) == want
+
+
+@pytest.mark.parametrize("a,b", [
+    ("1{,}024", "1024"), ("1,000,000", "1000000"), ("007", "7"), ("\\dfrac{3}{4}", "\\frac{3}{4}"),
+    ("70^\\circ", "70"), ("5.", "5"), ("\\text{(B)}", "(B)"), ("\\left(1, 2\\right)", "(1,2)"), ("$x$", "x"),
+])
+def test_normalize_equal(a, b):
+    assert answers.answers_match(a, b)
+
+
+@pytest.mark.parametrize("a,b", [("81", "72"), ("1.5", "15"), ("\\frac{1}{2}", "\\frac{2}{1}"), ("-7", "7")])
+def test_normalize_different(a, b):
+    assert not answers.answers_match(a, b)
+
+
+def test_math500_boxed_agrees_with_trailer_on_every_record():
+    """Real data: each solution's last \\boxed{} answer equals its own 'The answer is:' trailer."""
+    rows = [json.loads(line) for line in MATH500.read_text().splitlines()]
+    disagree = [i for i, r in enumerate(rows)
+                if not answers.answers_match(answers.last_boxed(r["answer"]) or "", answers.trailer(r["answer"]) or "-")]
+    assert len(rows) == 500
+    assert disagree == []
+
+
+def test_math500_reads_with_mapping_and_verifies():
+    probs = read_problems(MATH500, MATH_MAP)
+    assert len(probs) == 500 and len({p.id for p in probs}) == 500
+    assert all(verify_solution(p).status == "verified" for p in probs[:50])
+
+
+def _jsonl(tmp_path, lines):
+    p = tmp_path / "p.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_bad_lines_are_named(tmp_path):
+    good = json.dumps({"id": "a", "problem": "p", "solution": "s"})
+    with pytest.raises(ProblemFileError, match=r"p.jsonl:2: malformed JSON"):
+        read_problems(_jsonl(tmp_path, [good, "{not json"]), DEFAULT_MAP)
+    with pytest.raises(ProblemFileError, match=r"p.jsonl:3: missing field 'solution'"):
+        read_problems(_jsonl(tmp_path, [good, "", json.dumps({"id": "b", "problem": "p"})]), DEFAULT_MAP)
+    with pytest.raises(ProblemFileError, match=r"p.jsonl:2: duplicate id 'a' \(first on line 1\)"):
+        read_problems(_jsonl(tmp_path, [good, good]), DEFAULT_MAP)
+    with pytest.raises(ProblemFileError, match=r"p.jsonl:1: expected a JSON object"):
+        read_problems(_jsonl(tmp_path, ["[1, 2]"]), DEFAULT_MAP)
+    with pytest.raises(ProblemFileError, match="must be a string"):
+        read_problems(_jsonl(tmp_path, [json.dumps({"id": "a", "problem": 3, "solution": "s"})]), DEFAULT_MAP)
+
+
+def test_verdicts(tmp_path):
+    lines = [json.dumps(r) for r in (
+        {"id": "ok", "problem": "p", "solution": "\\boxed{4}", "answer": "4"},
+        {"id": "bad", "problem": "p", "solution": "\\boxed{5}", "answer": "4"},
+        {"id": "none", "problem": "p", "solution": "\\boxed{5}"},
+        {"id": "nobox", "problem": "p", "solution": "I think so.", "answer": 4},
+    )]
+    got = {p.id: verify_solution(p).status for p in read_problems(_jsonl(tmp_path, lines), DEFAULT_MAP)}
+    assert got == {"ok": "verified", "bad": "wrong", "none": "unverifiable", "nobox": "unverifiable"}

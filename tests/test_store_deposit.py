@@ -1,0 +1,92 @@
+"""Deposit through the library: verification, idempotence, content addressing, ledger entries."""
+
+from __future__ import annotations
+
+from conftest import EXAMPLES, MATH500
+from kvgraft_cli import ledger
+from kvgraft_cli.deposit import deposit
+from kvgraft_cli.hashing import sha256_bytes
+from kvgraft_cli.manifest import load_manifest, with_overrides
+from kvgraft_cli.runctx import RunContext
+from kvgraft_cli.store import Store
+
+
+def _objects(store):
+    return sorted((store / "objects").rglob("*.kvg"))
+
+
+def test_examples_deposit_verified_and_skip_others(deposited):
+    ctx, report = deposited
+    by_id = {r.id: r for r in report.results}
+    assert by_id["wrong-1"].status == "skipped" and "wrong" in by_id["wrong-1"].reason
+    assert by_id["noref-1"].status == "skipped" and "no reference" in by_id["noref-1"].reason
+    assert by_id["frac-1"].status == "deposited"  # \frac{3}{4} vs \dfrac{3}{4}
+    assert by_id["pow-1"].status == "deposited"  # 1{,}024 vs 1024
+    assert by_id["angle-1"].status == "deposited"  # 70^\circ vs 70
+    t = report.totals()
+    assert (t["deposited"], t["skipped"]) == (7, 2)
+    assert len(_objects(ctx.store)) == 7
+
+
+def test_same_problem_twice_gives_same_artifact_and_no_second_object(ctx, engine):
+    r1 = deposit(ctx, EXAMPLES, limit=3, engine=engine)
+    r2 = deposit(ctx, EXAMPLES, limit=3, engine=engine)
+    r3 = deposit(ctx, EXAMPLES, limit=3, engine=engine, recompute=True)  # prefill again: same bytes
+    assert [r.artifact for r in r1.results] == [r.artifact for r in r2.results] == [r.artifact for r in r3.results]
+    assert {r.status for r in r2.results} == {"existing"} == {r.status for r in r3.results}
+    assert len(_objects(ctx.store)) == 3
+    with Store(ctx.store) as s:
+        assert s.stats()["objects"] == 3 and s.stats()["entries"] == 3
+
+
+def test_ledger_entries_carry_input_and_output_hashes(deposited):
+    ctx, report = deposited
+    entries = [e for e in ledger.read(ctx.ledger) if e["kind"] == "deposit"]
+    assert len(entries) == 7
+    e = entries[0]
+    assert set(e["inputs"]) == {"problems_file", "record", "token_ids"}
+    assert set(e["outputs"]) == {"artifact", "logits"}
+    assert e["manifest"]["sha256"] and e["manifest"]["compute_sha256"] and e["model"]["sha256"]
+    # The recorded artifact path and hash check out against the file on disk.
+    path = ctx.ledger.parent / e["outputs"]["artifact"]["path"]
+    from kvgraft_cli.artifact import read_file
+
+    payload, art = read_file(path)
+    assert sha256_bytes(payload) == e["outputs"]["artifact"]["sha256"]
+    assert art.meta["logits_sha256"] == e["outputs"]["logits"]["sha256"]
+    from kvgraft_cli.engine import token_ids_sha256
+
+    assert token_ids_sha256(art.token_ids) == e["inputs"]["token_ids"]["sha256"]
+
+
+def test_unverified_deposit_needs_the_flag(ctx, engine):
+    rep = deposit(ctx, EXAMPLES, engine=engine, allow_unverified=True)
+    by_id = {r.id: r for r in rep.results}
+    assert by_id["wrong-1"].status == "deposited" and not by_id["wrong-1"].verified
+    assert by_id["sum-1"].verified
+    with Store(ctx.store) as s:
+        flags = {e.problem_id: e.verified for e in s.entries()}
+    assert flags["wrong-1"] is False and flags["sum-1"] is True
+
+
+def test_math500_deposits_with_field_mapping(tmp_path, engine):
+    m = load_manifest(EXAMPLES.parents[1] / "manifests" / "math500.yaml")
+    assert m.compute_sha256 == engine.manifest.compute_sha256  # input mapping is not part of the pin
+    ctx = RunContext.make(m, tmp_path / "s", tmp_path / "l.jsonl")
+    rep = deposit(ctx, MATH500, limit=5, engine=engine)
+    assert [r.status for r in rep.results] == ["deposited"] * 5
+    assert all(r.id.startswith("p-") for r in rep.results)
+    # The same mapping given as overrides (what --field does) gives the same artifacts.
+    m2 = with_overrides(load_manifest(None), {"input.id": None, "input.problem": "question",
+                                              "input.solution": "answer", "input.answer_extract": "trailer"})
+    rep2 = deposit(RunContext.make(m2, tmp_path / "s2", tmp_path / "l2.jsonl"), MATH500, limit=5, engine=engine)
+    assert [r.artifact for r in rep.results] == [r.artifact for r in rep2.results]
+
+
+def test_store_resolves_ids_prefixes_and_latest(deposited):
+    ctx, report = deposited
+    art = {r.id: r.artifact for r in report.results if r.artifact}
+    with Store(ctx.store) as s:
+        assert s.resolve("lin-1") == art["lin-1"]
+        assert s.resolve(art["lin-1"][:10]) == art["lin-1"]
+        assert s.resolve(None) == art["gcd-1"]  # the last one deposited

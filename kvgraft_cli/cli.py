@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Optional
 
@@ -43,7 +44,7 @@ def handle_errors(fn):
             raise
         except KvgraftError as e:
             if os.environ.get("KVGRAFT_DEBUG") == "1":
-                raise
+                traceback.print_exc()
             msg = e.message if e.message.endswith(".") else e.message + "."
             hint = f" Hint: {e.hint}." if e.hint and not e.hint.endswith(".") else (f" Hint: {e.hint}" if e.hint else "")
             err.print(f"Error: {msg}{hint}", soft_wrap=True, markup=False)
@@ -53,7 +54,7 @@ def handle_errors(fn):
             raise typer.Exit(130) from None
         except Exception as e:  # a bug: say so in one line, full detail on request
             if os.environ.get("KVGRAFT_DEBUG") == "1":
-                raise
+                traceback.print_exc()
             err.print(f"Error: internal error: {type(e).__name__}: {e}. Hint: re-run with KVGRAFT_DEBUG=1 for "
                       "the traceback and report it.", soft_wrap=True, markup=False)
             raise typer.Exit(1) from None
@@ -172,14 +173,16 @@ def graft(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Restore an artifact at its own position and continue it; with --check, compare against fresh computation."""
-    from .engine import load_engine
-    from .graft import graft_check, graft_generate
+    from .engine import load_engine, pin_environment
+    from .graft import graft_check, graft_generate, open_artifact
 
     ctx = _context(manifest, store, ledger, allow_drift)
-    engine = load_engine(ctx.manifest, ctx.allow_drift)
+    drift = pin_environment(ctx.manifest)  # kernel flags first: reading the artifact imports torch
+    loaded = open_artifact(ctx, artifact)  # re-hashed here, before the (slow) model load
+    engine = load_engine(ctx.manifest, ctx.allow_drift, drift)
     n_new = ctx.manifest.data["decode"]["max_new_tokens"] if max_new_tokens is None else max_new_tokens
     if not check:
-        r = graft_generate(ctx, engine, artifact, query, n_new)
+        r = graft_generate(ctx, engine, loaded, query, n_new)
         if as_json:
             _print_json({"artifact": r.artifact, "prefix_tokens": r.prefix_tokens, "query": r.query,
                          "generated_ids": r.generated_ids, "text": r.text, "ledger_seq": r.ledger_seq})
@@ -193,7 +196,7 @@ def graft(
     with Progress(TextColumn("checking"), BarColumn(), MofNCompleteColumn(), console=err, transient=True,
                   disable=as_json or not err.is_terminal) as progress:
         task = progress.add_task("", total=samples)
-        report = graft_check(ctx, engine, artifact, samples, n_new, on_sample=lambda s: progress.advance(task))
+        report = graft_check(ctx, engine, loaded, samples, n_new, on_sample=lambda s: progress.advance(task))
     if as_json:
         _print_json(report.to_json())
     else:
@@ -342,9 +345,7 @@ def store_list(
     from .store import Store
 
     ctx = _context(manifest, store, None, False)
-    if not ctx.store.is_dir():
-        raise InputError(f"no store at {ctx.store}", "deposit something first, or pass --store")
-    with Store(ctx.store) as s:
+    with Store(ctx.store, create=False) as s:
         entries, stats = s.entries(limit), s.stats()
     if as_json:
         _print_json({"stats": stats, "entries": [e.__dict__ for e in entries]})
@@ -359,6 +360,27 @@ def store_list(
     out.print(table)
 
 
+def _is(exc: BaseException, name: str) -> bool:
+    # Typer 0.29 vendors its own Click (typer._click); match exception classes by name so either works.
+    return any(c.__name__ == name for c in type(exc).__mro__)
+
+
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point. Usage errors (unknown option, bad value) become one `Error:` line, exit 2."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        err.print("Error: interrupted.", markup=False)
+        code = 130
+    except Exception as e:
+        if _is(e, "NoArgsIsHelpError"):
+            sys.stdout.write(e.ctx.get_help() + "\n")
+            code = 2
+        elif _is(e, "UsageError"):
+            where = e.ctx.command_path if getattr(e, "ctx", None) else "kvgraft"
+            msg = " ".join(e.format_message().split()).rstrip(".")
+            err.print(f"Error: {where}: {msg}. Hint: see `{where} --help`.", soft_wrap=True, markup=False)
+            code = 2
+        else:
+            raise
+    sys.exit(code if isinstance(code, int) else 0)

@@ -83,6 +83,7 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
             report.results.append(DepositResult(p.id, p.line, "skipped", f"{verdict.status}: {verdict.reason}"))
     if not plan:
         return report
+    ledger.check_appendable(ctx.ledger)  # refuse before any work, so nothing lands in the store unrecorded
     if engine is None:
         engine = load_engine(ctx.manifest, ctx.allow_drift)
     if on_start:
@@ -109,7 +110,7 @@ def _deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositR
         # Already deposited under this pin: re-hash the stored object rather than trusting the index.
         _, art = store.load(existing.artifact)
         sha, logits_sha, status = existing.artifact, art.meta["logits_sha256"], "existing"
-        payload_len = None
+        payload_len, rollback = None, (None, None)
     else:
         cache, last = engine.prefill(ids)
         logits_sha = tensor_sha256(last)
@@ -123,11 +124,13 @@ def _deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositR
             )
         status = "existing" if existing else "deposited"
         payload_len = len(payload)
+        had_entry = existing is not None
         existing, created = store.put(sha, payload, key=key, problem_id=p.id, num_tokens=len(ids),
                                       model_sha256=engine.hashes.model_sha256, manifest_sha256=m.compute_sha256,
                                       verified=verified, level=level)
         if not created:
             status = "existing"
+        rollback = (None if had_entry else existing.key, sha if created else None)
     entry = ctx.entry_base(engine)
     entry.update(
         inputs={
@@ -145,6 +148,12 @@ def _deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositR
     )
     if payload_len is not None:
         entry["outputs"]["artifact"]["payload_bytes"] = payload_len
-    written = ledger.append(ctx.ledger, "deposit", entry)
+    try:
+        written = ledger.append(ctx.ledger, "deposit", entry)
+    except BaseException:
+        key_to_drop, sha_to_drop = rollback
+        if key_to_drop is not None:  # nothing new stays in the store without its ledger entry
+            store.forget(key_to_drop, sha_to_drop)
+        raise
     return DepositResult(p.id, p.line, status, verdict.reason, verified, sha, len(ids),
                          store.object_path(sha).stat().st_size, logits_sha, written["seq"])

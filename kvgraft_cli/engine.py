@@ -202,10 +202,17 @@ def _capture_layer(i: int, layer) -> LayerState:
     return LayerState("full", layer.keys, layer.values)
 
 
-def load_engine(manifest: Manifest, allow_drift: bool = False) -> Engine:
+def pin_environment(manifest: Manifest) -> Drift:
+    """Apply the manifest's environment variables. Call before anything imports torch (load_engine does it first
+    unless given the Drift this returned, so a command may read artifacts between the two)."""
+    return determinism.apply_environment(manifest.data["runtime"])
+
+
+def load_engine(manifest: Manifest, allow_drift: bool = False, drift: Drift | None = None) -> Engine:
     """Apply the manifest's pins, check the environment and model hash, load model and tokenizer from local files."""
     runtime = manifest.data["runtime"]
-    drift = determinism.apply_environment(runtime)  # before torch is imported
+    if drift is None:
+        drift = pin_environment(manifest)  # before torch is imported
     device = determinism.configure_torch(runtime, drift)
     model_dir = manifest.model_dir
     hashes = hash_model_dir(model_dir)

@@ -38,19 +38,26 @@ class Loaded:
     source: str
 
 
-def load_artifact(ctx: RunContext, engine: Engine, store: Store, ref: str | None) -> Loaded:
-    """Resolve ``ref`` (hash, hash prefix, problem id, .kvg path, or None for the latest), re-hash, check fit."""
+def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
+    """Resolve ``ref`` (hash, hash prefix, problem id, .kvg path, or None for the latest) and read it, re-hashed.
+    Needs no engine, so a bad reference or a damaged file is reported before the model loads."""
     if ref is not None and ref.endswith(".kvg") and Path(ref).is_file():
         stem = Path(ref).name[: -len(".kvg")]
         expected = stem if re.fullmatch(r"[0-9a-f]{64}", stem) else None
         payload, art = kvg.read_file(Path(ref), expected_sha256=expected)
-        sha, source = sha256_bytes(payload), ref
-    else:
+        return Loaded(sha256_bytes(payload), art, ref)
+    with Store(ctx.store, create=False) as store:
         sha = store.resolve(ref, ctx.manifest.compute_sha256)
         _, art = store.load(sha)
-        source = str(store.object_path(sha))
-    kvg.check_compatible(art.meta, engine.compatibility(), source)
-    return Loaded(sha, art, source)
+        return Loaded(sha, art, str(store.object_path(sha)))
+
+
+def _fit(loaded: Loaded | str | None, ctx: RunContext, engine: Engine) -> Loaded:
+    """Open the artifact if given a reference, then refuse it unless it fits the engine."""
+    if not isinstance(loaded, Loaded):
+        loaded = open_artifact(ctx, loaded)
+    kvg.check_compatible(loaded.artifact.meta, engine.compatibility(), loaded.source)
+    return loaded
 
 
 @dataclass
@@ -65,10 +72,10 @@ class GraftResult:
     ledger_seq: int
 
 
-def graft_generate(ctx: RunContext, engine: Engine, ref: str | None, query: str, max_new_tokens: int) -> GraftResult:
+def graft_generate(ctx: RunContext, engine: Engine, ref: Loaded | str | None, query: str,
+                   max_new_tokens: int) -> GraftResult:
     """Restore the artifact, run the rendered query, greedy-decode up to ``max_new_tokens`` (stops at EOS)."""
-    with Store(ctx.store) as store:
-        loaded = load_artifact(ctx, engine, store, ref)
+    loaded = _fit(ref, ctx, engine)
     suffix = engine.encode(ctx.manifest.data["prompt"]["query"].format(query=query))
     cache = engine.restore(loaded.artifact.layers)
     logits = engine.forward(cache, suffix)
@@ -167,13 +174,12 @@ def _compare(fresh, grafted) -> tuple[float, float]:
     return float(kl.max().item()), agree
 
 
-def graft_check(ctx: RunContext, engine: Engine, ref: str | None, samples: int, max_new_tokens: int,
+def graft_check(ctx: RunContext, engine: Engine, ref: Loaded | str | None, samples: int, max_new_tokens: int,
                 on_sample=None) -> CheckReport:
     """Compare graft against fresh computation for ``samples`` suffixes; append a ``graft-check`` ledger entry."""
     import torch
 
-    with Store(ctx.store) as store:
-        loaded = load_artifact(ctx, engine, store, ref)
+    loaded = _fit(ref, ctx, engine)
     art = loaded.artifact
     prefix = art.token_ids
     fresh_cache, last = engine.prefill(prefix)

@@ -36,7 +36,8 @@ def _last_line(path: Path) -> tuple[int, bytes | None]:
         if f.read(1) != b"\n":
             raise LedgerError(
                 f"{path}: the last line is torn (no newline at the end: a writer was interrupted)",
-                "inspect it with `kvgraft verify`; nothing will be appended after a torn line",
+                "look at the file's last line; nothing is appended after a torn line until the partial line "
+                "(everything after the last newline) is removed",
             )
         # Read backwards until the newline before the last line.
         pos, tail = size, b""
@@ -49,8 +50,18 @@ def _last_line(path: Path) -> tuple[int, bytes | None]:
     try:
         seq = json.loads(last)["seq"]
     except (ValueError, KeyError, TypeError):
-        raise LedgerError(f"{path}: the last line is not a ledger entry", "inspect it with `kvgraft verify`") from None
+        raise LedgerError(f"{path}: the last line is not a ledger entry", "is this file a kvgraft ledger?") from None
     return seq + 1, last
+
+
+def check_appendable(path: Path) -> None:
+    """Raise LedgerError now if an append would be refused later (torn tail, not a ledger, not writable)."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        raise LedgerError(f"ledger path {path} is not a file")
+    _last_line(path)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise LedgerError(f"ledger {path} is not writable")
 
 
 def append(path: Path, kind: str, body: dict[str, Any]) -> dict[str, Any]:

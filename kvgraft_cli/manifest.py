@@ -197,6 +197,8 @@ def load_manifest(path: str | Path | None = None) -> Manifest:
         source, base = BUILTIN_PREFIX + DEFAULT_MANIFEST, data_dir()
     else:
         p = Path(path)
+        if p.is_dir():
+            raise ManifestError(f"{p} is a directory, expected a manifest YAML file")
         if not p.is_file():
             raise ManifestError(f"manifest not found: {p}", "pass an existing YAML file, or omit --manifest for the default")
         raw, source, base = p.read_bytes(), str(p), p.resolve().parent

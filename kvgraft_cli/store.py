@@ -60,12 +60,14 @@ def prefix_key(manifest_sha256: str, token_ids_sha256: str) -> str:
 
 
 class Store:
-    """A store directory. Opening creates it."""
+    """A store directory. Opening creates it unless ``create`` is False (readers never create one)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, create: bool = True):
         self.root = Path(root)
         if self.root.exists() and not self.root.is_dir():
             raise InputError(f"store path {self.root} exists and is not a directory")
+        if not create and not (self.root / "index.sqlite").is_file():
+            raise InputError(f"no store at {self.root}", "run `kvgraft deposit FILE.jsonl` first, or pass --store")
         (self.root / "objects").mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
         self._db.executescript(SCHEMA)
@@ -109,6 +111,17 @@ class Store:
                 (key, problem_id, sha256, manifest_sha256, int(verified), now),
             )
         return self.lookup_key(key), created
+
+    def forget(self, key: str, sha256: str | None) -> None:
+        """Undo a put whose ledger entry could not be written: drop the index row, and the object if it was new."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("DELETE FROM entries WHERE key = ?", (key,))
+            if sha256 is not None:
+                self._db.execute("DELETE FROM artifacts WHERE sha256 = ? AND NOT EXISTS "
+                                 "(SELECT 1 FROM entries WHERE artifact = ?)", (sha256, sha256))
+        if sha256 is not None:
+            self.object_path(sha256).unlink(missing_ok=True)
 
     def resolve(self, ref: str | None, manifest_sha256: str | None = None) -> str:
         """The artifact identity a reference names: full hash, unique hash prefix (>= 6 hex), or problem id.

@@ -54,7 +54,7 @@ def test_commands_that_need_no_torch(tmp_path):
         p = _no_torch(*args, cwd=tmp_path)
         assert p.returncode == 0, (args, p.stderr)
     # And the block really blocks: an engine command fails without torch.
-    p = _no_torch("graft", "--check", cwd=tmp_path)
+    p = _no_torch("deposit", str(EXAMPLES), "--limit", "1", cwd=tmp_path)
     assert p.returncode == 1 and "blocked" in p.stderr
 
 

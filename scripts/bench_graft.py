@@ -1,0 +1,113 @@
+"""Benchmark: restoring a deposited KV cache versus recomputing it (prefill), side by side in one run.
+
+Builds a random-weight model from a config (no download): by default SmolLM-135M's shape (Llama, 30 layers,
+hidden 576, 3 KV heads, vocab 49152, float32), saves it to a temporary folder, pins a manifest for it, and for each
+prefix length measures, as medians of --repeat runs:
+  prefill   engine.prefill(ids) under the manifest's schedule (what a graft saves)
+  restore   read .kvg file -> zstd decompress -> SHA-256 re-hash -> decode -> engine.restore (what a graft costs)
+  deposit   capture -> canonical payload -> SHA-256 -> zstd -> atomic write (one-time cost)
+and prints the prefill/restore ratio, artifact sizes and the zstd ratio. Exactness is checked on the way
+(restored suffix logits torch.equal to fresh ones). Usage:
+    python scripts/bench_graft.py [--lengths 256 1024 2048] [--profile portable|native] [--model smol|tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _timed(fn, repeat):
+    times, out = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 2048])
+    ap.add_argument("--profile", default="portable", choices=["portable", "native"])
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--model", default="smol", choices=["smol", "tiny"])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--write-model", type=Path, help=argparse.SUPPRESS)  # internal: child process builds the model
+    args = ap.parse_args()
+    if args.write_model:
+        from kvgraft_cli.tinymodel import build_config, write_tiny_model
+
+        write_tiny_model(args.write_model, config=build_config() if args.model == "tiny" else _smol_config())
+        return
+
+    from kvgraft_cli.manifest import dump_yaml, load_manifest, make_manifest
+    from kvgraft_cli.modelhash import hash_model_dir
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        # Building the model imports torch: a child process does it, so this one applies the kernel flags first.
+        import subprocess
+
+        subprocess.run([sys.executable, __file__, "--write-model", str(tmp / "model"), "--model", args.model],
+                       check=True, capture_output=True)
+        h = hash_model_dir(tmp / "model")
+        data = make_manifest(str(tmp / "model"), h.model_sha256, h.tokenizer_sha256, profile=args.profile,
+                             threads=args.threads)
+        (tmp / "m.yaml").write_text(dump_yaml(data))
+        _run(load_manifest(tmp / "m.yaml"), args, tmp)
+
+
+def _smol_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                       rope_theta=10000.0, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+
+
+def _run(manifest, args, tmp) -> None:
+    from kvgraft_cli import artifact as kvg
+    from kvgraft_cli.engine import load_engine, tensor_sha256
+    from kvgraft_cli.hashing import sha256_bytes
+
+    eng = load_engine(manifest)
+    import torch
+
+    n_params = sum(p.numel() for p in eng.model.parameters())
+    print(f"model: {type(eng.model).__name__}, {n_params / 1e6:.0f}M parameters, {manifest.data['model']['dtype']}, "
+          f"profile {args.profile}, threads {torch.get_num_threads()}, torch {torch.__version__}")
+    print(f"{'tokens':>7} {'prefill s':>10} {'restore s':>10} {'ratio':>7} {'deposit s':>10} "
+          f"{'payload MB':>11} {'file MB':>8} {'zstd':>6}  exact")
+    gen = torch.Generator().manual_seed(0)
+    for n in args.lengths:
+        ids = torch.randint(3, eng.model.config.vocab_size, (n,), generator=gen).tolist()
+        t_pre, (cache, last) = _timed(lambda: eng.prefill(ids), args.repeat)
+        path = tmp / "a.kvg"
+
+        def deposit():
+            payload = kvg.encode(ids, eng.capture(cache), eng.artifact_meta(tensor_sha256(last)))
+            sha = sha256_bytes(payload)
+            kvg.write_file(path, payload)
+            return payload, sha
+
+        t_dep, (payload, sha) = _timed(deposit, args.repeat)
+
+        def restore():
+            _, art = kvg.read_file(path, expected_sha256=sha)
+            return eng.restore(art.layers)
+
+        t_res, restored = _timed(restore, args.repeat)
+        suffix = ids[:8]
+        fresh, _ = eng.prefill(ids)
+        exact = torch.equal(eng.forward(fresh, suffix), eng.forward(restored, suffix))
+        size = path.stat().st_size
+        print(f"{n:>7} {t_pre:>10.3f} {t_res:>10.3f} {t_pre / t_res:>6.1f}x {t_dep:>10.3f} "
+              f"{len(payload) / 1e6:>11.1f} {size / 1e6:>8.1f} {len(payload) / size:>5.2f}x  {exact}")
+
+
+if __name__ == "__main__":
+    main()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ArtifactError, ModelMismatch
+from .errors import ArtifactError, ModelMismatch, engine_not_installed
 from .hashing import atomic_write_bytes, sha256_bytes
 
 FORMAT = "kvgraft.kvg"
@@ -147,8 +147,11 @@ def decode(payload: bytes, source: str = "artifact", expected_sha256: str | None
     missing = [k for k in REQUIRED_META if k not in meta]
     if missing:
         raise ArtifactError(f"{source}: metadata lacks {', '.join(missing)}")
-    from safetensors import SafetensorError
-    from safetensors.torch import load
+    try:
+        from safetensors import SafetensorError
+        from safetensors.torch import load
+    except ImportError as e:
+        raise engine_not_installed(e) from None
 
     try:
         tensors = load(payload)

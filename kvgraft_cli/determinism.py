@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import DeviceError, DriftError
+from .errors import DeviceError, DriftError, engine_not_installed
 
 # Environment variables known to change the bits of a forward pass. A manifest pins each (a value, or null for
 # "must be unset"); one that is set but not pinned is drift.
@@ -99,8 +99,11 @@ def cpu_name() -> str:
 
 def configure_torch(runtime: dict[str, Any], drift: Drift) -> Any:
     """Import torch and apply threads, seed, determinism and TF32 flags; check versions and device. Returns the device."""
-    import torch
-    import transformers
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        raise engine_not_installed(e) from None
 
     for lib, have in (("torch", torch.__version__), ("transformers", transformers.__version__)):
         want = runtime["versions"][lib]

@@ -65,3 +65,9 @@ class CheckFailed(KvgraftError):
     """A check ran and found a difference (hash mismatch, an inexact graft)."""
 
     exit_code = 1
+
+
+def engine_not_installed(exc: ImportError) -> InputError:
+    """The error for an engine command on an install without torch (the core install has none)."""
+    return InputError(f"this command needs the torch engine, which is not installed here ({exc})",
+                      "pip install torch==2.13.0 'kvgraft[engine]' (verify, ledger and manifest commands need neither)")

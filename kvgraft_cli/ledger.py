@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .errors import LedgerError
+from .errors import CheckFailed, LedgerError
 from .hashing import canonical_json, fsync_dir, sha256_bytes
 
 TAIL_READ = 1 << 16
@@ -64,13 +64,28 @@ def check_appendable(path: Path) -> None:
         raise LedgerError(f"ledger {path} is not writable")
 
 
+def without_floats(value: Any) -> Any:
+    """The value with every non-integer number written as a string (Python repr: shortest round trip).
+
+    Ledger entries hold no JSON floats, so their RFC 8785 form is what any JSON library prints with sorted keys
+    and compact separators: a verifier needs no ECMAScript number formatting (docs/LEDGER.md).
+    """
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: without_floats(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_floats(v) for v in value]
+    return value
+
+
 def append(path: Path, kind: str, body: dict[str, Any]) -> dict[str, Any]:
     """Append one entry (``body`` plus seq, prev, kind, time) and return it as written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _lock(path):
         n, last = _last_line(path)
-        entry = dict(body)
+        entry = without_floats(body)
         entry.update(
             seq=n,
             prev=sha256_bytes(last) if last is not None else None,
@@ -91,9 +106,47 @@ def append(path: Path, kind: str, body: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
+def split_lines(data: bytes) -> tuple[list[bytes], bytes]:
+    """(complete lines without their newline, torn tail: the bytes after the last newline, usually b"")."""
+    *lines, tail = data.split(b"\n")
+    return lines, tail
+
+
 def read(path: Path) -> list[dict[str, Any]]:
-    """All entries of a ledger (no verification: that is `kvgraft verify`)."""
+    """All complete entries of a ledger (no verification: that is `kvgraft verify`)."""
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_bytes().splitlines() if line]
+    lines, _ = split_lines(path.read_bytes())
+    return [json.loads(line) for line in lines]
+
+
+def repair(path: Path) -> int:
+    """Remove a torn tail (the bytes after the last newline) and nothing else; returns how many bytes were removed.
+
+    Holds the append lock, so it never races a writer. Complete lines are never touched, even invalid ones:
+    those are for `kvgraft verify` to report, not for a repair to hide.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise LedgerError(f"ledger not found: {path}")
+    with _lock(path):
+        data = path.read_bytes()
+        lines, tail = split_lines(data)
+        if not tail:
+            return 0
+        keep = len(data) - len(tail)
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        return len(tail)
+
+
+def appended_since(base_lines: list[bytes], lines: list[bytes]) -> list[dict[str, Any]]:
+    """The entries after the base's lines, when the ledger is an append to the base (else CheckFailed)."""
+    if len(base_lines) > len(lines) or any(a != b for a, b in zip(base_lines, lines)):
+        first = next((i for i, (a, b) in enumerate(zip(base_lines, lines)) if a != b), len(lines))
+        raise CheckFailed(f"not an append: line {first + 1} of the base is changed or missing in the ledger",
+                          "the ledger was rewritten; restore it from the base and append instead")
+    return [json.loads(raw) for raw in lines[len(base_lines):]]

@@ -43,6 +43,8 @@ class RunContext:
                 "compute_sha256": m.compute_sha256,
             },
         }
+        if not m.source.startswith("builtin:"):
+            base["manifest"]["path"] = self.rel(Path(m.source))  # so verify can re-hash it
         if engine is not None:
             base["environment"] = engine.environment
             base["model"] = {**digest(engine.hashes.model_sha256), "tokenizer_sha256": engine.hashes.tokenizer_sha256}

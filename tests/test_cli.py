@@ -55,7 +55,8 @@ def test_commands_that_need_no_torch(tmp_path):
         assert p.returncode == 0, (args, p.stderr)
     # And the block really blocks: an engine command fails without torch.
     p = _no_torch("deposit", str(EXAMPLES), "--limit", "1", cwd=tmp_path)
-    assert p.returncode == 1 and "blocked" in p.stderr
+    assert p.returncode == 2 and "blocked" in p.stderr and "kvgraft[engine]" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
 
 
 def test_manifest_init_round_trips(tmp_path):

@@ -1,0 +1,259 @@
+"""`kvgraft verify`: every edit, deletion, reordering or truncation of a line and every flipped artifact byte is
+caught and pinpointed; checkpoints, --since, the verified-file cache, repair and diff."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_cli
+from kvgraft_cli import filehash, ledger, merkle
+from kvgraft_cli.checkpoint import Checkpoint, generate_key, sign
+from kvgraft_cli.verify import verify_ledger
+
+
+def _synthetic(path, n=8):
+    for i in range(n):
+        ledger.append(path, "test", {"inputs": {"x": {"sha256": f"{i:064x}"}}, "outputs": {"n": i, "kl": 0.5 * i}})
+    return path
+
+
+def _lines(path):
+    return path.read_bytes().split(b"\n")[:-1]
+
+
+def _write(path, lines, tail=b""):
+    path.write_bytes(b"".join(l + b"\n" for l in lines) + tail)
+
+
+@pytest.fixture
+def copy(deposited, tmp_path):
+    """A private copy of the session's deposited store and ledger (same relative layout)."""
+    ctx, _ = deposited
+    shutil.copytree(ctx.store, tmp_path / "store")
+    shutil.copy(ctx.ledger, tmp_path / "ledger.jsonl")
+    return tmp_path / "ledger.jsonl"
+
+
+def test_real_ledger_passes_and_rehashes_files(copy):
+    r = verify_ledger(copy, full=True)
+    assert r.passed, r.to_json()
+    kinds = {f.field for f in r.files}
+    assert {"inputs.problems_file", "outputs.artifact"} <= kinds
+    assert all(f.status == "ok" for f in r.files)
+
+
+def test_floats_are_written_as_strings(tmp_path):
+    p = _synthetic(tmp_path / "l.jsonl", 3)
+    assert json.loads(_lines(p)[2])["outputs"]["kl"] == "1.0"
+    assert verify_ledger(p).passed
+
+
+TAMPER = {
+    # name: (function lines -> lines, first bad 1-based line, expected check)
+    "edit a value, re-canonicalized": (lambda ls: ls[:3] + [ls[3].replace(b'"n":3', b'"n":4')] + ls[4:], 5, "chain"),
+    "edit a value, non-canonical": (lambda ls: ls[:3] + [ls[3].replace(b'"n":3', b'"n": 3')] + ls[4:], 4, "canonical"),
+    "delete a line": (lambda ls: ls[:3] + ls[4:], 4, "sequence"),
+    "swap two lines": (lambda ls: ls[:2] + [ls[3], ls[2]] + ls[4:], 3, "sequence"),
+    "duplicate a line": (lambda ls: ls[:3] + [ls[2]] + ls[3:], 4, "sequence"),
+    "insert a foreign line": (lambda ls: ls[:1] + [b'{"kind":"test","prev":null,"seq":1,"time":"2026-01-01T00:00:00+00:00"}'] + ls[1:], 2, "chain"),
+    "not JSON": (lambda ls: ls[:5] + [b"{oops"] + ls[6:], 6, "json"),
+    "a float sneaks in": (lambda ls: ls[:6] + [ls[6].replace(b'"kl":"3.0"', b'"kl":3.5')] + ls[7:], 7, "values"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TAMPER))
+def test_line_tampering_is_pinpointed(tmp_path, name):
+    fn, line, check = TAMPER[name]
+    p = _synthetic(tmp_path / "l.jsonl")
+    _write(p, fn(_lines(p)))
+    r = verify_ledger(p)
+    assert not r.passed
+    first = min(r.findings, key=lambda f: f.line or 0)
+    assert (first.line, first.check) == (line, check), r.to_json()["findings"]
+    assert r.first_problem().startswith(f"line {line}:")
+
+
+def test_truncation_is_caught_by_since_and_checkpoint(tmp_path):
+    p = _synthetic(tmp_path / "l.jsonl")
+    base = tmp_path / "base.jsonl"
+    shutil.copy(p, base)
+    body = Checkpoint("t", 8, merkle.root([merkle.leaf_hash(l) for l in _lines(p)])).body()
+    (tmp_path / "cp").write_text(body)
+    _write(p, _lines(p)[:6])  # two whole lines removed: self-consistent on its own
+    assert verify_ledger(p).passed
+    r = verify_ledger(p, since=base)
+    assert not r.passed and "truncated" in r.first_problem()
+    r = verify_ledger(p, checkpoint=tmp_path / "cp")
+    assert not r.passed and "lines were removed" in r.first_problem()
+
+
+def test_torn_tail_is_reported_and_repair_removes_only_it(tmp_path):
+    p = _synthetic(tmp_path / "l.jsonl")
+    good = p.read_bytes()
+    p.write_bytes(good + b'{"kind":"te')
+    r = verify_ledger(p)
+    assert [(f.line, f.check) for f in r.findings] == [(9, "torn")]
+    assert ledger.repair(p) == 11 and p.read_bytes() == good
+    assert ledger.repair(p) == 0
+    assert verify_ledger(p).passed
+
+
+def test_since_names_the_rewritten_line_and_checks_consistency(tmp_path):
+    p = _synthetic(tmp_path / "l.jsonl", 5)
+    base = tmp_path / "base.jsonl"
+    shutil.copy(p, base)
+    _synthetic(p, 3)  # appended: fine
+    r = verify_ledger(p, since=base)
+    assert r.passed and r.since["consistent"] and r.since["appended"] == 3
+    assert [e["seq"] for e in ledger.appended_since(_lines(base), _lines(p))] == [5, 6, 7]
+    lines = _lines(p)
+    lines[2] = lines[2].replace(b'"n":2', b'"n":9')
+    _write(p, lines)
+    r = verify_ledger(p, since=base)
+    assert not r.since["consistent"]
+    assert any(f.check == "append-only" and f.line == 3 for f in r.findings)
+
+
+def test_checkpoint_root_and_signatures(tmp_path):
+    p = _synthetic(tmp_path / "l.jsonl", 6)
+    skey, vkey = generate_key("ci")
+    _, other = generate_key("ci")
+    root = merkle.root([merkle.leaf_hash(l) for l in _lines(p)])
+    (tmp_path / "cp").write_text(sign(Checkpoint("kvgraft", 6, root).body(), skey))
+    r = verify_ledger(p, checkpoint=tmp_path / "cp", keys=[vkey])
+    assert r.passed and r.checkpoint["signed_by"] == ["ci"] and r.checkpoint["root_matches"]
+    assert not verify_ledger(p, checkpoint=tmp_path / "cp", keys=[other]).passed  # same name, other key
+    _synthetic(p, 2)  # appending keeps the checkpoint valid
+    assert verify_ledger(p, checkpoint=tmp_path / "cp", keys=[vkey]).passed
+    lines = _lines(p)
+    lines[1] = lines[1].replace(b'"n":1', b'"n":7')
+    _write(p, lines)
+    r = verify_ledger(p, checkpoint=tmp_path / "cp", keys=[vkey])
+    assert any(f.check == "checkpoint" for f in r.findings)
+
+
+def test_flipped_artifact_byte_is_pinpointed(copy):
+    entries = ledger.read(copy)
+    i, e = next((i, e) for i, e in enumerate(entries) if e["kind"] == "deposit")
+    art = copy.parent / e["outputs"]["artifact"]["path"]
+    data = bytearray(art.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    art.write_bytes(bytes(data))
+    r = verify_ledger(copy, full=True)
+    assert not r.passed
+    bad = [f for f in r.mismatched if f.field == "outputs.artifact"]
+    assert [f.line for f in bad] == [i + 1]
+    assert r.first_problem().startswith(f"line {i + 1}: outputs.artifact")
+
+
+def test_missing_files_are_reported_separately(copy):
+    shutil.rmtree(copy.parent / "store")
+    r = verify_ledger(copy)
+    assert r.passed and len(r.missing) == 7 and not r.mismatched
+    assert not verify_ledger(copy, require_files=True).passed
+
+
+def test_cache_skips_verified_files_and_full_bypasses_it(copy, monkeypatch):
+    calls = []
+    real = filehash.raw_digest
+    monkeypatch.setattr(filehash, "raw_digest", lambda p: calls.append(p) or real(p))
+    verify_ledger(copy, full=True)
+    n_files = len(calls)
+    assert n_files >= 8
+    calls.clear()
+    assert verify_ledger(copy).passed and calls == []  # all from the cache
+    verify_ledger(copy, full=True)
+    assert len(calls) == n_files
+    # A file rewritten with other bytes has a new mtime/size: re-hashed even without --full, and caught.
+    e = next(e for e in ledger.read(copy) if e["kind"] == "deposit")
+    art = copy.parent / e["outputs"]["artifact"]["path"]
+    art.write_bytes(art.read_bytes()[:-3])
+    calls.clear()
+    r = verify_ledger(copy)
+    assert len(calls) == 1 and not r.passed
+
+
+def test_payload_hash_matches_artifact_identity(copy):
+    e = next(e for e in ledger.read(copy) if e["kind"] == "deposit")
+    art = copy.parent / e["outputs"]["artifact"]["path"]
+    assert filehash.kvg_payload_sha256(art) == art.stem == e["outputs"]["artifact"]["sha256"]
+
+
+def test_concurrent_appends_8_by_200(tmp_path):
+    """8 processes x 200 appends at once: nothing lost, chain valid (verified with the full verifier)."""
+    p = tmp_path / "l.jsonl"
+    code = ("import sys; from kvgraft_cli import ledger\n"
+            "for i in range(200): ledger.append(sys.argv[1], 'test', {'w': int(sys.argv[2]), 'i': i})")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(p), str(k)]) for k in range(8)]
+    assert [pr.wait(timeout=300) for pr in procs] == [0] * 8
+    r = verify_ledger(p)
+    assert r.passed and r.entries == 1600
+    assert len({(e["w"], e["i"]) for e in ledger.read(p)}) == 1600
+
+
+BLOCK_TORCH = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("torch", "transformers", "safetensors") or name.startswith("torch."):
+            raise ImportError(name + " is blocked in this test")
+sys.meta_path.insert(0, Block())
+sys.argv = ["kvgraft"] + sys.argv[1:]
+from kvgraft_cli.cli import main
+main()
+"""
+
+
+def test_verify_runs_without_torch(copy):
+    def run(*args):
+        return subprocess.run([sys.executable, "-c", BLOCK_TORCH, *args], cwd=copy.parent, capture_output=True,
+                              text=True)
+
+    p = run("verify", "ledger.jsonl", "--full", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["passed"] is True
+    p = run("ledger", "checkpoint", "ledger.jsonl", "-o", "cp")
+    assert p.returncode == 0, p.stderr
+    assert run("verify", "ledger.jsonl", "--checkpoint", "cp").returncode == 0
+    # The blocker works: an engine command cannot import torch.
+    p = run("graft", "--check", "--store", "store", "--ledger", "ledger.jsonl")
+    assert p.returncode == 2 and "kvgraft[engine]" in p.stderr
+
+
+def test_cli_exit_codes_and_messages(tmp_path):
+    p = _synthetic(tmp_path / "l.jsonl", 4)
+    run_cli("verify", "l.jsonl", cwd=tmp_path, check_rc=0)
+    lines = _lines(p)
+    _write(p, lines[:1] + lines[2:])
+    r = run_cli("verify", "l.jsonl", cwd=tmp_path, check_rc=1)
+    assert "Error: l.jsonl: line 2:" in r.stderr
+    r = run_cli("verify", "l.jsonl", "--json", cwd=tmp_path, check_rc=1)
+    assert json.loads(r.stdout)["first_problem"].startswith("line 2:")
+    run_cli("verify", "nope.jsonl", cwd=tmp_path, check_rc=2)
+    (tmp_path / "bad-cp").write_text("not a checkpoint\n")
+    run_cli("verify", "l.jsonl", "--checkpoint", "bad-cp", cwd=tmp_path, check_rc=2)
+    run_cli("ledger", "diff", "l.jsonl", "l.jsonl", cwd=tmp_path, check_rc=0)
+
+
+def test_ci_gate_commands(tmp_path):
+    """The commands of docs/ci-ledger-gate.yml: an empty or older base passes, a rewritten ledger fails with 1."""
+    p = _synthetic(tmp_path / "l.jsonl", 4)
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    shutil.copy(p, tmp_path / "base.jsonl")
+    _synthetic(p, 2)
+    run_cli("verify", "l.jsonl", "--since", "empty.jsonl", "--full", cwd=tmp_path, check_rc=0)
+    run_cli("verify", "l.jsonl", "--since", "base.jsonl", cwd=tmp_path, check_rc=0)
+    r = run_cli("ledger", "diff", "base.jsonl", "l.jsonl", "--json", cwd=tmp_path, check_rc=0)
+    assert [e["seq"] for e in json.loads(r.stdout)["appended"]] == [4, 5]
+    lines = _lines(p)
+    lines[1] = lines[1].replace(b'"n":1', b'"n":2')
+    _write(p, lines)
+    r = run_cli("verify", "l.jsonl", "--since", "base.jsonl", cwd=tmp_path, check_rc=1)
+    assert "line 2" in r.stderr
+    r = run_cli("ledger", "diff", "base.jsonl", "l.jsonl", cwd=tmp_path, check_rc=1)
+    assert "not an append: line 2" in r.stderr

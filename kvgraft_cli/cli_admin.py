@@ -148,3 +148,58 @@ def store_list(
         table.add_row(e.problem_id, e.artifact[:16], str(e.num_tokens), _human_bytes(e.file_bytes),
                       "yes" if e.verified else "no")
     out.print(table)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+@app.command()
+@handle_errors
+def score(
+    outputs: Path = typer.Argument(..., help="Model outputs, JSON Lines with an id and an output text per line."),
+    answers_file: Path = typer.Option(..., "--answers", help="Problems file with the reference answers (read with the manifest's input mapping)."),
+    records: Optional[Path] = typer.Option(None, "--records", help="Per-sample records file (default: OUTPUTS with .scores.jsonl)."),
+    id_field: str = typer.Option("id", "--id-field", help="Id field of the outputs file."),
+    output_field: str = typer.Option("output", "--output-field", help="Text field of the outputs file."),
+    field: list[str] = typer.Option([], "--field", help="Map a role of the answers file: ROLE=NAME (as for deposit)."),
+    answer_extract: Optional[str] = typer.Option(None, "--answer-extract", help="Read reference answers: verbatim, boxed or trailer."),
+    manifest: Optional[Path] = MANIFEST_OPT,
+    ledger: Optional[Path] = typer.Option(None, "--ledger", help="Ledger file (default: the manifest's paths.ledger)."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Score outputs: last \\boxed{} (or 'The answer is:' / 'Answer:'), normalized, compared exactly; Wilson 95%."""
+    from . import ledger as ledger_mod
+    from .cli_common import _field_overrides
+    from .determinism import effective_environment
+    from .hashing import digest
+    from .problems import file_sha256
+    from .scoring import score as run_score
+    from .scoring import write_records
+
+    ctx = _context(manifest, None, ledger, False, _field_overrides(field, answer_extract))
+    mapping = ctx.manifest.data["input"]
+    result = run_score(outputs, answers_file, mapping, id_field, output_field)
+    rec_path = records or outputs.with_suffix(".scores.jsonl")
+    ledger_mod.check_appendable(ctx.ledger)
+    rec_sha = write_records(rec_path, result)
+    summary = result.summary()
+    entry = ctx.entry_base()
+    entry.update(
+        environment=effective_environment(ctx.manifest.data["runtime"]),
+        inputs={"outputs": {"path": ctx.rel(outputs), **digest(file_sha256(outputs))},
+                "answers": {"path": ctx.rel(answers_file), **digest(file_sha256(answers_file))},
+                "settings": {"mapping": mapping, "id_field": id_field, "output_field": output_field}},
+        outputs={"records": {"path": ctx.rel(rec_path), **digest(rec_sha)}, "result": summary},
+    )
+    written = ledger_mod.append(ctx.ledger, "score", entry)
+    if as_json:
+        _print_json({**summary, "records": str(rec_path), "records_sha256": rec_sha, "ledger_seq": written["seq"]})
+        return
+    t = Table(title=f"score {outputs} against {answers_file}", title_justify="left")
+    for col in ("id", "extracted", "reference", "correct"):
+        t.add_column(col, overflow="fold")
+    for r in result.records:
+        t.add_row(r.id, "" if r.extracted is None else r.extracted, r.reference,
+                  "[green]yes[/]" if r.correct else "[red]no[/]")
+    out.print(t)
+    out.print(f"accuracy {result.correct}/{result.n} = {float(summary['accuracy']):.4f}, Wilson 95% "
+              f"[{float(summary['wilson95_low']):.4f}, {float(summary['wilson95_high']):.4f}]; records: {rec_path}",
+              markup=False, soft_wrap=True)

@@ -79,6 +79,8 @@ def _render_verify(r) -> None:
         ok = sum(f.status == "ok" for f in r.files)
         t.add_row("referenced files", f"{ok} ok, {len(r.missing)} missing, "
                   + (f"[red]{len(r.mismatched)} mismatched[/]" if r.mismatched else "0 mismatched"))
+    if r.scores_checked or any(f.check == "score" for f in r.findings):
+        t.add_row("scores recomputed", status(("score",)) + f" ({r.scores_checked} checked)")
     out.print(t)
     for f in r.mismatched[:20]:
         out.print(f"[red]mismatch[/] line {f.line} {f.field}: {f.path} (recorded {f.expected[:16]}..., "

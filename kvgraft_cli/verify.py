@@ -57,6 +57,7 @@ class VerifyReport:
     checkpoint: dict[str, Any] | None = None
     since: dict[str, Any] | None = None
     require_files: bool = False
+    scores_checked: int = 0
 
     @property
     def mismatched(self) -> list[FileCheck]:
@@ -90,7 +91,7 @@ class VerifyReport:
             "findings": [asdict(f) for f in self.findings],
             "files": {"checked": len(self.files), "ok": sum(f.status == "ok" for f in self.files),
                       "missing": [asdict(f) for f in self.missing], "mismatched": [asdict(f) for f in self.mismatched]},
-            "checkpoint": self.checkpoint, "since": self.since,
+            "checkpoint": self.checkpoint, "since": self.since, "scores_checked": self.scores_checked,
         }
 
 
@@ -215,7 +216,50 @@ def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str]
         report.since = _check_since(report, Path(since), lines, leaves)
     if rehash:
         _rehash(report, entries, path.parent, full)
+        for i, entry in enumerate(entries):
+            if entry is not None and entry.get("kind") == "score":
+                _check_score(report, i + 1, entry, path.parent)
     return report
+
+
+def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path) -> None:
+    """Recompute a recorded score: from its outputs and answers files when present (records and aggregate must
+    come out the same), else from its records file alone (the aggregate must)."""
+    from . import scoring
+
+    def present(d):
+        p = base_dir / d["path"] if isinstance(d, dict) and isinstance(d.get("path"), str) else None
+        ok = p is not None and any(f.line == line and f.path == d["path"] and f.status == "ok" for f in report.files)
+        return p if ok else None
+
+    ins, outs = entry.get("inputs") or {}, entry.get("outputs") or {}
+    recorded = dict(outs.get("result") or {})
+    outputs_path, answers_path = present(ins.get("outputs")), present(ins.get("answers"))
+    settings = ins.get("settings") or {}
+    if outputs_path and answers_path and "mapping" in settings:
+        try:
+            result = scoring.score(outputs_path, answers_path, settings["mapping"], settings.get("id_field", "id"),
+                                   settings.get("output_field", "output"))
+        except InputError as e:
+            report.findings.append(Finding(line, "score", f"cannot recompute the score: {e.message}"))
+            return
+        from .hashing import sha256_bytes
+
+        if sha256_bytes(result.records_bytes()) != (outs.get("records") or {}).get("sha256"):
+            report.findings.append(Finding(line, "score", "recomputed per-sample records differ from the recorded ones"))
+        if result.summary() != recorded:
+            report.findings.append(Finding(line, "score", f"recomputed score {result.summary()['correct']}/"
+                                           f"{result.summary()['n']} differs from the recorded "
+                                           f"{recorded.get('correct')}/{recorded.get('n')}"))
+        report.scores_checked += 1
+        return
+    records_path = present(outs.get("records"))
+    if records_path:
+        recorded.pop("unscored_problems", None)
+        if scoring.summary_from_records(records_path.read_bytes()) != recorded:
+            report.findings.append(Finding(line, "score", "the score recomputed from the records file differs "
+                                           "from the recorded one"))
+        report.scores_checked += 1
 
 
 def _check_checkpoint(report: VerifyReport, cp_path: Path, leaves: list[bytes], keys: list[str]) -> dict:

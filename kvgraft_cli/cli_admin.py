@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from .cli_common import (JSON_OPT, MANIFEST_OPT, STORE_OPT, _context, _human_bytes, _print_json, app, err,
-                         handle_errors, manifest_app, out, store_app)
+                         handle_errors, manifest_app, out, prereg_app, store_app)
 from .errors import InputError
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -166,30 +166,13 @@ def score(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Score outputs: last \\boxed{} (or 'The answer is:' / 'Answer:'), normalized, compared exactly; Wilson 95%."""
-    from . import ledger as ledger_mod
     from .cli_common import _field_overrides
-    from .determinism import effective_environment
-    from .hashing import digest
-    from .problems import file_sha256
-    from .scoring import score as run_score
-    from .scoring import write_records
+    from .scoring import score_and_record
 
     ctx = _context(manifest, None, ledger, False, _field_overrides(field, answer_extract))
-    mapping = ctx.manifest.data["input"]
-    result = run_score(outputs, answers_file, mapping, id_field, output_field)
     rec_path = records or outputs.with_suffix(".scores.jsonl")
-    ledger_mod.check_appendable(ctx.ledger)
-    rec_sha = write_records(rec_path, result)
+    result, rec_sha, written = score_and_record(ctx, outputs, answers_file, rec_path, id_field, output_field)
     summary = result.summary()
-    entry = ctx.entry_base()
-    entry.update(
-        environment=effective_environment(ctx.manifest.data["runtime"]),
-        inputs={"outputs": {"path": ctx.rel(outputs), **digest(file_sha256(outputs))},
-                "answers": {"path": ctx.rel(answers_file), **digest(file_sha256(answers_file))},
-                "settings": {"mapping": mapping, "id_field": id_field, "output_field": output_field}},
-        outputs={"records": {"path": ctx.rel(rec_path), **digest(rec_sha)}, "result": summary},
-    )
-    written = ledger_mod.append(ctx.ledger, "score", entry)
     if as_json:
         _print_json({**summary, "records": str(rec_path), "records_sha256": rec_sha, "ledger_seq": written["seq"]})
         return
@@ -203,3 +186,26 @@ def score(
     out.print(f"accuracy {result.correct}/{result.n} = {float(summary['accuracy']):.4f}, Wilson 95% "
               f"[{float(summary['wilson95_low']):.4f}, {float(summary['wilson95_high']):.4f}]; records: {rec_path}",
               markup=False, soft_wrap=True)
+
+
+@prereg_app.command("make")
+@handle_errors
+def prereg_make(
+    ledger: Optional[Path] = typer.Argument(None, help="Ledger of the finished run (default: the manifest's paths.ledger)."),
+    target: str = typer.Option(..., "--target", help="Name of the target these hashes were produced on, e.g. cpu-portable."),
+    output: Path = typer.Option(..., "--output", "-o", help="Prereg YAML to write."),
+    name: Optional[str] = typer.Option(None, "--name", help="The prereg's name."),
+    from_seq: int = typer.Option(0, "--from-seq", min=0, help="Use entries from this 0-based line on."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+    manifest: Optional[Path] = MANIFEST_OPT,
+) -> None:
+    """Turn a finished run's ledger entries into a prereg.yaml that another machine or target can replay."""
+    from .replay import prereg_from_ledger, write_prereg
+
+    if output.exists() and not force:
+        raise InputError(f"{output} exists", "pass --force to overwrite it (then register the new version)")
+    path = ledger or Path(_context(manifest, None, None, False).ledger)
+    data = prereg_from_ledger(path, target, output, name, from_seq)
+    write_prereg(output, data)
+    out.print(f"wrote {output}: {len(data['runs'])} runs, target {target}; register it with "
+              f"`kvgraft replay --register {output}`", markup=False)

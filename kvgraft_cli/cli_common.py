@@ -20,9 +20,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 manifest_app = typer.Typer(no_args_is_help=True, help="Validate, write and show run-manifests.")
 store_app = typer.Typer(no_args_is_help=True, help="Look into an artifact store.")
 ledger_app = typer.Typer(no_args_is_help=True, help="Checkpoint, sign, diff and repair a ledger.")
+prereg_app = typer.Typer(no_args_is_help=True, help="Make pre-registrations from finished runs.")
 app.add_typer(manifest_app, name="manifest")
 app.add_typer(store_app, name="store")
 app.add_typer(ledger_app, name="ledger")
+app.add_typer(prereg_app, name="prereg")
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)

@@ -134,8 +134,7 @@ def ledger_keygen(
     priv, pub = output / f"{name}.key", output / f"{name}.pub"
     if priv.exists():
         raise InputError(f"{priv} exists", "pick another name or folder; keys are never overwritten")
-    atomic_write_bytes(priv, (signer + "\n").encode())
-    priv.chmod(0o600)
+    atomic_write_bytes(priv, (signer + "\n").encode(), mode=0o600)
     atomic_write_bytes(pub, (verifier + "\n").encode())
     err.print(f"wrote {priv} (keep it secret) and {pub}")
     sys.stdout.write(verifier + "\n")

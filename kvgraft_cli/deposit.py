@@ -86,11 +86,13 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
     ledger.check_appendable(ctx.ledger)  # refuse before any work, so nothing lands in the store unrecorded
     if engine is None:
         engine = load_engine(ctx.manifest, ctx.allow_drift)
+    # How the file was read: enough for `kvgraft prereg make` to replay the same deposit elsewhere.
+    settings = {"mapping": ctx.manifest.data["input"], "limit": limit, "allow_unverified": allow_unverified}
     if on_start:
         on_start(len(plan))
     with Store(ctx.store) as store:
         for p, verdict in plan:
-            r = _deposit_one(ctx, engine, store, report, p, verdict, recompute, level)
+            r = _deposit_one(ctx, engine, store, report, p, verdict, recompute, level, settings)
             report.results.append(r)
             if on_progress:
                 on_progress(r)
@@ -99,7 +101,7 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
 
 
 def _deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositReport, p: Problem, verdict,
-                 recompute: bool, level: int) -> DepositResult:
+                 recompute: bool, level: int, settings: dict) -> DepositResult:
     m = ctx.manifest
     ids = engine.prefix_ids(render_prefix(m.data["prompt"]["prefix"], p))
     ids_sha = token_ids_sha256(ids)
@@ -137,6 +139,7 @@ def _deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositR
             "problems_file": {"path": ctx.rel(Path(report.input)), **digest(report.input_sha256)},
             "record": {**digest(p.record_sha256), "id": p.id, "line": p.line},
             "token_ids": {**digest(ids_sha), "count": len(ids)},
+            "settings": settings,
         },
         outputs={
             "artifact": {**digest(sha), "path": ctx.rel(store.object_path(sha))},

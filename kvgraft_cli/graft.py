@@ -116,6 +116,7 @@ class CheckReport:
     single_pass_max_abs_diff: float  # fresh two-step vs one forward over prefix+suffix (informative, not a check)
     samples: list[SampleResult] = field(default_factory=list)
     ledger_seq: int | None = None
+    fresh_logits_sha256: str = ""  # SHA-256 over the per-sample fresh logits hashes (what a replay compares)
 
     @property
     def n(self) -> int:
@@ -214,11 +215,12 @@ def graft_check(ctx: RunContext, engine: Engine, ref: Loaded | str | None, sampl
         suffix_hashes.append(token_ids_sha256(suffix))
         if on_sample:
             on_sample(s)
+    report.fresh_logits_sha256 = sha256_bytes("\n".join(fresh_hashes).encode())
     entry = ctx.entry_base(engine)
     entry.update(
         inputs={"artifact": digest(loaded.sha256), "samples": samples, "max_new_tokens": max_new_tokens,
                 "suffixes": digest(sha256_bytes("\n".join(suffix_hashes).encode()))},
-        outputs={"fresh_logits": digest(sha256_bytes("\n".join(fresh_hashes).encode())),
+        outputs={"fresh_logits": digest(report.fresh_logits_sha256),
                  "result": {k: v for k, v in report.summary().items() if k not in ("artifact", "ledger_seq")}},
     )
     report.ledger_seq = ledger.append(ctx.ledger, "graft-check", entry)["seq"]

@@ -41,15 +41,21 @@ def digest(hex_sha256: str) -> dict[str, str]:
     return {"sha256": hex_sha256}
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
     """Write ``data`` to ``path`` so that readers see either the old file or the whole new one, never a part.
 
-    Temporary file in the same directory, fsync, rename, fsync of the directory.
+    Temporary file in the same directory, fsync, rename, fsync of the directory. ``mode`` defaults to what a plain
+    open() would give (0666 less the umask); mkstemp's own 0600 would make shared files unreadable to others.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    if mode is None:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
     try:
+        os.chmod(tmp, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

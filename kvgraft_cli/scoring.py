@@ -135,3 +135,26 @@ def summary_from_records(data: bytes) -> dict[str, Any]:
     s = result.summary()
     s.pop("unscored_problems")
     return s
+
+
+def score_and_record(ctx, outputs: Path, answers_path: Path, records_path: Path, id_field: str = "id",
+                     output_field: str = "output") -> tuple[ScoreResult, str, dict[str, Any]]:
+    """Score, write the records file, append a ``score`` ledger entry. Returns (result, records sha256, entry)."""
+    from . import ledger
+    from .determinism import effective_environment
+    from .hashing import digest
+    from .problems import file_sha256
+
+    mapping = ctx.manifest.data["input"]
+    result = score(outputs, answers_path, mapping, id_field, output_field)
+    ledger.check_appendable(ctx.ledger)
+    rec_sha = write_records(records_path, result)
+    entry = ctx.entry_base()
+    entry.update(
+        environment=effective_environment(ctx.manifest.data["runtime"]),
+        inputs={"outputs": {"path": ctx.rel(outputs), **digest(file_sha256(outputs))},
+                "answers": {"path": ctx.rel(answers_path), **digest(file_sha256(answers_path))},
+                "settings": {"mapping": mapping, "id_field": id_field, "output_field": output_field}},
+        outputs={"records": {"path": ctx.rel(records_path), **digest(rec_sha)}, "result": result.summary()},
+    )
+    return result, rec_sha, ledger.append(ctx.ledger, "score", entry)

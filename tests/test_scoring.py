@@ -61,7 +61,7 @@ def test_unknown_id_and_bad_lines(tmp_path):
 
 
 def test_cli_score_and_verify_recomputes(tmp_path):
-    out = _outputs(tmp_path, [{"id": "sum-1", "output": "so \\boxed{42}"}, {"id": "lin-1", "output": "x = 6"},
+    _outputs(tmp_path, [{"id": "sum-1", "output": "so \\boxed{42}"}, {"id": "lin-1", "output": "x = 6"},
                               {"id": "gcd-1", "output": "The answer is: 42"}])
     r = json.loads(run_cli("score", "outputs.jsonl", "--answers", str(EXAMPLES), "--json", cwd=tmp_path,
                            check_rc=0).stdout)

@@ -44,7 +44,7 @@ def test_ledger_entries_carry_input_and_output_hashes(deposited):
     entries = [e for e in ledger.read(ctx.ledger) if e["kind"] == "deposit"]
     assert len(entries) == 7
     e = entries[0]
-    assert set(e["inputs"]) == {"problems_file", "record", "token_ids"}
+    assert set(e["inputs"]) == {"problems_file", "record", "token_ids", "settings"}
     assert set(e["outputs"]) == {"artifact", "logits"}
     assert e["manifest"]["sha256"] and e["manifest"]["compute_sha256"] and e["model"]["sha256"]
     # The recorded artifact path and hash check out against the file on disk.

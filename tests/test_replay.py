@@ -1,0 +1,89 @@
+"""Pre-registration and replay: make a prereg from a finished run, register it, replay it, catch any change."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import EXAMPLES, run_cli
+from kvgraft_cli import ledger
+from kvgraft_cli.errors import InputError
+from kvgraft_cli.replay import load_prereg, prereg_from_ledger, write_prereg
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A scratch run (deposit 2 problems, one graft check, one score) and a prereg made from it."""
+    d = tmp_path_factory.mktemp("run")
+    shutil.copy(EXAMPLES, d / "problems.jsonl")
+    (d / "outputs.jsonl").write_text('{"id": "sum-1", "output": "\\\\boxed{42}"}\n{"id": "frac-1", "output": "1/2"}\n')
+    run_cli("deposit", "problems.jsonl", "--limit", "2", cwd=d, check_rc=0)
+    run_cli("graft", "--check", "--samples", "2", "-n", "2", "sum-1", cwd=d, check_rc=0)
+    run_cli("score", "outputs.jsonl", "--answers", "problems.jsonl", cwd=d, check_rc=0)
+    run_cli("prereg", "make", "--target", "cpu-portable", "-o", "prereg.yaml", cwd=d, check_rc=0)
+    return d
+
+
+def _machine(finished_run, tmp_path):
+    """A 'second machine': the inputs and the prereg, no store, no ledger."""
+    for f in ("problems.jsonl", "outputs.jsonl", "prereg.yaml"):
+        shutil.copy(finished_run / f, tmp_path / f)
+    return tmp_path
+
+
+def test_prereg_from_run_lists_runs_and_expectations(finished_run):
+    pr = load_prereg(finished_run / "prereg.yaml")
+    assert [r["kind"] for r in pr.data["runs"]] == ["deposit", "graft-check", "score"]
+    exp = pr.data["targets"]["cpu-portable"]
+    assert set(exp["deposit-1"]) == {"input_sha256", "artifact sum-1", "logits sum-1", "artifact frac-1", "logits frac-1"}
+    assert exp["score-1"]["correct"] == 1 and exp["score-1"]["n"] == 2
+
+
+def test_register_then_replay_matches_and_references_the_registration(finished_run, tmp_path):
+    m = _machine(finished_run, tmp_path)
+    run_cli("replay", "prereg.yaml", cwd=m, check_rc=2)  # not registered yet
+    run_cli("replay", "--register", "prereg.yaml", cwd=m, check_rc=0)
+    run_cli("replay", "--register", "prereg.yaml", cwd=m, check_rc=0)  # idempotent: no second registration
+    r = json.loads(run_cli("replay", "prereg.yaml", "--json", cwd=m, check_rc=0).stdout)
+    assert r["passed"] and r["mismatched"] == 0
+    entries = ledger.read(m / "kvgraft-ledger.jsonl")
+    assert [e["kind"] for e in entries].count("register") == 1
+    assert entries[0]["kind"] == "register"
+    assert entries[-1]["kind"] == "replay" and entries[-1]["inputs"]["registration"]["seq"] == 0
+
+
+def test_a_changed_input_is_a_mismatch(finished_run, tmp_path):
+    m = _machine(finished_run, tmp_path)
+    run_cli("replay", "--register", "prereg.yaml", cwd=m, check_rc=0)
+    (m / "outputs.jsonl").write_text('{"id": "sum-1", "output": "\\\\boxed{41}"}\n{"id": "frac-1", "output": "1/2"}\n')
+    p = run_cli("replay", "prereg.yaml", "--json", cwd=m, check_rc=1)
+    bad = {(c["run"], c["what"]) for c in json.loads(p.stdout)["comparisons"] if not c["match"]}
+    assert ("score-1", "outputs_sha256") in bad
+    assert "Error: replay of prereg.yaml differs" in p.stderr
+
+
+def test_an_edited_prereg_needs_a_new_registration(finished_run, tmp_path):
+    m = _machine(finished_run, tmp_path)
+    run_cli("replay", "--register", "prereg.yaml", cwd=m, check_rc=0)
+    text = (m / "prereg.yaml").read_text().replace("samples: 2", "samples: 3")
+    (m / "prereg.yaml").write_text(text)
+    p = run_cli("replay", "prereg.yaml", cwd=m, check_rc=2)
+    assert "not registered" in p.stderr
+
+
+def test_bad_preregs_are_named(tmp_path):
+    (tmp_path / "p.yaml").write_text("kvgraft_prereg: 1\nname: x\nruns: []\n")
+    with pytest.raises(InputError, match="p.yaml: .*manifest"):
+        load_prereg(tmp_path / "p.yaml")
+    with pytest.raises(InputError, match="not found"):
+        load_prereg(tmp_path / "nope.yaml")
+
+
+def test_prereg_paths_are_relative_to_the_prereg(finished_run, tmp_path):
+    data = prereg_from_ledger(finished_run / "kvgraft-ledger.jsonl", "t", tmp_path / "sub" / "p.yaml")
+    assert data["runs"][0]["input"].startswith("..")
+    write_prereg(tmp_path / "sub" / "p.yaml", data)
+    pr = load_prereg(tmp_path / "sub" / "p.yaml")
+    assert pr.resolve(pr.data["runs"][0]["input"]).resolve() == (finished_run / "problems.jsonl").resolve()

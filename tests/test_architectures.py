@@ -39,26 +39,28 @@ def _configs():
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gemma4", "phi3", "olmo2", "gpt2"]
 
 
-def _engine(tmp_path, config):
+def _engine(tmp_path, config, dtype="float32"):
     d = write_tiny_model(tmp_path / "model", seed=1, config=config)
     data = load_manifest(None).data
     h = hash_model_dir(d)
-    data["model"].update(path=str(d), sha256=h.model_sha256, tokenizer_sha256=h.tokenizer_sha256)
+    data["model"].update(path=str(d), sha256=h.model_sha256, tokenizer_sha256=h.tokenizer_sha256, dtype=dtype)
     (tmp_path / "m.yaml").write_text(dump_yaml(data))
     return load_engine(load_manifest(tmp_path / "m.yaml"))
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_graft_is_byte_exact(tmp_path, arch):
+@pytest.mark.parametrize("arch,dtype", [(a, "float32") for a in ARCHS]
+                         + [(a, d) for a in ("llama", "gemma2", "gemma4", "gpt2") for d in ("bfloat16", "float16")])
+def test_graft_is_byte_exact(tmp_path, arch, dtype):
     import torch
 
     make, kinds = _configs()[arch]
-    eng = _engine(tmp_path, make())
+    eng = _engine(tmp_path, make(), dtype)
     assert [k for k, _ in eng.layout] == kinds
     ids = eng.prefix_ids("A prefix longer than the sixteen-token window of the sliding layers. " * 2)
     cache, last = eng.prefill(ids)
     art = kvg.decode(kvg.encode(ids, eng.capture(cache), eng.artifact_meta(tensor_sha256(last))))
     kvg.check_compatible(art.meta, eng.compatibility(), arch)
+    assert all(l.keys.dtype == getattr(torch, dtype) for l in art.layers if l.kind != "empty")
     for suffix_text in (" a suffix", "\nQuestion: and then?\nAnswer:"):
         suffix = eng.encode(suffix_text)
         fresh, _ = eng.prefill(ids)

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import re
 
-EXTRACTOR_VERSION = "1"
+EXTRACTOR_VERSION = "2"
 
-_TRAILER = re.compile(r"The answer is:?\s*(.+?)\s*$", re.S)
-_ANSWER = re.compile(r"(?:^|\n)\s*(?:Final )?Answer:\s*(.+?)\s*$", re.S | re.I)
+_TRAILER = re.compile(r"The answer is:?[ \t]*(.+?)[ \t]*$", re.M)  # the rest of that line
+_ANSWER = re.compile(r"^[ \t]*(?:Final )?Answer:[ \t]*(.+?)[ \t]*$", re.M | re.I)
+_BARE_BOXED = re.compile(r"\\boxed[ \t]+([^\s$]+)")  # \boxed 5 (no braces)
 
 
 def last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces balanced), or None."""
-    best = None
+    best: tuple[int, str] | None = None
     for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
         depth, i = 1, m.end()
         while i < len(text) and depth:
@@ -30,8 +31,13 @@ def last_boxed(text: str) -> str | None:
             depth -= c == "}"
             i += 1
         if depth == 0:
-            best = text[m.end() : i - 1]
-    return best
+            best = (m.start(), text[m.end() : i - 1])
+    bare = None
+    for bare in _BARE_BOXED.finditer(text):
+        pass
+    if bare is not None and (best is None or bare.start() > best[0]):
+        return bare.group(1)
+    return best[1] if best else None
 
 
 def trailer(text: str) -> str | None:
@@ -78,10 +84,14 @@ def _strip_text_macros(s: str) -> str:
 def normalize(ans: str) -> str:
     """Canonical form of an answer for exact comparison (presentation removed, content kept)."""
     s = ans.strip()
-    s = s.strip("$")
+    prev = None
+    while prev != s:  # "$5$." and "5.$": periods and dollar signs in any order at the ends
+        prev = s
+        s = s.strip().strip("$").rstrip(".")
     s = _strip_text_macros(s)
     s = re.sub(r"\\[dt]frac", r"\\frac", s)
-    s = s.replace("\\left", "").replace("\\right", "")
+    s = re.sub(r"\\(?:left|right)(?![A-Za-z])", "", s)  # not \leftarrow / \rightarrow
+    s = s.replace("\u2212", "-")  # Unicode minus sign
     s = s.replace("\\!", "").replace("\\,", "").replace("\\;", "").replace("\\ ", "")
     s = re.sub(r"\^\s*\{?\\circ\}?", "", s)  # degree signs
     s = s.replace("°", "")
@@ -90,8 +100,8 @@ def normalize(ans: str) -> str:
     # Integers with thousands separators or leading zeros: 1,000 -> 1000, 007 -> 7.
     if re.fullmatch(r"-?\d{1,3}(,\d{3})+", s) or re.fullmatch(r"-?\d{1,3}(\{,\}\d{3})+", s):
         s = s.replace("{,}", "").replace(",", "")
-    if re.fullmatch(r"-?0+\d+", s):
-        s = ("-" if s.startswith("-") else "") + s.lstrip("-").lstrip("0")
+    if re.fullmatch(r"-?0+\d*", s):
+        s = ("-" if s.startswith("-") else "") + (s.lstrip("-").lstrip("0") or "0")
     return s
 
 

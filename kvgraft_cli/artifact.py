@@ -213,11 +213,14 @@ def decompress(data: bytes, source: str, max_size: int = 1 << 40) -> bytes:
         params = zstandard.get_frame_parameters(data)
         if params.content_size <= 0 or params.content_size > max_size:
             raise ArtifactError(f"{source}: zstd frame has no usable content size")
-        out = zstandard.ZstdDecompressor().decompress(data, max_output_size=params.content_size)
+        dobj = zstandard.ZstdDecompressor().decompressobj()
+        out = dobj.decompress(data)
     except zstandard.ZstdError as e:
         raise ArtifactError(f"{source}: truncated or corrupt zstd frame ({e})", "re-fetch or re-deposit it") from None
-    if len(out) != params.content_size:
-        raise ArtifactError(f"{source}: truncated zstd frame")
+    if not dobj.eof or len(out) != params.content_size:
+        raise ArtifactError(f"{source}: truncated zstd frame", "re-fetch or re-deposit it")
+    if dobj.unused_data:
+        raise ArtifactError(f"{source}: bytes after the zstd frame (a .kvg file is exactly one frame)")
     return out
 
 

@@ -41,6 +41,8 @@ def kvg_payload_sha256(path: Path) -> str:
                         chunks.put(out)
             if not dobj.eof:
                 raise ValueError("zstd frame ends early (truncated file)")
+            if dobj.unused_data:
+                raise ValueError("bytes after the zstd frame (a .kvg file is exactly one frame)")
             chunks.put(b"")
         except Exception as e:  # handed to the consumer, which re-raises it
             chunks.put(e)
@@ -78,9 +80,13 @@ class HashCache:
         self.entries: dict[str, list] = {}
         if enabled and path is not None and path.is_file():
             try:
-                self.entries = json.loads(path.read_text())
+                loaded = json.loads(path.read_text())
             except (ValueError, OSError):
-                self.entries = {}  # a damaged cache is only a lost speed-up
+                loaded = None
+            # A damaged cache is only a lost speed-up: keep the well-formed rows, drop the rest.
+            if isinstance(loaded, dict):
+                self.entries = {k: v for k, v in loaded.items()
+                                if isinstance(v, list) and len(v) == 4 and isinstance(v[3], str)}
 
     @classmethod
     def for_dir(cls, directory: Path, enabled: bool = True) -> "HashCache":

@@ -45,13 +45,19 @@ def _schema() -> dict:
 
 def load_prereg(path: Path) -> Prereg:
     """Read and validate a prereg; every problem is reported with its path."""
-    import jsonschema
-
     path = Path(path)
     if not path.is_file():
         raise InputError(f"prereg not found: {path}")
     raw = path.read_bytes()
     data = parse_text(raw.decode("utf-8", errors="replace"), str(path))
+    check_prereg(data, str(path))
+    return Prereg(data, path, sha256_bytes(raw))
+
+
+def check_prereg(data: Any, source: str) -> None:
+    """Raise InputError listing what is wrong with a prereg's content (schema, duplicate ids, unknown run ids)."""
+    import jsonschema
+
     problems = [f"{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message[:160]}"
                 for e in jsonschema.Draft202012Validator(_schema()).iter_errors(data)]
     if not problems:
@@ -60,9 +66,8 @@ def load_prereg(path: Path) -> Prereg:
         for t, exp in data["targets"].items():
             problems += [f"targets.{t}.{r}: no run with that id" for r in exp if r not in ids]
     if problems:
-        raise InputError(f"{path}: " + "; ".join(problems[:5]) + (" ..." if len(problems) > 5 else ""),
+        raise InputError(f"{source}: " + "; ".join(problems[:5]) + (" ..." if len(problems) > 5 else ""),
                          "see kvgraft_cli/schemas/prereg.schema.json")
-    return Prereg(data, path, sha256_bytes(raw))
 
 
 def prereg_manifest(pr: Prereg) -> Manifest:
@@ -224,7 +229,8 @@ def _run_score(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str, 
         return got
     s = run["settings"]
     c = RunContext(_with_mapping(ctx.manifest, s["mapping"]), ctx.store, ctx.ledger, ctx.allow_drift)
-    records = ctx.store / "replay" / f"{run['id']}.scores.jsonl"
+    # One records file per prereg and run: a later prereg never overwrites the records an earlier entry hashed.
+    records = ctx.store / "replay" / f"{pr.sha256[:16]}-{run['id']}.scores.jsonl"
     result, rec_sha, _ = score_and_record(c, outputs, answers, records, s["id_field"], s["output_field"])
     return {**got, "records": rec_sha, "n": result.n, "correct": result.correct}
 
@@ -291,7 +297,7 @@ def write_prereg(path: Path, data: dict[str, Any]) -> None:
     """Write a prereg YAML atomically (validated first)."""
     from .hashing import atomic_write_bytes
 
+    check_prereg(data, str(path))  # nothing is written for an invalid prereg
     text = ("# kvgraft pre-registration: register it (kvgraft replay --register), then replay it anywhere.\n"
             + dump_yaml(data))
     atomic_write_bytes(Path(path), text.encode())
-    load_prereg(Path(path))

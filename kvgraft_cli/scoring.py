@@ -22,14 +22,15 @@ Z95 = 1.959963984540054  # two-sided 95% normal quantile
 
 
 def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval for k successes in n trials (0, 0 when n == 0)."""
+    """Wilson score interval for k successes in n trials ((0, 1) when n == 0: nothing is known)."""
     if n == 0:
-        return 0.0, 0.0
+        return 0.0, 1.0
     p = k / n
     denom = 1 + z * z / n
     center = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, center - half), min(1.0, center + half)
+    # At k == 0 and k == n the exact bounds are 0 and 1; floating point would give 4e-22 or 0.9999999999999999.
+    return (0.0 if k == 0 else max(0.0, center - half)), (1.0 if k == n else min(1.0, center + half))
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,8 @@ def summary_from_records(data: bytes) -> dict[str, Any]:
     result = ScoreResult([ScoreRecord(r["id"], r["extracted"], r["reference"], bool(r["correct"])) for r in recs], 0)
     s = result.summary()
     s.pop("unscored_problems")
+    versions = {r.get("extractor_version") for r in recs}
+    s["extractor_version"] = versions.pop() if len(versions) == 1 else sorted(map(str, versions))
     return s
 
 
@@ -146,14 +149,19 @@ def score_and_record(ctx, outputs: Path, answers_path: Path, records_path: Path,
     from .problems import file_sha256
 
     mapping = ctx.manifest.data["input"]
+    for p in (outputs, answers_path):
+        if Path(records_path).resolve() == Path(p).resolve():
+            raise ProblemFileError(f"--records {records_path} is an input file; it would be overwritten",
+                                   "write the records elsewhere")
     result = score(outputs, answers_path, mapping, id_field, output_field)
+    in_hashes = (file_sha256(outputs), file_sha256(answers_path))  # before anything is written
     ledger.check_appendable(ctx.ledger)
     rec_sha = write_records(records_path, result)
     entry = ctx.entry_base()
     entry.update(
         environment=effective_environment(ctx.manifest.data["runtime"]),
-        inputs={"outputs": {"path": ctx.rel(outputs), **digest(file_sha256(outputs))},
-                "answers": {"path": ctx.rel(answers_path), **digest(file_sha256(answers_path))},
+        inputs={"outputs": {"path": ctx.rel(outputs), **digest(in_hashes[0])},
+                "answers": {"path": ctx.rel(answers_path), **digest(in_hashes[1])},
                 "settings": {"mapping": mapping, "id_field": id_field, "output_field": output_field}},
         outputs={"records": {"path": ctx.rel(records_path), **digest(rec_sha)}, "result": result.summary()},
     )

@@ -163,9 +163,13 @@ def check_line(raw: bytes, index: int, prev_line: bytes | None) -> tuple[dict | 
         return None, [Finding(n, "json", "not a JSON object")]
     out: list[Finding] = []
     problem = _value_problem(entry)
+    try:
+        canonical = canonical_line(entry) if not problem else None
+    except UnicodeEncodeError:  # an escaped lone surrogate (\ud800): not representable as UTF-8
+        problem = "a string holds a lone UTF-16 surrogate, which RFC 8785 cannot represent"
     if problem:
         out.append(Finding(n, "values", problem))
-    elif canonical_line(entry) != raw:
+    elif canonical != raw:
         out.append(Finding(n, "canonical", "bytes are not the RFC 8785 canonical form of the entry (edited by hand?)"))
     import fastjsonschema
 
@@ -195,6 +199,8 @@ def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str]
         raise InputError(f"ledger not found: {path}", LEDGER_NOT_FOUND_HINT) from None
     except IsADirectoryError:
         raise InputError(f"{path} is a directory, expected a ledger file") from None
+    except OSError as e:
+        raise InputError(f"cannot read ledger {path}: {e.strerror or e}") from None
     report = VerifyReport(str(path), require_files=require_files)
     lines, tail = ledger_mod.split_lines(data)
     entries: list[dict | None] = []
@@ -233,10 +239,18 @@ def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path) -
         return p if ok else None
 
     ins, outs = entry.get("inputs") or {}, entry.get("outputs") or {}
-    recorded = dict(outs.get("result") or {})
+    if not isinstance(ins, dict) or not isinstance(outs, dict) or not isinstance(outs.get("result"), dict):
+        report.findings.append(Finding(line, "score", "score entry without an outputs.result object"))
+        return
+    recorded = dict(outs["result"])
     outputs_path, answers_path = present(ins.get("outputs")), present(ins.get("answers"))
     settings = ins.get("settings") or {}
-    if outputs_path and answers_path and "mapping" in settings:
+    from .answers import EXTRACTOR_VERSION
+
+    # Outputs are re-extracted only by the extractor version that scored them; for another version the records
+    # file (which holds each extraction) is the evidence, and the aggregate is recomputed from it.
+    same_extractor = recorded.get("extractor_version") == EXTRACTOR_VERSION
+    if outputs_path and answers_path and "mapping" in settings and same_extractor:
         try:
             result = scoring.score(outputs_path, answers_path, settings["mapping"], settings.get("id_field", "id"),
                                    settings.get("output_field", "output"))
@@ -294,13 +308,23 @@ def _check_since(report: VerifyReport, base: Path, lines: list[bytes], leaves: l
         base_data = base.read_bytes()
     except FileNotFoundError:
         raise InputError(f"--since base not found: {base}") from None
-    try:
-        cp = Checkpoint.parse(base_data.decode("utf-8"))
-    except (InputError, UnicodeDecodeError, ValueError):
-        cp = None
-    if cp is not None:
+    except OSError as e:
+        raise InputError(f"cannot read --since base {base}: {e.strerror or e}") from None
+    # A ledger's lines are JSON objects; anything else must be a checkpoint (and a bad one is bad input, never
+    # mistaken for a rewritten ledger).
+    is_ledger = base_data[:1] in (b"{", b"")
+    if not is_ledger:
+        try:
+            cp = Checkpoint.parse(base_data.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InputError(f"--since base {base} is neither a ledger nor a checkpoint (not UTF-8)") from None
         size, root = cp.size, cp.root
         out: dict[str, Any] = {"base": str(base), "kind": "checkpoint", "size": size}
+        if size == 0 and root != merkle.EMPTY_ROOT:
+            report.findings.append(Finding(None, "append-only", f"{base}: size 0 with a root other than the "
+                                           "empty tree's"))
+            out["consistent"] = False
+            return out
     else:
         base_lines, _ = ledger_mod.split_lines(base_data)
         size = len(base_lines)
@@ -345,7 +369,11 @@ def _rehash(report: VerifyReport, entries: list[dict | None], base_dir: Path, fu
             continue
         for fld, d in _referenced_files(entry):
             target = (base_dir / d["path"]) if not Path(d["path"]).is_absolute() else Path(d["path"])
-            if not target.is_file():
+            try:
+                present = target.is_file()
+            except OSError:  # e.g. a path too long for the file system: cannot exist here
+                present = False
+            if not present:
                 report.files.append(FileCheck(i + 1, fld, d["path"], "missing", d["sha256"]))
                 continue
             actual = digest_of(target, cache)

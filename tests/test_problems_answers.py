@@ -24,6 +24,11 @@ MATH_MAP = {"id": None, "problem": "question", "solution": "answer", "answer": "
     ("work\nAnswer: x=3", "x=3"),
     ("nothing here", None),
     ("\\boxed{unclosed", None),
+    ("The answer is 5.\n\nI hope this helps!", "5."),
+    ("Final Answer: 12\nThis is because...", "12"),
+    ("Answer: 3\nWait, let me recheck.\nAnswer: 5", "5"),
+    ("so \\boxed 7 is it", "7"),
+    ("\\boxed{1} and later \\boxed 9", "9"),
 ])
 def test_extract(text, want):
     assert answers.extract(text) == want
@@ -32,12 +37,14 @@ def test_extract(text, want):
 @pytest.mark.parametrize("a,b", [
     ("1{,}024", "1024"), ("1,000,000", "1000000"), ("007", "7"), ("\\dfrac{3}{4}", "\\frac{3}{4}"),
     ("70^\\circ", "70"), ("5.", "5"), ("\\text{(B)}", "(B)"), ("\\left(1, 2\\right)", "(1,2)"), ("$x$", "x"),
+    ("$5$.", "5"), ("$\\frac{1}{2}$.", "\\frac{1}{2}"), ("\u22125", "-5"), ("00", "0"),
 ])
 def test_normalize_equal(a, b):
     assert answers.answers_match(a, b)
 
 
-@pytest.mark.parametrize("a,b", [("81", "72"), ("1.5", "15"), ("\\frac{1}{2}", "\\frac{2}{1}"), ("-7", "7")])
+@pytest.mark.parametrize("a,b", [("81", "72"), ("1.5", "15"), ("\\frac{1}{2}", "\\frac{2}{1}"), ("-7", "7"),
+                                 ("\\leftarrow", "\\rightarrow"), ("00", "")])
 def test_normalize_different(a, b):
     assert not answers.answers_match(a, b)
 

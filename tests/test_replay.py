@@ -87,3 +87,9 @@ def test_prereg_paths_are_relative_to_the_prereg(finished_run, tmp_path):
     write_prereg(tmp_path / "sub" / "p.yaml", data)
     pr = load_prereg(tmp_path / "sub" / "p.yaml")
     assert pr.resolve(pr.data["runs"][0]["input"]).resolve() == (finished_run / "problems.jsonl").resolve()
+
+
+def test_prereg_make_writes_nothing_when_invalid(finished_run, tmp_path):
+    p = run_cli("prereg", "make", str(finished_run / "kvgraft-ledger.jsonl"), "--target", "CPU", "-o", "t.yaml",
+                cwd=tmp_path, check_rc=2)
+    assert "targets" in p.stderr and not (tmp_path / "t.yaml").exists()

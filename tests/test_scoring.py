@@ -25,6 +25,19 @@ def test_wilson_known_values(k, n, lo, hi):
     assert (round(a, 4), round(b, 4)) == (lo, hi)
 
 
+def test_wilson_edges_are_exact():
+    assert wilson_interval(10, 10)[1] == 1.0 and wilson_interval(0, 10**6)[0] == 0.0
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_records_file_may_not_overwrite_an_input(tmp_path):
+    out = _outputs(tmp_path, [{"id": "sum-1", "output": "\\boxed{42}"}])
+    before = out.read_bytes()
+    p = run_cli("score", "outputs.jsonl", "--answers", str(EXAMPLES), "--records", "outputs.jsonl", cwd=tmp_path,
+                check_rc=2)
+    assert "would be overwritten" in p.stderr and out.read_bytes() == before
+
+
 def _outputs(tmp_path, rows, name="outputs.jsonl"):
     p = tmp_path / name
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -92,7 +105,38 @@ def test_verify_catches_a_misreported_score(tmp_path):
     v = verify_ledger(led)
     assert not v.passed and v.scores_checked == 2
     assert [(f.line, f.check) for f in v.findings] == [(2, "score")]
+    # A forged entry whose result is not an object is a finding, not a crash.
+    ledger.append(led, "score", {**entry(res.summary()), "outputs": {"records": {"path": "rec.jsonl", "sha256": rec_sha},
+                                                                     "result": "all correct"}})
+    v = verify_ledger(led)
+    assert [(f.line, f.check) for f in v.findings] == [(2, "score"), (3, "score")]
+    lines = led.read_bytes().split(b"\n")
+    led.write_bytes(b"\n".join(lines[:2]) + b"\n")
     # Without the inputs, the records file alone still recomputes the aggregate.
     out.unlink()
     v = verify_ledger(led)
+    assert [(f.line, f.check) for f in v.findings] == [(2, "score")]
+
+
+def test_scores_from_another_extractor_version_are_recomputed_from_records(tmp_path):
+    """Old outputs are not re-extracted with a newer extractor (that would change the number); the records file
+    holds each extraction, and the aggregate is recomputed from it."""
+    from kvgraft_cli.hashing import sha256_bytes
+
+    out = _outputs(tmp_path, [{"id": "sum-1", "output": "\\boxed{42}"}, {"id": "lin-1", "output": "x"}])
+    res = score(out, EXAMPLES, DEFAULT_MAP)
+    data = res.records_bytes().replace(b'"extractor_version":"2"', b'"extractor_version":"0"')
+    (tmp_path / "rec.jsonl").write_bytes(data)
+
+    def entry(result):
+        return {"inputs": {"outputs": {"path": "outputs.jsonl", "sha256": sha256_bytes(out.read_bytes())},
+                           "answers": {"path": str(EXAMPLES), "sha256": sha256_bytes(EXAMPLES.read_bytes())},
+                           "settings": {"mapping": DEFAULT_MAP, "id_field": "id", "output_field": "output"}},
+                "outputs": {"records": {"path": "rec.jsonl", "sha256": sha256_bytes(data)}, "result": result}}
+
+    led = tmp_path / "l.jsonl"
+    ledger.append(led, "score", entry(dict(res.summary(), extractor_version="0")))
+    ledger.append(led, "score", entry(dict(res.summary(), extractor_version="0", correct=2)))
+    v = verify_ledger(led)
+    assert v.scores_checked == 2
     assert [(f.line, f.check) for f in v.findings] == [(2, "score")]

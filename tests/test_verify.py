@@ -257,3 +257,51 @@ def test_ci_gate_commands(tmp_path):
     assert "line 2" in r.stderr
     r = run_cli("ledger", "diff", "base.jsonl", "l.jsonl", cwd=tmp_path, check_rc=1)
     assert "not an append: line 2" in r.stderr
+
+
+def test_odd_inputs_are_findings_or_bad_input_never_crashes(tmp_path):
+    p = _synthetic(tmp_path / "l.jsonl", 3)
+    good = p.read_bytes()
+    # An escaped lone surrogate: a values finding at its line.
+    p.write_bytes(good + b'{"kind":"x","prev":null,"seq":3,"time":"2020-01-01T00:00:00Z","z":"\\ud800"}\n')
+    r = verify_ledger(p)
+    assert any(f.line == 4 and f.check == "values" for f in r.findings)
+    p.write_bytes(good)
+    # A cache file of the wrong shape is ignored.
+    for junk in ("null", "[]", '"s"', '{"x": 5}'):
+        (tmp_path / ".kvgraft-verify-cache.json").write_text(junk)
+        assert verify_ledger(p).passed
+    # --since: a directory is bad input; a damaged checkpoint is bad input, not "rewritten".
+    from kvgraft_cli.errors import InputError
+
+    with pytest.raises(InputError):
+        verify_ledger(p, since=tmp_path)
+    body = Checkpoint("t", 3, merkle.root([merkle.leaf_hash(x) for x in _lines(p)])).body()
+    (tmp_path / "crlf").write_text(body.replace("\n", "\r\n"))
+    with pytest.raises(InputError):
+        verify_ledger(p, since=tmp_path / "crlf")
+    (tmp_path / "cp").write_text(body)
+    assert verify_ledger(p, since=tmp_path / "cp").passed
+    # A size-0 checkpoint must carry the empty tree's root.
+    import base64
+
+    (tmp_path / "cp0").write_text("t\n0\n" + base64.b64encode(b"\x11" * 32).decode() + "\n")
+    assert not verify_ledger(p, since=tmp_path / "cp0").passed
+    (tmp_path / "cp0").write_text("t\n0\n" + base64.b64encode(merkle.EMPTY_ROOT).decode() + "\n")
+    assert verify_ledger(p, since=tmp_path / "cp0").passed
+    # A digest path too long for the file system is simply missing.
+    ledger.append(p, "test", {"inputs": {"f": {"sha256": "0" * 64, "path": "x" * 5000}}})
+    r = verify_ledger(p)
+    assert r.passed and len(r.missing) == 1
+
+
+def test_bytes_after_the_frame_are_refused(copy):
+    from kvgraft_cli import artifact as kvg
+    from kvgraft_cli.errors import ArtifactError
+
+    e = next(e for e in ledger.read(copy) if e["kind"] == "deposit")
+    art = copy.parent / e["outputs"]["artifact"]["path"]
+    art.write_bytes(art.read_bytes() + kvg.compress(b"more"))
+    assert not verify_ledger(copy, full=True).passed
+    with pytest.raises(ArtifactError, match="after the zstd frame"):
+        kvg.read_file(art)

@@ -78,7 +78,8 @@ class HashCache:
     def __init__(self, path: Path | None, enabled: bool = True):
         self.path, self.enabled, self.dirty = path, enabled, False
         self.entries: dict[str, list] = {}
-        if enabled and path is not None and path.is_file():
+        # Loaded even with --full (enabled=False: no lookups), so saving keeps the rows this run did not touch.
+        if path is not None and path.is_file():
             try:
                 loaded = json.loads(path.read_text())
             except (ValueError, OSError):

@@ -62,3 +62,22 @@ def deposited(tmp_path_factory, engine):
     c = RunContext.make(engine.manifest, d / "store", d / "ledger.jsonl")
     report = deposit(c, EXAMPLES, engine=engine)
     return c, report
+
+
+BLOCK_TORCH = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name in ("torch", "transformers", "safetensors") or name.startswith(("torch.", "transformers.")):
+            raise ImportError(name + " is blocked in this test")
+sys.meta_path.insert(0, Block())
+sys.argv = ["kvgraft"] + sys.argv[1:]
+from kvgraft_cli.cli import main
+main()
+"""
+
+
+def run_without_torch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run the CLI in a process where importing torch, transformers or safetensors fails."""
+    return subprocess.run([sys.executable, "-c", BLOCK_TORCH, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)

@@ -3,27 +3,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from conftest import EXAMPLES, REPO, run_cli
-
-BLOCK_TORCH = """
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch.") or name == "transformers":
-            raise ImportError("torch is blocked in this test")
-sys.meta_path.insert(0, Block())
-sys.argv = ["kvgraft"] + sys.argv[1:]
-from kvgraft_cli.cli import main
-main()
-"""
-
-
-def _no_torch(*args, cwd):
-    return subprocess.run([sys.executable, "-c", BLOCK_TORCH, *args], cwd=cwd, capture_output=True, text=True)
-
+from conftest import EXAMPLES, REPO, run_cli, run_without_torch
 
 def test_main_job_deposit_then_check_50_samples(tmp_path):
     """README quick start: deposit the examples with the embedded default, then graft --check (50 samples)."""
@@ -47,14 +28,14 @@ def test_deposit_json_and_idempotence(tmp_path):
     assert [r["artifact"] for r in first["results"]] == [r["artifact"] for r in again["results"]]
 
 
-def test_commands_that_need_no_torch(tmp_path):
+def test_commands_that_needrun_without_torch(tmp_path):
     for args in (["--help"], ["manifest", "validate"], ["manifest", "show", "--json"],
                  ["model-hash", str(REPO / "kvgraft_cli" / "data" / "tiny-gemma4")],
                  ["manifest", "init", "builtin:tiny-gemma4", "--profile", "native", "--threads", "2"]):
-        p = _no_torch(*args, cwd=tmp_path)
+        p = run_without_torch(*args, cwd=tmp_path)
         assert p.returncode == 0, (args, p.stderr)
     # And the block really blocks: an engine command fails without torch.
-    p = _no_torch("deposit", str(EXAMPLES), "--limit", "1", cwd=tmp_path)
+    p = run_without_torch("deposit", str(EXAMPLES), "--limit", "1", cwd=tmp_path)
     assert p.returncode == 2 and "blocked" in p.stderr and "kvgraft[engine]" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
 

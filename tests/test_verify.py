@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, run_without_torch
 from kvgraft_cli import filehash, ledger, merkle
 from kvgraft_cli.checkpoint import Checkpoint, generate_key, sign
 from kvgraft_cli.verify import verify_ledger
@@ -196,23 +196,9 @@ def test_concurrent_appends_8_by_200(tmp_path):
     assert len({(e["w"], e["i"]) for e in ledger.read(p)}) == 1600
 
 
-BLOCK_TORCH = """
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name in ("torch", "transformers", "safetensors") or name.startswith("torch."):
-            raise ImportError(name + " is blocked in this test")
-sys.meta_path.insert(0, Block())
-sys.argv = ["kvgraft"] + sys.argv[1:]
-from kvgraft_cli.cli import main
-main()
-"""
-
-
 def test_verify_runs_without_torch(copy):
     def run(*args):
-        return subprocess.run([sys.executable, "-c", BLOCK_TORCH, *args], cwd=copy.parent, capture_output=True,
-                              text=True)
+        return run_without_torch(*args, cwd=copy.parent)
 
     p = run("verify", "ledger.jsonl", "--full", "--json")
     assert p.returncode == 0, p.stderr

@@ -10,8 +10,8 @@ from . import artifact as kvg
 from . import ledger
 from .engine import Engine, load_engine, tensor_sha256, token_ids_sha256
 from .errors import CheckFailed
-from .hashing import digest, sha256_bytes
-from .problems import Problem, file_sha256, read_problems, verify_solution
+from .hashing import digest, sha256_bytes, sha256_file
+from .problems import Problem, read_problems, verify_solution
 from .runctx import RunContext
 from .store import Store, prefix_key
 
@@ -72,7 +72,7 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
     problems = read_problems(problems_path, ctx.manifest.data["input"])
     if limit is not None:
         problems = problems[:limit]
-    report = DepositReport(str(problems_path), file_sha256(problems_path), str(ctx.store), str(ctx.ledger),
+    report = DepositReport(str(problems_path), sha256_file(problems_path), str(ctx.store), str(ctx.ledger),
                            ctx.manifest.source)
     plan: list[tuple[Problem, object]] = []
     for p in problems:

@@ -121,8 +121,3 @@ def verify_solution(p: Problem) -> Verdict:
     if answers.answers_match(got, p.answer):
         return Verdict("verified", "final answer matches the reference", got)
     return Verdict("wrong", f"solution says {got!r}, reference says {p.answer!r}", got)
-
-
-def file_sha256(path: Path) -> str:
-    """SHA-256 of the problems file's bytes."""
-    return sha256_bytes(Path(path).read_bytes())

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from . import ledger as ledger_mod
 from .errors import InputError, KvgraftError
-from .hashing import digest, sha256_bytes
+from .hashing import digest, sha256_bytes, sha256_file
 from .manifest import BUILTIN_PREFIX, DEFAULT_MANIFEST, Manifest, dump_yaml, load_manifest, parse_text, with_overrides
 from .runctx import RunContext
 
@@ -186,17 +186,18 @@ def replay(ctx: RunContext, pr: Prereg, target: str | None,
     return report
 
 
-def _file_check(pr: Prereg, rel: str, want: str) -> tuple[Path, str]:
+def _file_check(pr: Prereg, rel: str) -> tuple[Path, str]:
+    """An input of the prereg, resolved, and its SHA-256 (compared by the caller, reported either way)."""
     p = pr.resolve(rel)
     if not p.is_file():
         raise InputError(f"input {rel} of {pr.path} not found")
-    return p, sha256_bytes(p.read_bytes())
+    return p, sha256_file(p)
 
 
 def _run_deposit(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str, Any]:
     from .deposit import deposit
 
-    path, sha = _file_check(pr, run["input"], run["input_sha256"])
+    path, sha = _file_check(pr, run["input"])
     got: dict[str, Any] = {"input_sha256": sha}
     if sha != run["input_sha256"]:
         return got
@@ -222,8 +223,8 @@ def _run_check(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str, 
 def _run_score(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str, Any]:
     from .scoring import score_and_record
 
-    outputs, osha = _file_check(pr, run["outputs"], run["outputs_sha256"])
-    answers, asha = _file_check(pr, run["answers"], run["answers_sha256"])
+    outputs, osha = _file_check(pr, run["outputs"])
+    answers, asha = _file_check(pr, run["answers"])
     got: dict[str, Any] = {"outputs_sha256": osha, "answers_sha256": asha}
     if osha != run["outputs_sha256"] or asha != run["answers_sha256"]:
         return got

@@ -146,7 +146,7 @@ def score_and_record(ctx, outputs: Path, answers_path: Path, records_path: Path,
     from . import ledger
     from .determinism import effective_environment
     from .hashing import digest
-    from .problems import file_sha256
+    from .hashing import sha256_file
 
     mapping = ctx.manifest.data["input"]
     for p in (outputs, answers_path):
@@ -154,7 +154,7 @@ def score_and_record(ctx, outputs: Path, answers_path: Path, records_path: Path,
             raise ProblemFileError(f"--records {records_path} is an input file; it would be overwritten",
                                    "write the records elsewhere")
     result = score(outputs, answers_path, mapping, id_field, output_field)
-    in_hashes = (file_sha256(outputs), file_sha256(answers_path))  # before anything is written
+    in_hashes = (sha256_file(outputs), sha256_file(answers_path))  # before anything is written
     ledger.check_appendable(ctx.ledger)
     rec_sha = write_records(records_path, result)
     entry = ctx.entry_base()

@@ -8,12 +8,15 @@ is present (artifacts by payload, everything else by file bytes). Findings name 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import fastjsonschema
 
 from . import ledger as ledger_mod
 from . import merkle
@@ -99,8 +102,6 @@ class VerifyReport:
 def _validator():
     # fastjsonschema compiles the schema to Python: about 50x faster than jsonschema per entry, which matters at
     # 100,000+ lines. (Manifests use jsonschema, which reports every problem in one pass.)
-    import fastjsonschema
-
     text = (resources.files("kvgraft_cli") / "schemas" / "ledger-entry.schema.json").read_text()
     return fastjsonschema.compile(json.loads(text))
 
@@ -152,8 +153,6 @@ def _find_outside(value: Any) -> tuple[list, str] | None:
 
 def check_line(raw: bytes, index: int, prev_line: bytes | None) -> tuple[dict | None, list[Finding]]:
     """Parse and check one line (0-based ``index``) against its predecessor's bytes."""
-    import hashlib
-
     n = index + 1
     try:
         entry = json.loads(raw)
@@ -171,8 +170,6 @@ def check_line(raw: bytes, index: int, prev_line: bytes | None) -> tuple[dict | 
         out.append(Finding(n, "values", problem))
     elif canonical != raw:
         out.append(Finding(n, "canonical", "bytes are not the RFC 8785 canonical form of the entry (edited by hand?)"))
-    import fastjsonschema
-
     try:
         _validator()(entry)
     except fastjsonschema.JsonSchemaException as e:
@@ -222,21 +219,24 @@ def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str]
         report.since = _check_since(report, Path(since), lines, leaves)
     if rehash:
         _rehash(report, entries, path.parent, full)
+        verified = {(f.line, f.path) for f in report.files if f.status == "ok"}
         for i, entry in enumerate(entries):
             if entry is not None and entry.get("kind") == "score":
-                _check_score(report, i + 1, entry, path.parent)
+                _check_score(report, i + 1, entry, path.parent, verified)
     return report
 
 
-def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path) -> None:
+def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
+                 verified: set[tuple[int, str]]) -> None:
     """Recompute a recorded score: from its outputs and answers files when present (records and aggregate must
     come out the same), else from its records file alone (the aggregate must)."""
     from . import scoring
 
     def present(d):
-        p = base_dir / d["path"] if isinstance(d, dict) and isinstance(d.get("path"), str) else None
-        ok = p is not None and any(f.line == line and f.path == d["path"] and f.status == "ok" for f in report.files)
-        return p if ok else None
+        """The file behind a digest, if it is present and matched its hash in this run."""
+        if isinstance(d, dict) and isinstance(d.get("path"), str) and (line, d["path"]) in verified:
+            return base_dir / d["path"]
+        return None
 
     ins, outs = entry.get("inputs") or {}, entry.get("outputs") or {}
     if not isinstance(ins, dict) or not isinstance(outs, dict) or not isinstance(outs.get("result"), dict):
@@ -257,9 +257,7 @@ def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path) -
         except InputError as e:
             report.findings.append(Finding(line, "score", f"cannot recompute the score: {e.message}"))
             return
-        from .hashing import sha256_bytes
-
-        if sha256_bytes(result.records_bytes()) != (outs.get("records") or {}).get("sha256"):
+        if hashlib.sha256(result.records_bytes()).hexdigest() != (outs.get("records") or {}).get("sha256"):
             report.findings.append(Finding(line, "score", "recomputed per-sample records differ from the recorded ones"))
         if result.summary() != recorded:
             report.findings.append(Finding(line, "score", f"recomputed score {result.summary()['correct']}/"
@@ -364,6 +362,7 @@ def _check_since(report: VerifyReport, base: Path, lines: list[bytes], leaves: l
 
 def _rehash(report: VerifyReport, entries: list[dict | None], base_dir: Path, full: bool) -> None:
     cache = HashCache.for_dir(base_dir, enabled=not full)
+    this_run: dict[Path, str] = {}  # a file many entries name (the problems file) is hashed once per run
     for i, entry in enumerate(entries):
         if entry is None:
             continue
@@ -376,7 +375,9 @@ def _rehash(report: VerifyReport, entries: list[dict | None], base_dir: Path, fu
             if not present:
                 report.files.append(FileCheck(i + 1, fld, d["path"], "missing", d["sha256"]))
                 continue
-            actual = digest_of(target, cache)
+            if target not in this_run:
+                this_run[target] = digest_of(target, cache)
+            actual = this_run[target]
             status = "ok" if actual == d["sha256"] else "mismatch"
             report.files.append(FileCheck(i + 1, fld, d["path"], status, d["sha256"], actual))
     cache.save()

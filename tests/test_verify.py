@@ -292,3 +292,17 @@ def test_bytes_after_the_frame_are_refused(copy):
     assert not verify_ledger(copy, full=True).passed
     with pytest.raises(ArtifactError, match="after the zstd frame"):
         kvg.read_file(art)
+
+
+def test_ledger_prove_gives_an_inclusion_proof_that_verifies(tmp_path):
+    """The proof printed by `kvgraft ledger prove`, in the vectors' format, checked with the library verifier."""
+    import base64
+
+    p = _synthetic(tmp_path / "l.jsonl", 9)
+    r = json.loads(run_cli("ledger", "prove", "4", "l.jsonl", "--size", "7", "--json", cwd=tmp_path,
+                           check_rc=0).stdout)
+    b = base64.b64decode
+    assert r["leafHash"] == base64.b64encode(merkle.leaf_hash(_lines(p)[3])).decode()
+    assert b(r["root"]) == merkle.root([merkle.leaf_hash(x) for x in _lines(p)[:7]])
+    merkle.verify_inclusion(r["leafIdx"], r["treeSize"], b(r["leafHash"]), [b(h) for h in r["proof"]], b(r["root"]))
+    run_cli("ledger", "prove", "10", "l.jsonl", cwd=tmp_path, check_rc=2)

@@ -77,28 +77,45 @@ class Engine:
 
         return DynamicCache(config=self.model.config)
 
-    def forward(self, cache, ids: list[int], last_only: bool = False):
-        """Run ``ids`` through the model on ``cache`` (extended in place). Returns float logits [len(ids) or 1, vocab]."""
+    def forward(self, cache, ids: list[int], last_only: bool = False, start: int | None = None):
+        """Run ``ids`` through the model on ``cache`` (extended in place). Returns float logits [len(ids) or 1, vocab].
+
+        ``start`` sets the position of ``ids[0]`` explicitly (the probe computes prefixes away from position 0);
+        by default positions continue from the cache's length, as in every graft.
+        """
         import torch
 
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        extra = {}
+        if start is not None:
+            extra["position_ids"] = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
         with self._infer():
-            out = self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1 if last_only else 0)
+            out = self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1 if last_only else 0, **extra)
         return out.logits[0]
 
-    def prefill(self, ids: list[int]):
-        """Prefill ``ids`` into a fresh cache by the manifest's schedule. Returns (cache, last-position logits [vocab])."""
+    @property
+    def max_positions(self) -> int | None:
+        """The model's position limit (``max_position_embeddings``), if it declares one."""
+        cfg = self.model.config.get_text_config(decoder=True)
+        return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+
+    def prefill(self, ids: list[int], offset: int = 0):
+        """Prefill ``ids`` into a fresh cache by the manifest's schedule. Returns (cache, last-position logits [vocab]).
+
+        ``offset`` (the probe's counterfactual) puts the prefix at positions offset..offset+n-1 instead of 0..n-1.
+        """
         if not ids:
             raise InputError("cannot prefill an empty prefix")
-        limit = getattr(self.model.config.get_text_config(decoder=True), "max_position_embeddings", None)
-        if limit and len(ids) > limit:
-            raise InputError(f"prefix of {len(ids)} tokens exceeds the model's {limit} positions")
+        limit = self.max_positions
+        if limit and offset + len(ids) > limit:
+            raise InputError(f"prefix of {len(ids)} tokens at offset {offset} exceeds the model's {limit} positions")
         cache = self.new_cache()
         sched = self.manifest.data["prefill"]
         step = len(ids) if sched["schedule"] == "single" else sched["chunk_size"]
         logits = None
         for start in range(0, len(ids), step):
-            logits = self.forward(cache, ids[start : start + step], last_only=True)
+            logits = self.forward(cache, ids[start : start + step], last_only=True,
+                                  start=offset + start if offset else None)
         return cache, logits[-1]
 
     def greedy(self, cache, last_logits, n: int, stop_at_eos: bool = False):

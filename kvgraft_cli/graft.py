@@ -52,7 +52,7 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
         return Loaded(sha, art, str(store.object_path(sha)))
 
 
-def _fit(loaded: Loaded | str | None, ctx: RunContext, engine: Engine) -> Loaded:
+def fit_artifact(loaded: Loaded | str | None, ctx: RunContext, engine: Engine) -> Loaded:
     """Open the artifact if given a reference, then refuse it unless it fits the engine."""
     if not isinstance(loaded, Loaded):
         loaded = open_artifact(ctx, loaded)
@@ -75,7 +75,7 @@ class GraftResult:
 def graft_generate(ctx: RunContext, engine: Engine, ref: Loaded | str | None, query: str,
                    max_new_tokens: int) -> GraftResult:
     """Restore the artifact, run the rendered query, greedy-decode up to ``max_new_tokens`` (stops at EOS)."""
-    loaded = _fit(ref, ctx, engine)
+    loaded = fit_artifact(ref, ctx, engine)
     suffix = engine.encode(ctx.manifest.data["prompt"]["query"].format(query=query))
     cache = engine.restore(loaded.artifact.layers)
     logits = engine.forward(cache, suffix)
@@ -149,7 +149,8 @@ class CheckReport:
                 "ledger_seq": self.ledger_seq}
 
     def to_json(self) -> dict:
-        return {**self.summary(), "per_sample": [asdict(s) for s in self.samples]}
+        return {**self.summary(), "fresh_logits_sha256": self.fresh_logits_sha256,
+                "per_sample": [asdict(s) for s in self.samples]}
 
 
 def check_suffixes(seed: int, n: int) -> list[str]:
@@ -162,7 +163,7 @@ def check_suffixes(seed: int, n: int) -> list[str]:
     return out
 
 
-def _compare(fresh, grafted) -> tuple[float, float]:
+def compare_logits(fresh, grafted) -> tuple[float, float]:
     """(largest KL(fresh || graft) over positions, computed in float64; share of positions with equal argmax)."""
     import torch
 
@@ -180,7 +181,7 @@ def graft_check(ctx: RunContext, engine: Engine, ref: Loaded | str | None, sampl
     """Compare graft against fresh computation for ``samples`` suffixes; append a ``graft-check`` ledger entry."""
     import torch
 
-    loaded = _fit(ref, ctx, engine)
+    loaded = fit_artifact(ref, ctx, engine)
     art = loaded.artifact
     prefix = art.token_ids
     fresh_cache, last = engine.prefill(prefix)
@@ -202,7 +203,7 @@ def graft_check(ctx: RunContext, engine: Engine, ref: Loaded | str | None, sampl
         logits_g = engine.forward(cache_g, suffix)
         gen_g, steps_g = engine.greedy(cache_g, logits_g[-1], max_new_tokens)
         all_f, all_g = torch.cat([logits_f, steps_f]), torch.cat([logits_g, steps_g])
-        kl, agree = _compare(all_f, all_g)
+        kl, agree = compare_logits(all_f, all_g)
         sf, sg = tensor_sha256(all_f), tensor_sha256(all_g)
         if i == 0:
             with engine._infer():

@@ -1,6 +1,6 @@
 """The ``kvgraft`` command line: parse, call the library, render. torch is imported only inside engine commands.
 
-The commands live in cli_engine (deposit, graft), cli_admin (manifest, model-hash, store) and cli_ledger (verify,
+The commands live in cli_engine (deposit, graft, replay), cli_exact (probe, matrix), cli_admin (manifest, model-hash, store) and cli_ledger (verify,
 ledger); importing them registers them on the one typer app defined in cli_common.
 """
 
@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from . import cli_admin, cli_engine, cli_ledger  # noqa: F401  (registers the commands)
+from . import cli_admin, cli_engine, cli_exact, cli_ledger  # noqa: F401  (registers the commands)
 from .cli_common import app, err
 
 def _is(exc: BaseException, name: str) -> bool:

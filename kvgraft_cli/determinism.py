@@ -38,6 +38,16 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
+def profile_env(profile: str, device: str = "cpu") -> dict[str, str | None]:
+    """The environment a profile pins: its own variables, CUBLAS_WORKSPACE_CONFIG on CUDA, every other known
+    bit-changing variable null (must be unset), so a stray one in the shell shows up as drift."""
+    env: dict[str, str | None] = {k: None for k in KNOWN_BIT_ENV}
+    env.update(PROFILES[profile]["env"])
+    if device == "cuda":
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # deterministic cuBLAS workspaces
+    return dict(sorted(env.items()))
+
+
 @dataclass
 class Drift:
     """Differences between the manifest's pin and the effective environment."""

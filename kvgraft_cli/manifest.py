@@ -251,7 +251,8 @@ def dump_yaml(data: dict[str, Any]) -> str:
 
 def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, profile: str = "portable",
                   device: str = "cpu", dtype: str = "float32", attn_implementation: str = "eager",
-                  threads: int | None = None, gpu_name: str | None = None, name: str | None = None) -> dict[str, Any]:
+                  threads: int | None = None, gpu_name: str | None = None, name: str | None = None,
+                  sdpa_backend: str | None = None) -> dict[str, Any]:
     """A complete pinned manifest for a model directory, with this environment's library versions.
 
     ``profile`` names a kernel-flag profile (see determinism.PROFILES). Every bit-affecting environment variable
@@ -259,15 +260,12 @@ def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, 
     """
     from importlib.metadata import version
 
-    from .determinism import KNOWN_BIT_ENV, PROFILES
+    from .determinism import PROFILES, profile_env
 
     if profile not in PROFILES:
         raise ManifestError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
     prof = PROFILES[profile]
-    env: dict[str, str | None] = {k: None for k in KNOWN_BIT_ENV}
-    env.update(prof["env"])
-    if device == "cuda":
-        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    env = profile_env(profile, device)
     n_threads = threads or prof["threads"] or _default_threads()
     data = {
         "kvgraft_manifest": 1,
@@ -276,9 +274,9 @@ def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, 
                   "attn_implementation": attn_implementation},
         "runtime": {"device": device, "gpu_name": gpu_name, "cpu_name": None, "seed": 0, "threads": n_threads,
                     "deterministic_algorithms": True, "allow_tf32": False,
-                    "sdpa_backend": ("math" if attn_implementation == "sdpa" else None),
-                    "env": dict(sorted(env.items())),
-                    "versions": {"torch": version("torch"), "transformers": version("transformers")}},
+                    "sdpa_backend": (sdpa_backend or "math") if attn_implementation == "sdpa" else None,
+                    "env": env,
+                    "versions": {"torch": torch_version(), "transformers": version("transformers")}},
         "prefill": {"schedule": "single", "chunk_size": None},
         "prompt": {"add_bos": True, "prefix": "Problem: {problem}\nSolution: {solution}\n",
                    "query": "\nQuestion: {query}\nAnswer:"},
@@ -291,6 +289,28 @@ def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, 
     if problems:  # a bug here, not user input
         raise ManifestError("; ".join(problems))
     return data
+
+
+def torch_version() -> str:
+    """torch's full version string (``torch.__version__``, with the local build tag such as ``+cpu`` or ``+cu130``)
+    read from its ``version.py`` without importing torch, which must wait until the kernel flags are pinned.
+    Package metadata is not enough: PyPI's CUDA wheels record ``2.11.0`` where torch reports ``2.11.0+cu130``."""
+    import importlib.util
+    import re
+    from importlib.metadata import version
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except ImportError:  # an import hook that refuses torch: the package metadata still says which is installed
+        spec = None
+    if spec and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            f = Path(loc) / "version.py"
+            if f.is_file():
+                m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", f.read_text(encoding="utf-8"), re.M)
+                if m:
+                    return m.group(1)
+    return version("torch")
 
 
 def _default_threads() -> int:

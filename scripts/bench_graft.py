@@ -9,6 +9,7 @@ prefix length measures, as medians of --repeat runs:
 and prints the prefill/restore ratio, artifact sizes and the zstd ratio. Exactness is checked on the way
 (restored suffix logits torch.equal to fresh ones). Usage:
     python scripts/bench_graft.py [--lengths 256 1024 2048] [--profile portable|native] [--model smol|tiny]
+                                  [--device cpu|cuda] [--dtype float32|bfloat16|float16]
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--model", default="smol", choices=["smol", "tiny"])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--write-model", type=Path, help=argparse.SUPPRESS)  # internal: child process builds the model
     args = ap.parse_args()
     if args.write_model:
@@ -56,7 +59,7 @@ def main() -> None:
                        check=True, capture_output=True)
         h = hash_model_dir(tmp / "model")
         data = make_manifest(str(tmp / "model"), h.model_sha256, h.tokenizer_sha256, profile=args.profile,
-                             threads=args.threads)
+                             threads=args.threads, device=args.device, dtype=args.dtype)
         (tmp / "m.yaml").write_text(dump_yaml(data))
         _run(load_manifest(tmp / "m.yaml"), args, tmp)
 
@@ -69,6 +72,15 @@ def _smol_config():
                        rope_theta=10000.0, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=2)
 
 
+def _sync(result):
+    """Wait for queued GPU work so a timing covers it (a no-op on the CPU)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return result
+
+
 def _run(manifest, args, tmp) -> None:
     from kvgraft_cli import artifact as kvg
     from kvgraft_cli.engine import load_engine, tensor_sha256
@@ -79,13 +91,13 @@ def _run(manifest, args, tmp) -> None:
 
     n_params = sum(p.numel() for p in eng.model.parameters())
     print(f"model: {type(eng.model).__name__}, {n_params / 1e6:.0f}M parameters, {manifest.data['model']['dtype']}, "
-          f"profile {args.profile}, threads {torch.get_num_threads()}, torch {torch.__version__}")
+          f"profile {args.profile}, threads {torch.get_num_threads()}, device {eng.device}, torch {torch.__version__}")
     print(f"{'tokens':>7} {'prefill s':>10} {'restore s':>10} {'ratio':>7} {'deposit s':>10} "
           f"{'payload MB':>11} {'file MB':>8} {'zstd':>6}  exact")
     gen = torch.Generator().manual_seed(0)
     for n in args.lengths:
         ids = torch.randint(3, eng.model.config.vocab_size, (n,), generator=gen).tolist()
-        t_pre, (cache, last) = _timed(lambda: eng.prefill(ids), args.repeat)
+        t_pre, (cache, last) = _timed(lambda: _sync(eng.prefill(ids)), args.repeat)
         path = tmp / "a.kvg"
 
         def deposit():
@@ -98,7 +110,7 @@ def _run(manifest, args, tmp) -> None:
 
         def restore():
             _, art = kvg.read_file(path, expected_sha256=sha)
-            return eng.restore(art.layers)
+            return _sync(eng.restore(art.layers))
 
         t_res, restored = _timed(restore, args.repeat)
         suffix = ids[:8]

@@ -1,0 +1,106 @@
+"""Benchmark: what the portable profile costs against the native one, measured side by side in one run.
+
+Kernel flags are fixed when torch is imported, so every measurement runs in its own child process; the parent
+alternates profiles round by round (portable, native 1 thread, native N threads, portable, ...) so that a noisy
+neighbour hits all of them alike, and reports the median over rounds of each child's median. Measured per prefix
+length: prefill (the deposit's and a fresh computation's cost) and 16 greedy decode steps after it (what every
+graft pays per generated token). Usage:
+    python scripts/bench_profiles.py [--lengths 128 512] [--rounds 3] [--model smol|tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _child(args) -> None:
+    """One profile in this process: load the pinned engine, time prefill and decode, print JSON."""
+    from kvgraft_cli.engine import load_engine
+    from kvgraft_cli.manifest import load_manifest
+
+    eng = load_engine(load_manifest(args.child))
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    result = {"threads": torch.get_num_threads()}
+    for n in args.lengths:
+        ids = torch.randint(3, eng.model.config.vocab_size, (n,), generator=gen).tolist()
+        pre, dec = [], []
+        for _ in range(args.repeat + 1):  # the first run warms caches and is dropped
+            t0 = time.perf_counter()
+            cache, last = eng.prefill(ids)
+            t1 = time.perf_counter()
+            eng.greedy(cache, last, 16)
+            t2 = time.perf_counter()
+            pre.append(t1 - t0)
+            dec.append((t2 - t1) / 16)
+        result[str(n)] = {"prefill": statistics.median(pre[1:]), "decode": statistics.median(dec[1:])}
+    print(json.dumps(result))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--model", default="smol", choices=["smol", "tiny"])
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        _child(args)
+        return
+
+    from kvgraft_cli.determinism import KNOWN_BIT_ENV
+    from kvgraft_cli.manifest import dump_yaml, make_manifest
+    from kvgraft_cli.modelhash import hash_model_dir
+
+    n_cpu = os.cpu_count() or 1
+    configs = [("portable", 1), ("native", 1), ("native", n_cpu)]
+    env = {k: v for k, v in os.environ.items() if k not in KNOWN_BIT_ENV}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        subprocess.run([sys.executable, str(HERE / "bench_graft.py"), "--write-model", str(tmp / "model"),
+                        "--model", args.model], check=True, capture_output=True)
+        h = hash_model_dir(tmp / "model")
+        manifests = []
+        for prof, threads in configs:
+            path = tmp / f"{prof}-{threads}.yaml"
+            path.write_text(dump_yaml(make_manifest(str(tmp / "model"), h.model_sha256, h.tokenizer_sha256,
+                                                    profile=prof, threads=threads)))
+            manifests.append(path)
+        runs: dict[int, list[dict]] = {i: [] for i in range(len(configs))}
+        for r in range(args.rounds):
+            for i, path in enumerate(manifests):
+                p = subprocess.run([sys.executable, __file__, "--child", str(path), "--repeat", str(args.repeat),
+                                    "--lengths", *map(str, args.lengths)], env=env, check=True, capture_output=True,
+                                   text=True)
+                runs[i].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+
+    def med(i, n, what):
+        return statistics.median(run[str(n)][what] for run in runs[i])
+
+    names = [f"{p} {t}t" for p, t in configs]
+    print(f"model {args.model}, float32, {args.rounds} rounds x median of {args.repeat}; seconds")
+    for what in ("prefill", "decode"):
+        print(f"\n{what}{' (per token)' if what == 'decode' else ''}")
+        print(f"{'tokens':>7} " + " ".join(f"{n:>13}" for n in names)
+              + f" {'portable/native 1t':>19} {'portable/native ' + str(n_cpu) + 't':>19}")
+        for n in args.lengths:
+            vals = [med(i, n, what) for i in range(len(configs))]
+            print(f"{n:>7} " + " ".join(f"{v:>13.4f}" for v in vals)
+                  + f" {vals[0] / vals[1]:>18.2f}x {vals[0] / vals[2]:>18.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, in one call on a lent machine (no network there): CUDA exactness matrix, the CUDA
+# CLI tests, the graft benchmark on the GPU, and the CPU portability fingerprints of a second x86-64 machine.
+#
+# Usage (repo root; wheels the machine lacks carried in .whl/, see README "GPU"):  bash scripts/gpu_check.sh
+# Results land in $OUT (default ./gpu-out): log.txt and one JSON/text file per step. Each step has its own time
+# limit so one slow step cannot cost the others; the whole script is sized for about 9 minutes on an H200
+# (GPU_BENCH=0 skips the benchmark).
+set -u
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/log.txt") 2>&1
+export PYTHONUNBUFFERED=1
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+K="python3 -m kvgraft_cli"
+step() { echo; echo "=== $1 ($(date +%T))"; }
+
+step "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+grep -m1 'model name' /proc/cpuinfo; echo "cores $(nproc); SIMD: $(grep -o -w -E 'avx2|avx512f|avx512_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+python3 -c 'import torch, transformers, sys; print("python", sys.version.split()[0], "torch", torch.__version__,
+"transformers", transformers.__version__, "gpu", torch.cuda.get_device_name(0))'
+
+step "CUDA matrix, eager, 50 samples"
+timeout 150 $K matrix --device cuda --samples 50 --json > "$OUT/matrix-cuda-eager.json"; echo "rc=$?"
+
+step "CUDA matrix, sdpa (math / efficient / flash backends), 10 samples"
+timeout 45 $K matrix --device cuda --attn sdpa --sdpa-backend math --samples 10 --json \
+  > "$OUT/matrix-cuda-sdpa-math.json"; echo "rc=$?"
+timeout 45 $K matrix --device cuda --attn sdpa --sdpa-backend efficient --samples 10 --json \
+  > "$OUT/matrix-cuda-sdpa-efficient.json"; echo "rc=$?"
+timeout 40 $K matrix --device cuda --attn sdpa --sdpa-backend flash --dtype bfloat16 --dtype float16 --samples 10 \
+  --json > "$OUT/matrix-cuda-sdpa-flash.json"; echo "rc=$?"
+
+step "CUDA CLI tests (tests/test_cuda.py)"
+timeout 110 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tail -15
+
+step "CPU portability fingerprints on this machine's CPU (compare with scripts/portability.py here)"
+for prof in portable native; do
+  timeout 60 $K matrix --device cpu --profile $prof --samples 10 --json > "$OUT/matrix-cpu-$prof.json"; echo "rc=$?"
+done
+
+if [ "${GPU_BENCH:-1}" = 1 ]; then
+  step "graft benchmark on the GPU (SmolLM-135M shape, bfloat16)"
+  timeout 90 python3 scripts/bench_graft.py --device cuda --profile native --dtype bfloat16 \
+    --lengths 1024 4096 8192 --repeat 3 | tee "$OUT/bench-graft-cuda.txt"
+fi
+
+step "done"

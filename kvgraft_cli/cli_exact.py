@@ -182,21 +182,22 @@ def matrix(
 def _run_child(args: list[str], on_cell) -> list:
     """Run one profile in a child process (fresh kernel flags), collecting its cells as they arrive."""
     from .determinism import KNOWN_BIT_ENV
-    from .matrix import Cell
 
     # The child pins its profile's flags itself; start it without the parent's, so none counts as drift.
     env = {k: v for k, v in os.environ.items() if k not in KNOWN_BIT_ENV}
     cells = []
+    profile = args[args.index("--profile") + 1]
     with tempfile.TemporaryFile("w+") as errfile:  # a file, not a pipe: a chatty child cannot block on it
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errfile, text=True, env=env)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("{"):
-                d = json.loads(line)
-                d.pop("exact", None)
-                cells.append(Cell(**d))
-                on_cell(cells[-1])
-        proc.wait()
+        with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errfile, text=True, env=env) as proc:
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    if line.startswith("{"):
+                        cells.append(_parse_cell(line, profile))
+                        on_cell(cells[-1])
+            except BaseException:
+                proc.kill()  # never leave a worker running behind an error or Ctrl-C
+                raise
         errfile.seek(0)
         stderr = errfile.read()
     if proc.returncode != 0:
@@ -204,6 +205,19 @@ def _run_child(args: list[str], on_cell) -> list:
         message, _, hint = last.removeprefix("Error: ").partition(" Hint: ")
         # Keep the worker's meaning: its bad input (exit 2, e.g. no GPU for --device cuda) is the user's bad input.
         kind = InputError if proc.returncode == 2 else KvgraftError
-        raise kind(f"matrix worker for profile {args[args.index('--profile') + 1]}: {message.rstrip('.')}",
+        raise kind(f"matrix worker for profile {profile}: {message.rstrip('.')}",
                    hint.rstrip(".") or None)
     return cells
+
+
+def _parse_cell(line: str, profile: str):
+    """One worker output line as a Cell (KvgraftError naming the line if it is not one)."""
+    from .matrix import Cell
+
+    try:
+        d = json.loads(line)
+        d.pop("exact", None)
+        return Cell(**d)
+    except (ValueError, TypeError) as e:
+        raise KvgraftError(f"matrix worker for profile {profile} printed an unreadable cell ({e}): {line[:200]!r}") \
+            from None

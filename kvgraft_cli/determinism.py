@@ -30,9 +30,12 @@ KNOWN_BIT_ENV = (
 
 # Named kernel-flag profiles for `kvgraft manifest init`.
 PROFILES: dict[str, dict[str, Any]] = {
-    # Single thread, MKL in conditional-numerical-reproducibility mode, ATen's baseline CPU kernels: the candidate
-    # for hashes that replay on any x86-64 machine (DESIGN.md).
-    "portable": {"threads": 1, "env": {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default"}},
+    # Single thread, MKL in conditional-numerical-reproducibility mode, ATen's baseline CPU kernels, and oneDNN
+    # capped at SSE4.1. Measured on two x86-64 machines (AMD EPYC with AVX2; Intel Xeon with AVX-512, AVX512-BF16 and
+    # AMX): float32 forwards were identical with the first three flags alone, but bfloat16/float16 matmuls go
+    # through oneDNN, which picks AMX/AVX-512 kernels on the Xeon and changed bits there; the cap makes them agree.
+    "portable": {"threads": 1, "env": {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default",
+                                       "ONEDNN_MAX_CPU_ISA": "SSE41"}},
     # This machine's fastest kernels; bits pinned to this CPU family and thread count.
     "native": {"threads": None, "env": {}},
 }

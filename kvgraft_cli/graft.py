@@ -210,7 +210,8 @@ def graft_check(ctx: RunContext, engine: Engine, ref: Loaded | str | None, sampl
                 x = torch.tensor([prefix + suffix], device=engine.device)
                 one = engine.model(input_ids=x, logits_to_keep=len(suffix)).logits[0]
             report.single_pass_max_abs_diff = float((one.double() - logits_f.double()).abs().max().item())
-        s = SampleResult(i, len(suffix), sf == sg and torch.equal(all_f, all_g), sf, sg, kl, agree, gen_f == gen_g)
+        # Equal means equal bytes (torch.equal would call identical NaNs unequal and -0.0 equal to 0.0).
+        s = SampleResult(i, len(suffix), sf == sg, sf, sg, kl, agree, gen_f == gen_g)
         report.samples.append(s)
         fresh_hashes.append(sf)
         suffix_hashes.append(token_ids_sha256(suffix))

@@ -92,29 +92,59 @@ class ProbeReport:
                 "offsets": [asdict(o) for o in self.offsets]}
 
 
+# Configs that mark some layers as position-free (SmolLM3, Llama-4: ``no_rope_layers``) or cache a mixed
+# rotary/non-rotary key (DeepSeek MLA: ``qk_rope_head_dim``): re-rotating every cached key would be wrong there.
+_MIXED_ROPE_FIELDS = ("no_rope_layers", "qk_rope_head_dim")
+_MIXED_ROPE_TYPES = ("cohere2",)  # full-attention layers without RoPE
+
+
+def _decoder(engine: Engine):
+    """The text decoder (multimodal wrappers such as Gemma-3/4 ForConditionalGeneration hold it inside)."""
+    get = getattr(engine.model, "get_decoder", None)
+    dec = get() if callable(get) else None
+    return dec if dec is not None else engine.model.base_model
+
+
 def positions_kind(engine: Engine) -> str:
-    """``rotary`` when the model has a rotary embedding module, else ``learned``."""
-    return "rotary" if getattr(engine.model.base_model, "rotary_emb", None) is not None else "learned"
+    """``rotary`` (a rotary embedding on the decoder) or ``learned`` (a position table such as GPT-2's ``wpe``).
+
+    Anything else (ALiBi, no positions, layouts where only some layers rotate) is refused: the probe would mislabel
+    it.
+    """
+    dec = _decoder(engine)
+    cfg = engine.model.config.get_text_config(decoder=True)
+    mixed = [f for f in _MIXED_ROPE_FIELDS if getattr(cfg, f, None) is not None]
+    if mixed or getattr(cfg, "model_type", None) in _MIXED_ROPE_TYPES:
+        raise UnsupportedModel(f"{type(engine.model).__name__}: not every cached key is rotary "
+                               f"({', '.join(mixed) or cfg.model_type}); the probe re-rotates uniform RoPE layouts only")
+    if getattr(dec, "rotary_emb", None) is not None:
+        return "rotary"
+    if any(getattr(dec, name, None) is not None for name in ("wpe", "embed_positions")):
+        return "learned"
+    raise UnsupportedModel(f"{type(engine.model).__name__} has neither a rotary embedding nor a learned position "
+                           "table; the probe cannot tell how it encodes positions")
 
 
 def rerotate(engine: Engine, cache, offset: int) -> None:
     """Rotate every cached key by ``offset`` positions in place, with the model's own rotary embedding.
 
-    Refuses a model without one, and rope types whose cos/sin carry an attention scaling (YaRN, LongRoPE): there
-    a second application is not a pure rotation.
+    Refuses a model without one, rope types whose cos/sin carry an attention scaling (YaRN, LongRoPE: a second
+    application is not a pure rotation), and cos/sin that do not fit the cached keys.
     """
     import torch
 
-    core = engine.model.base_model
-    rotary = getattr(core, "rotary_emb", None)
+    dec = _decoder(engine)
+    rotary = getattr(dec, "rotary_emb", None)
     if rotary is None:
         raise UnsupportedModel(f"{type(engine.model).__name__} has no rotary embedding; its keys cannot be re-rotated")
-    apply = getattr(sys.modules[type(core).__module__], "apply_rotary_pos_emb", None)
+    apply = getattr(sys.modules[type(dec).__module__], "apply_rotary_pos_emb", None)
     if apply is None:
-        raise UnsupportedModel(f"{type(core).__module__} has no apply_rotary_pos_emb to re-rotate keys with")
+        raise UnsupportedModel(f"{type(dec).__module__} has no apply_rotary_pos_emb to re-rotate keys with")
     takes_pair = list(inspect.signature(apply).parameters)[:2] == ["q", "k"]
     takes_layer_type = "layer_type" in inspect.signature(rotary.forward).parameters
     layer_types = getattr(engine.model.config.get_text_config(decoder=True), "layer_types", None)
+    if takes_layer_type and not layer_types:
+        raise UnsupportedModel(f"{type(rotary).__name__} needs a layer type, but the config has no layer_types")
     with torch.inference_mode():
         for i, layer in enumerate(cache.layers):
             keys = getattr(layer, "keys", None)
@@ -123,6 +153,9 @@ def rerotate(engine: Engine, cache, offset: int) -> None:
             args = (layer_types[i],) if takes_layer_type else ()
             pos = torch.tensor([[0, offset]], device=keys.device)
             cos, sin = rotary(keys, pos, *args)
+            if cos.shape[-1] > keys.shape[-1] or keys.shape[-1] % 2:
+                raise UnsupportedModel(f"layer {i}: rotary dimension {cos.shape[-1]} does not fit cached keys of "
+                                       f"dimension {keys.shape[-1]}")
             if not (torch.all(cos[0, 0] == 1) and torch.all(sin[0, 0] == 0)):
                 raise UnsupportedModel(f"layer {i}: the rotary embedding at position 0 is not the identity "
                                        "(scaled rope); re-rotating its keys would not be a pure rotation")
@@ -136,13 +169,18 @@ def rerotate(engine: Engine, cache, offset: int) -> None:
 def probe(ctx: RunContext, engine: Engine, ref: Loaded | str | None, offsets: list[int], samples: int,
           on_offset=None) -> ProbeReport:
     """Graft the artifact at each offset, compare with the prefix computed there; append a ``probe`` ledger entry."""
-    import torch
 
-    if not offsets or any(k < 0 for k in offsets):
-        raise InputError("offsets must be non-negative integers", "e.g. --offsets 0,1,8,64")
+    if not offsets or any(k < 0 for k in offsets) or 0 not in offsets:
+        raise InputError("offsets must be non-negative integers and include 0 (the artifact's own position, the "
+                         "reference point)", "e.g. --offsets 0,1,8,64")
+    if samples < 1:
+        raise InputError("the probe needs at least one sample")
     loaded = fit_artifact(ref, ctx, engine)
     art = loaded.artifact
     prefix = art.token_ids
+    if len(prefix) < 2:
+        # Position 0's key is unrotated, so a one-token prefix re-rotates exactly at every offset: nothing to probe.
+        raise InputError(f"{loaded.source}: the probe needs a prefix of at least 2 tokens, this one has {len(prefix)}")
     kind = positions_kind(engine)
     suffixes = [engine.encode(ctx.manifest.data["prompt"]["query"].format(query=t))
                 for t in check_suffixes(ctx.manifest.data["runtime"]["seed"], samples)]
@@ -150,8 +188,9 @@ def probe(ctx: RunContext, engine: Engine, ref: Loaded | str | None, offsets: li
     longest = len(prefix) + max(len(s) for s in suffixes)
     too_far = [k for k in offsets if limit and k + longest > limit]
     if too_far:
+        hint = f"use offsets up to {limit - longest}" if limit > longest else "use a shorter prefix"
         raise InputError(f"offsets {too_far} put the prefix and suffix ({longest} tokens) past the model's {limit} "
-                         "positions", f"use offsets up to {limit - longest}")
+                         "positions", hint)
     report = ProbeReport(loaded.sha256, len(prefix), kind,
                          "re-rotated keys" if kind == "rotary" else "unmoved cache",
                          ROTARY_NOTE if kind == "rotary" else LEARNED_NOTE)
@@ -173,7 +212,7 @@ def probe(ctx: RunContext, engine: Engine, ref: Loaded | str | None, offsets: li
                 row.unmoved_argmax_agreement = min(row.unmoved_argmax_agreement, compare_logits(want, u)[1])
             got = engine.forward(moved, suffix, start=k + len(prefix))
             kl, agree = compare_logits(want, got)
-            row.sha_equal += int(torch.equal(want, got))
+            row.sha_equal += int(ref_hashes[-1] == tensor_sha256(got))  # bytes, not torch.equal (NaN, -0.0)
             row.max_abs_diff = max(row.max_abs_diff, _max_abs(want, got))
             row.max_kl = max(row.max_kl, kl)
             row.argmax_agreement = min(row.argmax_agreement, agree)

@@ -4,8 +4,8 @@
 #
 # Usage (repo root; wheels the machine lacks carried in .whl/, see README "GPU"):  bash scripts/gpu_check.sh
 # Results land in $OUT (default ./gpu-out): log.txt and one JSON/text file per step. Each step has its own time
-# limit so one slow step cannot cost the others; the whole script is sized for about 9 minutes on an H200
-# (GPU_BENCH=0 skips the benchmark).
+# limit so one slow step cannot cost the others: at most about 9 minutes on an H200 (measured: the eager matrix
+# took 140 s, the CPU fingerprints 60 s). GPU_BENCH=1 adds the graft benchmark (about 50 s); mind the 10-minute call cap.
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -29,7 +29,7 @@ python3 -c 'import torch, transformers, sys; print("python", sys.version.split()
 "transformers", transformers.__version__, "gpu", torch.cuda.get_device_name(0))'
 
 step "CUDA matrix, eager, 50 samples"
-timeout 150 $K matrix --device cuda --samples 50 --json > "$OUT/matrix-cuda-eager.json"; echo "rc=$?"
+timeout 140 $K matrix --device cuda --samples 50 --json > "$OUT/matrix-cuda-eager.json"; echo "rc=$?"
 
 step "CUDA matrix, sdpa (math / efficient / flash backends), 10 samples"
 timeout 45 $K matrix --device cuda --attn sdpa --sdpa-backend math --samples 10 --json \
@@ -40,16 +40,17 @@ timeout 40 $K matrix --device cuda --attn sdpa --sdpa-backend flash --dtype bflo
   --json > "$OUT/matrix-cuda-sdpa-flash.json"; echo "rc=$?"
 
 step "CUDA CLI tests (tests/test_cuda.py)"
-timeout 110 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tail -15
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py > /tmp/test-cuda.txt 2>&1
+echo "rc=$?"; tail -25 /tmp/test-cuda.txt  # into log.txt: the device returns at most 8 files
 
 step "CPU portability fingerprints on this machine's CPU (compare with scripts/portability.py here)"
 for prof in portable native; do
-  timeout 60 $K matrix --device cpu --profile $prof --samples 10 --json > "$OUT/matrix-cpu-$prof.json"; echo "rc=$?"
+  timeout 50 $K matrix --device cpu --profile $prof --samples 10 --json > "$OUT/matrix-cpu-$prof.json"; echo "rc=$?"
 done
 
-if [ "${GPU_BENCH:-1}" = 1 ]; then
+if [ "${GPU_BENCH:-0}" = 1 ]; then
   step "graft benchmark on the GPU (SmolLM-135M shape, bfloat16)"
-  timeout 90 python3 scripts/bench_graft.py --device cuda --profile native --dtype bfloat16 \
+  timeout 80 python3 scripts/bench_graft.py --device cuda --profile native --dtype bfloat16 \
     --lengths 1024 4096 8192 --repeat 3 | tee "$OUT/bench-graft-cuda.txt"
 fi
 

@@ -17,6 +17,7 @@ for _name in KNOWN_BIT_ENV:
     os.environ.pop(_name, None)
 os.environ["MKL_CBWR"] = "COMPATIBLE"
 os.environ["ATEN_CPU_CAPABILITY"] = "default"
+os.environ["ONEDNN_MAX_CPU_ISA"] = "SSE41"
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "problems.jsonl"

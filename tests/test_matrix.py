@@ -50,6 +50,13 @@ def test_unsupported_cells_say_why(tmp_path, monkeypatch):
     assert cell.unsupported == "UnsupportedModel: cache layer 0 is a LinearAttentionLayer" and not cell.exact
     assert "unsupported: UnsupportedModel" in mx.markdown_table([cell])
 
+    def broken(manifest, *a, **k):  # not a refusal: a bug must stop the matrix, not hide in an unsupported cell
+        raise RuntimeError("The size of tensor a (8) must match the size of tensor b (16)")
+
+    monkeypatch.setattr(mx, "load_engine", broken)
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        mx.run_profile("portable", tmp_path, ["llama"], ["float32"], 2)
+
 
 def test_one_process_runs_one_profile(tmp_path, monkeypatch):
     import os

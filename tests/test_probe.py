@@ -92,3 +92,52 @@ def test_probe_cli_on_the_embedded_model(tmp_path):
     bad = run_cli("probe", "--offsets", "0,x", cwd=tmp_path, check_rc=2)
     assert bad.stderr.startswith("Error: --offsets must be comma-separated integers")
     assert "Traceback" not in bad.stderr
+
+
+def _zoo_engine(tmp_path, name, config):
+    from kvgraft_cli.manifest import dump_yaml, load_manifest, make_manifest
+    from kvgraft_cli.modelhash import hash_model_dir
+    from kvgraft_cli.tinymodel import write_tiny_model
+
+    d = write_tiny_model(tmp_path / name, seed=1, config=config)
+    h = hash_model_dir(d)
+    (tmp_path / f"{name}.yaml").write_text(dump_yaml(make_manifest(str(d), h.model_sha256, h.tokenizer_sha256)))
+    return load_engine(load_manifest(tmp_path / f"{name}.yaml"))
+
+
+def test_multimodal_gemma3_is_probed_through_its_text_decoder(tmp_path):
+    # A real Gemma-3 checkpoint loads as Gemma3ForConditionalGeneration, whose base model holds no rotary module:
+    # the probe must find the decoder's, not call the model "learned".
+    import transformers as T
+
+    from kvgraft_cli.archs import _COMMON
+
+    text = dict(_COMMON, head_dim=8, sliding_window=16, layer_types=["sliding_attention", "full_attention"])
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+                  patch_size=16)
+    cfg = T.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, boi_token_index=3,
+                         eoi_token_index=3, image_token_index=3)
+    eng = _zoo_engine(tmp_path, "gemma3-mm", cfg)
+    assert type(eng.model).__name__ == "Gemma3ForConditionalGeneration" and positions_kind(eng) == "rotary"
+    ctx = RunContext.make(eng.manifest, tmp_path / "store", tmp_path / "ledger.jsonl")
+    report = probe(ctx, eng, _loaded(eng), [0, 1, 7], samples=2)
+    assert report.exact_offsets == [0]
+    assert all(o.unmoved_max_abs_diff > 10 * o.max_abs_diff for o in report.offsets[1:])
+
+
+def test_layouts_the_probe_cannot_move_are_refused(tmp_path, zoo):
+    import transformers as T
+
+    from kvgraft_cli.archs import _COMMON
+    from kvgraft_cli.errors import UnsupportedModel
+
+    eng = _zoo_engine(tmp_path, "smollm3", T.SmolLM3Config(**_COMMON))  # some layers without RoPE
+    with pytest.raises(UnsupportedModel, match="no_rope_layers"):
+        positions_kind(eng)
+    llama = load_engine(tiny_manifest("llama", zoo))
+    ctx = RunContext.make(llama.manifest, tmp_path / "store", tmp_path / "ledger.jsonl")
+    with pytest.raises(InputError, match="include 0"):
+        probe(ctx, llama, _loaded(llama), [1, 8], samples=1)
+    with pytest.raises(InputError, match="at least 2 tokens"):
+        probe(ctx, llama, _loaded(llama, text=""), [0, 1], samples=1)  # BOS alone re-rotates exactly anywhere
+    assert not (tmp_path / "ledger.jsonl").exists()

@@ -2,7 +2,8 @@
 # The checks that need a GPU, in one call on a lent machine (no network there): CUDA exactness matrix, the CUDA
 # CLI tests, the graft benchmark on the GPU, and the CPU portability fingerprints of a second x86-64 machine.
 #
-# Usage (repo root; wheels the machine lacks carried in .whl/, see README "GPU"):  bash scripts/gpu_check.sh
+# Usage (repo root; wheels the machine lacks carried in .whl/, fetched by scripts/gpu_wheels.sh):
+#   bash scripts/gpu_check.sh
 # Results land in $OUT (default ./gpu-out): log.txt and one JSON/text file per step. Each step has its own time
 # limit so one slow step cannot cost the others: at most about 9 minutes on an H200 (measured: the eager matrix
 # took 140 s, the CPU fingerprints 60 s). GPU_BENCH=1 adds the graft benchmark (about 50 s); mind the 10-minute call cap.

@@ -34,6 +34,7 @@ STORE_OPT = typer.Option(None, "--store", help="Store directory (default: the ma
 LEDGER_OPT = typer.Option(None, "--ledger", help="Ledger file (default: the manifest's paths.ledger).")
 DRIFT_OPT = typer.Option(False, "--allow-drift", help="Proceed when the environment differs from the pin; the ledger records it.")
 JSON_OPT = typer.Option(False, "--json", help="Print a machine-readable JSON result on stdout.")
+ARTIFACT_ARG = typer.Argument(None, help="Artifact hash (or unique prefix), problem id, or .kvg path; default: the latest deposit.")
 
 
 def handle_errors(fn):
@@ -100,3 +101,15 @@ def _field_overrides(fields: list[str], answer_extract: Optional[str]) -> dict[s
     if answer_extract:
         result["input.answer_extract"] = answer_extract
     return result
+
+
+def _artifact_and_engine(manifest: Optional[Path], store: Optional[Path], ledger: Optional[Path], allow_drift: bool,
+                         artifact: Optional[str]):
+    """What graft and probe start with: (RunContext, the opened artifact, the loaded engine), in the safe order."""
+    from .engine import load_engine, pin_environment
+    from .graft import open_artifact
+
+    ctx = _context(manifest, store, ledger, allow_drift)
+    drift = pin_environment(ctx.manifest)  # kernel flags first: reading the artifact imports torch
+    loaded = open_artifact(ctx, artifact)  # re-hashed here, before the (slow) model load
+    return ctx, loaded, load_engine(ctx.manifest, ctx.allow_drift, drift)

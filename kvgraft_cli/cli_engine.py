@@ -8,8 +8,9 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .cli_common import (DRIFT_OPT, JSON_OPT, LEDGER_OPT, MANIFEST_OPT, STORE_OPT, _context, _field_overrides,
-                         _human_bytes, _print_json, app, err, handle_errors, out)
+from .cli_common import (ARTIFACT_ARG, DRIFT_OPT, JSON_OPT, LEDGER_OPT, MANIFEST_OPT, STORE_OPT,
+                         _artifact_and_engine, _context, _field_overrides, _human_bytes, _print_json, app, err,
+                         handle_errors, out)
 from .errors import CheckFailed
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -75,7 +76,7 @@ def deposit(
 @app.command()
 @handle_errors
 def graft(
-    artifact: Optional[str] = typer.Argument(None, help="Artifact hash (or unique prefix), problem id, or .kvg path; default: the latest deposit."),
+    artifact: Optional[str] = ARTIFACT_ARG,
     query: str = typer.Option("What is the final answer?", "--query", "-q", help="Query text for the manifest's query template."),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", "-n", min=0, help="Tokens to decode (default: the manifest's decode.max_new_tokens)."),
     check: bool = typer.Option(False, "--check", help="Prove byte-exactness against a fresh computation instead of generating."),
@@ -87,13 +88,9 @@ def graft(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Restore an artifact at its own position and continue it; with --check, compare against fresh computation."""
-    from .engine import load_engine, pin_environment
-    from .graft import graft_check, graft_generate, open_artifact
+    from .graft import graft_check, graft_generate
 
-    ctx = _context(manifest, store, ledger, allow_drift)
-    drift = pin_environment(ctx.manifest)  # kernel flags first: reading the artifact imports torch
-    loaded = open_artifact(ctx, artifact)  # re-hashed here, before the (slow) model load
-    engine = load_engine(ctx.manifest, ctx.allow_drift, drift)
+    ctx, loaded, engine = _artifact_and_engine(manifest, store, ledger, allow_drift, artifact)
     n_new = ctx.manifest.data["decode"]["max_new_tokens"] if max_new_tokens is None else max_new_tokens
     if not check:
         r = graft_generate(ctx, engine, loaded, query, n_new)

@@ -14,19 +14,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .cli_common import (
-    DRIFT_OPT,
-    JSON_OPT,
-    LEDGER_OPT,
-    MANIFEST_OPT,
-    STORE_OPT,
-    _context,
-    _print_json,
-    app,
-    err,
-    handle_errors,
-    out,
-)
+from .cli_common import (ARTIFACT_ARG, DRIFT_OPT, JSON_OPT, LEDGER_OPT, MANIFEST_OPT, STORE_OPT, _artifact_and_engine,
+                         _print_json, app, err, handle_errors, out)
 from .errors import CheckFailed, InputError, KvgraftError
 
 
@@ -44,7 +33,7 @@ def _int_list(text: str, what: str) -> list[int]:
 @app.command()
 @handle_errors
 def probe(
-    artifact: Optional[str] = typer.Argument(None, help="Artifact hash (or unique prefix), problem id, or .kvg path; default: the latest deposit."),
+    artifact: Optional[str] = ARTIFACT_ARG,
     offsets: str = typer.Option("0,1,2,3,8,64,512", "--offsets", help="Comma-separated positions to graft at (0 = the artifact's own)."),
     samples: int = typer.Option(8, "--samples", min=1, help="Suffixes per offset."),
     manifest: Optional[Path] = MANIFEST_OPT,
@@ -55,15 +44,10 @@ def probe(
 ) -> None:
     """Graft an artifact at other positions (keys re-rotated by the model's rotary embedding) and measure how far
     that is from computing the prefix there. Exit 1 unless offset 0 is the only exact point."""
-    from .engine import load_engine, pin_environment
-    from .graft import open_artifact
     from .probe import probe as run_probe
 
     wanted = _int_list(offsets, "--offsets")
-    ctx = _context(manifest, store, ledger, allow_drift)
-    drift = pin_environment(ctx.manifest)
-    loaded = open_artifact(ctx, artifact)
-    engine = load_engine(ctx.manifest, ctx.allow_drift, drift)
+    ctx, loaded, engine = _artifact_and_engine(manifest, store, ledger, allow_drift, artifact)
     with err.status("probing") as status:
         report = run_probe(ctx, engine, loaded, wanted, samples,
                            on_offset=lambda r: status.update(f"probing (offset {r.offset} done)"))

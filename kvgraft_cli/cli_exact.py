@@ -4,7 +4,6 @@ architecture x dtype x profile table). Both import torch inside the command body
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -165,10 +164,9 @@ def matrix(
 
 def _run_child(args: list[str], on_cell) -> list:
     """Run one profile in a child process (fresh kernel flags), collecting its cells as they arrive."""
-    from .determinism import KNOWN_BIT_ENV
+    from .determinism import environ_without_pins
 
-    # The child pins its profile's flags itself; start it without the parent's, so none counts as drift.
-    env = {k: v for k, v in os.environ.items() if k not in KNOWN_BIT_ENV}
+    env = environ_without_pins()  # the child pins its profile's flags itself
     cells = []
     profile = args[args.index("--profile") + 1]
     with tempfile.TemporaryFile("w+") as errfile:  # a file, not a pipe: a chatty child cannot block on it

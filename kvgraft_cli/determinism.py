@@ -41,6 +41,12 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
+def environ_without_pins() -> dict[str, str]:
+    """This process's environment minus every known bit-changing variable: what a child gets when it pins its own
+    flags (a leftover would count as drift there, or silently change bits)."""
+    return {k: v for k, v in os.environ.items() if k not in KNOWN_BIT_ENV}
+
+
 def profile_env(profile: str, device: str = "cpu") -> dict[str, str | None]:
     """The environment a profile pins: its own variables, CUBLAS_WORKSPACE_CONFIG on CUDA, every other known
     bit-changing variable null (must be unset), so a stray one in the shell shows up as drift."""

@@ -60,13 +60,13 @@ def main() -> None:
         _child(args)
         return
 
-    from kvgraft_cli.determinism import KNOWN_BIT_ENV
+    from kvgraft_cli.determinism import environ_without_pins
     from kvgraft_cli.manifest import dump_yaml, make_manifest
     from kvgraft_cli.modelhash import hash_model_dir
 
     n_cpu = os.cpu_count() or 1
     configs = [("portable", 1), ("native", 1), ("native", n_cpu)]
-    env = {k: v for k, v in os.environ.items() if k not in KNOWN_BIT_ENV}
+    env = environ_without_pins()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         subprocess.run([sys.executable, str(HERE / "bench_graft.py"), "--write-model", str(tmp / "model"),

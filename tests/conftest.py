@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft_cli.determinism import KNOWN_BIT_ENV
+from kvgraft_cli.determinism import KNOWN_BIT_ENV, environ_without_pins
 
 # Must happen before torch is imported by any test module.
 for _name in KNOWN_BIT_ENV:
@@ -27,7 +27,8 @@ MATH500 = SHARED / "data" / "math500.jsonl"
 
 def run_cli(*args: str, cwd: Path, env: dict | None = None, check_rc: int | None = None) -> subprocess.CompletedProcess:
     """Run `python -m kvgraft_cli ARGS` in a fresh process (as a user would), capturing output."""
-    full_env = {k: v for k, v in os.environ.items() if k not in KNOWN_BIT_ENV and k != "KVGRAFT_DEBUG"}
+    full_env = environ_without_pins()
+    full_env.pop("KVGRAFT_DEBUG", None)
     full_env.update(env or {})
     p = subprocess.run([sys.executable, "-m", "kvgraft_cli", *args], cwd=cwd, env=full_env,
                        capture_output=True, text=True, timeout=600)

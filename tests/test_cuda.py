@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from conftest import EXAMPLES, run_cli
 
 
@@ -34,7 +35,7 @@ def test_deposit_and_graft_check_on_cuda(tmp_path, dtype, attn):
     import torch
 
     m = _cuda_manifest(tmp_path, dtype, attn)
-    data = __import__("yaml").safe_load(m.read_text())
+    data = yaml.safe_load(m.read_text())
     assert data["runtime"]["gpu_name"] == torch.cuda.get_device_name(0)
     assert data["runtime"]["env"]["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     run_cli("deposit", str(EXAMPLES), "-m", str(m), cwd=tmp_path, check_rc=0)

@@ -43,13 +43,13 @@ def main() -> None:
     ap.add_argument("--write-model", type=Path, help=argparse.SUPPRESS)  # internal: child process builds the model
     args = ap.parse_args()
     if args.write_model:
-        from kvgraft_cli.tinymodel import build_config, write_tiny_model
+        from kvgraft_cli.engine.tinymodel import build_config, write_tiny_model
 
         write_tiny_model(args.write_model, config=build_config() if args.model == "tiny" else _smol_config())
         return
 
-    from kvgraft_cli.manifest import dump_yaml, load_manifest, make_manifest
-    from kvgraft_cli.modelhash import hash_model_dir
+    from kvgraft_cli.config.manifest import dump_yaml, load_manifest, make_manifest
+    from kvgraft_cli.config.modelhash import hash_model_dir
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         # Building the model imports torch: a child process does it, so this one applies the kernel flags first.
@@ -82,9 +82,9 @@ def _sync(result):
 
 
 def _run(manifest, args, tmp) -> None:
-    from kvgraft_cli import artifact as kvg
-    from kvgraft_cli.engine import load_engine, tensor_sha256
-    from kvgraft_cli.hashing import sha256_bytes
+    from kvgraft_cli.artifacts import format as kvg
+    from kvgraft_cli.engine.engine import load_engine, tensor_sha256
+    from kvgraft_cli.util.hashing import sha256_bytes
 
     eng = load_engine(manifest)
     import torch

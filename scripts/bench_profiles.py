@@ -25,8 +25,8 @@ HERE = Path(__file__).resolve().parent
 
 def _child(args) -> None:
     """One profile in this process: load the pinned engine, time prefill and decode, print JSON."""
-    from kvgraft_cli.engine import load_engine
-    from kvgraft_cli.manifest import load_manifest
+    from kvgraft_cli.engine.engine import load_engine
+    from kvgraft_cli.config.manifest import load_manifest
 
     eng = load_engine(load_manifest(args.child))
     import torch
@@ -60,9 +60,9 @@ def main() -> None:
         _child(args)
         return
 
-    from kvgraft_cli.determinism import environ_without_pins
-    from kvgraft_cli.manifest import dump_yaml, make_manifest
-    from kvgraft_cli.modelhash import hash_model_dir
+    from kvgraft_cli.engine.determinism import environ_without_pins
+    from kvgraft_cli.config.manifest import dump_yaml, make_manifest
+    from kvgraft_cli.config.modelhash import hash_model_dir
 
     n_cpu = os.cpu_count() or 1
     configs = [("portable", 1), ("native", 1), ("native", n_cpu)]

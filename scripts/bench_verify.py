@@ -22,8 +22,8 @@ def build(tmp: Path, n_entries: int, total_mb: int, n_files: int) -> Path:
 
     import numpy as np
 
-    from kvgraft_cli import artifact as kvg
-    from kvgraft_cli.hashing import canonical_json, sha256_bytes
+    from kvgraft_cli.artifacts import format as kvg
+    from kvgraft_cli.util.hashing import canonical_json, sha256_bytes
 
     rng = np.random.default_rng(0)
     per = total_mb * (1 << 20) // n_files
@@ -63,8 +63,8 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=64)
     args = ap.parse_args()
 
-    from kvgraft_cli.filehash import HashCache, digest_of
-    from kvgraft_cli.verify import verify_ledger
+    from kvgraft_cli.audit.hashcache import HashCache, digest_of
+    from kvgraft_cli.audit.verify import verify_ledger
 
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

@@ -9,7 +9,7 @@ After changing the model, regenerate the default manifest's hashes:
 import sys
 from pathlib import Path
 
-from kvgraft_cli.tinymodel import write_tiny_model
+from kvgraft_cli.engine.tinymodel import write_tiny_model
 
 if __name__ == "__main__":
     default = Path(__file__).resolve().parents[1] / "kvgraft_cli" / "data" / "tiny-gemma4"

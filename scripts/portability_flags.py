@@ -28,7 +28,7 @@ def child(dtype):
         torch.backends.mkldnn.enabled = False
     import transformers
 
-    from kvgraft_cli.archs import ARCHS
+    from kvgraft_cli.engine.zoo import ARCHS
     transformers.utils.logging.set_verbosity_error()
     out = {}
     for arch in ("llama", "gemma4", "gpt2", "qwen3"):

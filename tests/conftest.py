@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft_cli.determinism import KNOWN_BIT_ENV, environ_without_pins
+from kvgraft_cli.engine.determinism import KNOWN_BIT_ENV, environ_without_pins
 
 # Must happen before torch is imported by any test module.
 for _name in KNOWN_BIT_ENV:
@@ -40,8 +40,8 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, check_rc: int | None
 @pytest.fixture(scope="session")
 def engine():
     """The embedded default model, loaded once for the session."""
-    from kvgraft_cli.engine import load_engine
-    from kvgraft_cli.manifest import load_manifest
+    from kvgraft_cli.engine.engine import load_engine
+    from kvgraft_cli.config.manifest import load_manifest
 
     return load_engine(load_manifest(None))
 
@@ -49,7 +49,7 @@ def engine():
 @pytest.fixture
 def ctx(tmp_path, engine):
     """A RunContext on the default manifest with store and ledger in a temporary folder."""
-    from kvgraft_cli.runctx import RunContext
+    from kvgraft_cli.runs.context import RunContext
 
     return RunContext.make(engine.manifest, tmp_path / "store", tmp_path / "ledger.jsonl")
 
@@ -57,8 +57,8 @@ def ctx(tmp_path, engine):
 @pytest.fixture(scope="session")
 def deposited(tmp_path_factory, engine):
     """The examples deposited once into a session store (read-only for tests)."""
-    from kvgraft_cli.deposit import deposit
-    from kvgraft_cli.runctx import RunContext
+    from kvgraft_cli.runs.deposit import deposit
+    from kvgraft_cli.runs.context import RunContext
 
     d = tmp_path_factory.mktemp("deposited")
     c = RunContext.make(engine.manifest, d / "store", d / "ledger.jsonl")
@@ -74,7 +74,7 @@ class Block:
             raise ImportError(name + " is blocked in this test")
 sys.meta_path.insert(0, Block())
 sys.argv = ["kvgraft"] + sys.argv[1:]
-from kvgraft_cli.cli import main
+from kvgraft_cli.cli.app import main
 main()
 """
 

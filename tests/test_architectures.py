@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from kvgraft_cli import artifact as kvg
-from kvgraft_cli.archs import _COMMON, ARCHS
-from kvgraft_cli.engine import load_engine, tensor_sha256
+from kvgraft_cli.artifacts import format as kvg
+from kvgraft_cli.engine.zoo import _COMMON, ARCHS
+from kvgraft_cli.engine.engine import load_engine, tensor_sha256
 from kvgraft_cli.errors import UnsupportedModel
-from kvgraft_cli.manifest import dump_yaml, load_manifest
-from kvgraft_cli.modelhash import hash_model_dir
-from kvgraft_cli.tinymodel import write_tiny_model
+from kvgraft_cli.config.manifest import dump_yaml, load_manifest
+from kvgraft_cli.config.modelhash import hash_model_dir
+from kvgraft_cli.engine.tinymodel import write_tiny_model
 
 ARCH_NAMES = list(ARCHS)
 COMMON = _COMMON  # the zoo's shared tiny dimensions, reused for the refused Qwen3-Next below

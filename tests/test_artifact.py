@@ -8,15 +8,15 @@ import struct
 import pytest
 
 from conftest import EXAMPLES, run_cli
-from kvgraft_cli import artifact as kvg
+from kvgraft_cli.artifacts import format as kvg
 from kvgraft_cli.errors import ArtifactError
-from kvgraft_cli.hashing import sha256_bytes
+from kvgraft_cli.util.hashing import sha256_bytes
 
 
 @pytest.fixture(scope="module")
 def sample(engine):
     """(token ids, captured layers, meta, payload) for a prefix longer than the sliding window."""
-    from kvgraft_cli.engine import tensor_sha256
+    from kvgraft_cli.engine.engine import tensor_sha256
 
     ids = engine.prefix_ids("Problem: what is 2+2?\nSolution: 2+2 = \\boxed{4}. " * 3)
     assert len(ids) > 32  # longer than the sliding window: sliding layers hold a trimmed state

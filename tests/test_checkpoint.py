@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from kvgraft_cli.checkpoint import (
+from kvgraft_cli.ledger.checkpoint import (
     Checkpoint,
     generate_key,
     key_hash,
@@ -493,7 +493,7 @@ def test_unsigned_checkpoints_need_neither_cryptography_nor_torch(tmp_path) -> N
     code = f"""
 import sys
 sys.modules["cryptography"] = None  # makes `import cryptography...` fail
-from kvgraft_cli import checkpoint as c
+from kvgraft_cli.ledger import checkpoint as c
 from kvgraft_cli.errors import InputError
 assert "torch" not in sys.modules, "checkpoint imported torch"
 cp = c.Checkpoint("example.com/ledger", 3, bytes(32))

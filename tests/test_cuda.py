@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not _has_cuda(), reason="no CUDA GPU visible to 
 
 
 def _cuda_manifest(tmp_path, dtype="float32", attn="eager"):
-    from kvgraft_cli.manifest import data_dir
+    from kvgraft_cli.config.manifest import data_dir
 
     path = tmp_path / f"cuda-{dtype}-{attn}.yaml"
     run_cli("manifest", "init", str(data_dir() / "tiny-gemma4"), "--device", "cuda", "--profile", "native",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvgraft_cli import artifact as kvg
-from kvgraft_cli.engine import load_engine, tensor_sha256
-from kvgraft_cli.manifest import dump_yaml, load_manifest
-from kvgraft_cli.modelhash import hash_model_dir
-from kvgraft_cli.tinymodel import SPECIALS, build_config, write_tiny_model
+from kvgraft_cli.artifacts import format as kvg
+from kvgraft_cli.engine.engine import load_engine, tensor_sha256
+from kvgraft_cli.config.manifest import dump_yaml, load_manifest
+from kvgraft_cli.config.modelhash import hash_model_dir
+from kvgraft_cli.engine.tinymodel import SPECIALS, build_config, write_tiny_model
 
 
 def _gemma_shared():

@@ -48,6 +48,6 @@ def test_independent_reader_agrees(deposited):
         assert k.shape[2] == kept and t[f"layers.{i:03d}.values"].shape == k.shape
         assert c == (n if kind == "sliding" else None)
     # The token-id hash convention: int64 little-endian bytes.
-    entry = next(e for e in __import__("kvgraft_cli.ledger").ledger.read(ctx.ledger)
+    entry = next(e for e in __import__("kvgraft_cli.ledger.log").ledger.log.read(ctx.ledger)
                  if e["kind"] == "deposit" and e["outputs"]["artifact"]["sha256"] == r.artifact)
     assert hashlib.sha256(t["token_ids"].astype("<i8").tobytes()).hexdigest() == entry["inputs"]["token_ids"]["sha256"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvgraft_cli import ledger
-from kvgraft_cli.graft import check_suffixes, graft_check, graft_generate
+from kvgraft_cli.ledger import log as ledger
+from kvgraft_cli.runs.graft import check_suffixes, graft_check, graft_generate
 
 
 def test_graft_check_is_exact(deposited, engine):
@@ -27,7 +27,7 @@ def test_graft_equals_fresh_bytes_directly(deposited, engine):
     """The same comparison written out with torch.equal, independent of graft_check's bookkeeping."""
     import torch
 
-    from kvgraft_cli.store import Store
+    from kvgraft_cli.store.local import Store
 
     ctx, _ = deposited
     with Store(ctx.store) as s:
@@ -92,7 +92,7 @@ def test_chunked_schedule_is_exact_and_differs_from_single(tmp_path, engine, chu
     """A graft is exact with respect to its own schedule; chunking changes the bits (so it must be pinned)."""
     import torch
 
-    from kvgraft_cli.manifest import with_overrides
+    from kvgraft_cli.config.manifest import with_overrides
 
     ids = engine.prefix_ids("Problem: compute 12*12.\nSolution: 12*12 = \\boxed{144}.\n" * 2)
     chunked = with_overrides(engine.manifest, {"prefill.schedule": "chunked", "prefill.chunk_size": chunk})

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from conftest import SHARED
-from kvgraft_cli.hashing import canonical_json
-from kvgraft_cli.verify import canonical_line
+from kvgraft_cli.util.hashing import canonical_json
+from kvgraft_cli.audit.verify import canonical_line
 
 JCS = SHARED / "vectors" / "jcs"
 NAMES = sorted(p.stem for p in (JCS / "input").glob("*.json"))
@@ -37,7 +37,7 @@ def test_ledger_fast_path_equals_jcs_inside_the_value_space(name):
 
 @pytest.mark.parametrize("name", sorted(set(NAMES) - set(INSIDE)))
 def test_vectors_outside_the_value_space_are_flagged(name):
-    from kvgraft_cli.verify import _value_problem
+    from kvgraft_cli.audit.verify import _value_problem
 
     assert _value_problem(json.loads((JCS / "input" / f"{name}.json").read_bytes())) is not None
 
@@ -68,7 +68,7 @@ def test_fast_path_equals_jcs_on_random_values():
 
 
 def test_integers_beyond_ijson_are_outside_the_value_space():
-    from kvgraft_cli.verify import _value_problem
+    from kvgraft_cli.audit.verify import _value_problem
 
     assert _value_problem({"n": 2**53 - 1}) is None
     assert "2**53" in _value_problem({"n": [2**53]})

@@ -8,9 +8,9 @@ import multiprocessing as mp
 
 import pytest
 
-from kvgraft_cli import ledger
+from kvgraft_cli.ledger import log as ledger
 from kvgraft_cli.errors import LedgerError
-from kvgraft_cli.hashing import canonical_json
+from kvgraft_cli.util.hashing import canonical_json
 
 
 def _check_chain(path):

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from kvgraft_cli import ledger
-from kvgraft_cli.verify import verify_ledger
+from kvgraft_cli.ledger import log as ledger
+from kvgraft_cli.audit.verify import verify_ledger
 
 
 # ---- the independent verifier: only this block is "written from the document" -------------------------------------

@@ -7,9 +7,9 @@ import os
 import pytest
 import yaml
 
-from kvgraft_cli import determinism
+from kvgraft_cli.engine import determinism
 from kvgraft_cli.errors import DriftError, ManifestError
-from kvgraft_cli.manifest import compute_pin, dump_yaml, load_manifest, make_manifest, validate_data
+from kvgraft_cli.config.manifest import compute_pin, dump_yaml, load_manifest, make_manifest, validate_data
 
 
 def _write(tmp_path, data) -> str:
@@ -22,7 +22,7 @@ def test_default_manifest_is_valid_and_pins_the_embedded_model():
     m = load_manifest(None)
     assert m.data["model"]["path"] == "builtin:tiny-gemma4"
     assert (m.model_dir / "model.safetensors").is_file()
-    from kvgraft_cli.modelhash import hash_model_dir
+    from kvgraft_cli.config.modelhash import hash_model_dir
 
     assert hash_model_dir(m.model_dir).model_sha256 == m.data["model"]["sha256"]
 

@@ -8,8 +8,8 @@ import json
 import pytest
 from conftest import run_cli
 
-from kvgraft_cli import matrix as mx
-from kvgraft_cli.engine import Engine
+from kvgraft_cli.runs import matrix as mx
+from kvgraft_cli.engine.engine import Engine
 from kvgraft_cli.errors import DriftError, InputError, UnsupportedModel
 
 
@@ -61,7 +61,7 @@ def test_unsupported_cells_say_why(tmp_path, monkeypatch):
 def test_one_process_runs_one_profile(tmp_path, monkeypatch):
     import os
 
-    from kvgraft_cli.determinism import KNOWN_BIT_ENV
+    from kvgraft_cli.engine.determinism import KNOWN_BIT_ENV
 
     for name in KNOWN_BIT_ENV:  # the refused run still rewrites os.environ; monkeypatch puts it back afterwards
         if name in os.environ:

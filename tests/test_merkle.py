@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft_cli import merkle
+from kvgraft_cli.ledger import merkle
 from kvgraft_cli.errors import CheckFailed
-from kvgraft_cli.merkle import (
+from kvgraft_cli.ledger.merkle import (
     EMPTY_ROOT,
     MerkleTree,
     leaf_hash,
@@ -359,7 +359,7 @@ def test_root_memory_is_logarithmic():
 
 def test_import_is_stdlib_only():
     code = (
-        "import sys; before = set(sys.modules); import kvgraft_cli.merkle; "
+        "import sys; before = set(sys.modules); import kvgraft_cli.ledger.merkle; "
         "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
         "print('torch' in sys.modules); "
         "print(sorted(m for m in new if m not in sys.stdlib_module_names and m != 'kvgraft_cli'))"
@@ -369,4 +369,4 @@ def test_import_is_stdlib_only():
     torch_loaded, third_party = p.stdout.splitlines()
     assert torch_loaded == "False"
     assert third_party == "[]"
-    assert merkle.__name__ == "kvgraft_cli.merkle"
+    assert merkle.__name__ == "kvgraft_cli.ledger.merkle"

@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from kvgraft_cli.errors import InputError, UnsupportedModel
-from kvgraft_cli.manifest import data_dir
-from kvgraft_cli.modelhash import hash_model_dir
+from kvgraft_cli.config.manifest import data_dir
+from kvgraft_cli.config.modelhash import hash_model_dir
 
 
 def test_model_hash_matches_coreutils(tmp_path):

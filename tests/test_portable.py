@@ -14,7 +14,7 @@ import json
 import pytest
 from conftest import EXAMPLES, REPO, run_cli
 
-from kvgraft_cli.hashing import sha256_bytes
+from kvgraft_cli.util.hashing import sha256_bytes
 
 # Pinned under the embedded portable manifest (torch 2.13.0+cpu, transformers 5.24.0), for
 # `deposit examples/problems.jsonl --limit 3`: SHA-256 over the three artifact hashes (file order), and over the
@@ -54,7 +54,7 @@ def test_portable_profile_reproduces_the_pinned_hashes(tmp_path, variant):
 
 
 def test_native_profile_hashes_depend_on_threads_and_kernels(tmp_path):
-    from kvgraft_cli.manifest import data_dir
+    from kvgraft_cli.config.manifest import data_dir
 
     results = {}
     for threads in (1, 2):

@@ -8,14 +8,14 @@ import json
 import pytest
 from conftest import EXAMPLES, run_cli
 
-from kvgraft_cli import artifact as kvg
-from kvgraft_cli.archs import tiny_manifest
-from kvgraft_cli.engine import load_engine, tensor_sha256
+from kvgraft_cli.artifacts import format as kvg
+from kvgraft_cli.engine.zoo import tiny_manifest
+from kvgraft_cli.engine.engine import load_engine, tensor_sha256
 from kvgraft_cli.errors import InputError
-from kvgraft_cli.graft import Loaded
-from kvgraft_cli.hashing import sha256_bytes
-from kvgraft_cli.probe import LEARNED_NOTE, positions_kind, probe, rerotate
-from kvgraft_cli.runctx import RunContext
+from kvgraft_cli.runs.graft import Loaded
+from kvgraft_cli.util.hashing import sha256_bytes
+from kvgraft_cli.runs.probe import LEARNED_NOTE, positions_kind, probe, rerotate
+from kvgraft_cli.runs.context import RunContext
 
 PREFIX = "A prefix longer than the sixteen-token window of the sliding layers. " * 2
 
@@ -95,9 +95,9 @@ def test_probe_cli_on_the_embedded_model(tmp_path):
 
 
 def _zoo_engine(tmp_path, name, config):
-    from kvgraft_cli.manifest import dump_yaml, load_manifest, make_manifest
-    from kvgraft_cli.modelhash import hash_model_dir
-    from kvgraft_cli.tinymodel import write_tiny_model
+    from kvgraft_cli.config.manifest import dump_yaml, load_manifest, make_manifest
+    from kvgraft_cli.config.modelhash import hash_model_dir
+    from kvgraft_cli.engine.tinymodel import write_tiny_model
 
     d = write_tiny_model(tmp_path / name, seed=1, config=config)
     h = hash_model_dir(d)
@@ -110,7 +110,7 @@ def test_multimodal_gemma3_is_probed_through_its_text_decoder(tmp_path):
     # the probe must find the decoder's, not call the model "learned".
     import transformers as T
 
-    from kvgraft_cli.archs import _COMMON
+    from kvgraft_cli.engine.zoo import _COMMON
 
     text = dict(_COMMON, head_dim=8, sliding_window=16, layer_types=["sliding_attention", "full_attention"])
     vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=32,
@@ -128,7 +128,7 @@ def test_multimodal_gemma3_is_probed_through_its_text_decoder(tmp_path):
 def test_layouts_the_probe_cannot_move_are_refused(tmp_path, zoo):
     import transformers as T
 
-    from kvgraft_cli.archs import _COMMON
+    from kvgraft_cli.engine.zoo import _COMMON
     from kvgraft_cli.errors import UnsupportedModel
 
     eng = _zoo_engine(tmp_path, "smollm3", T.SmolLM3Config(**_COMMON))  # some layers without RoPE

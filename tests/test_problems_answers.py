@@ -7,9 +7,9 @@ import json
 import pytest
 
 from conftest import MATH500
-from kvgraft_cli import answers
+from kvgraft_cli.eval import answers
 from kvgraft_cli.errors import ProblemFileError
-from kvgraft_cli.problems import read_problems, verify_solution
+from kvgraft_cli.eval.problems import read_problems, verify_solution
 
 DEFAULT_MAP = {"id": "id", "problem": "problem", "solution": "solution", "answer": "answer", "answer_extract": "verbatim"}
 MATH_MAP = {"id": None, "problem": "question", "solution": "answer", "answer": "answer", "answer_extract": "trailer"}

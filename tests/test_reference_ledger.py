@@ -7,8 +7,8 @@ import json
 import shutil
 
 from conftest import REPO, run_cli
-from kvgraft_cli import ledger
-from kvgraft_cli.verify import verify_ledger
+from kvgraft_cli.ledger import log as ledger
+from kvgraft_cli.audit.verify import verify_ledger
 
 REFERENCE = REPO / "ledger" / "reference.jsonl"
 

@@ -6,13 +6,13 @@ import shutil
 
 import pytest
 
-from kvgraft_cli.engine import load_engine
+from kvgraft_cli.engine.engine import load_engine
 from kvgraft_cli.errors import ModelMismatch, UnsupportedModel
-from kvgraft_cli.graft import graft_check
-from kvgraft_cli.manifest import Manifest, data_dir, dump_yaml, load_manifest
-from kvgraft_cli.modelhash import hash_model_dir
-from kvgraft_cli.runctx import RunContext
-from kvgraft_cli.tinymodel import write_tiny_model
+from kvgraft_cli.runs.graft import graft_check
+from kvgraft_cli.config.manifest import Manifest, data_dir, dump_yaml, load_manifest
+from kvgraft_cli.config.modelhash import hash_model_dir
+from kvgraft_cli.runs.context import RunContext
+from kvgraft_cli.engine.tinymodel import write_tiny_model
 
 
 def _manifest_for(model_dir, tmp_path, **model_fields) -> Manifest:
@@ -57,7 +57,7 @@ def test_graft_in_another_dtype_is_refused(deposited, tmp_path):
 
 
 def test_check_compatible_names_each_field():
-    from kvgraft_cli.artifact import check_compatible
+    from kvgraft_cli.artifacts.format import check_compatible
 
     base = {"model_sha256": "a" * 64, "tokenizer_sha256": "b" * 64, "dtype": "float32", "layer_types": '["full"]',
             "sliding_windows": "[null]", "manifest_sha256": "c" * 64, "start_position": "0"}

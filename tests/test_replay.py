@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from conftest import EXAMPLES, run_cli
-from kvgraft_cli import ledger
+from kvgraft_cli.ledger import log as ledger
 from kvgraft_cli.errors import InputError
-from kvgraft_cli.replay import load_prereg, prereg_from_ledger, write_prereg
+from kvgraft_cli.runs.replay import load_prereg, prereg_from_ledger, write_prereg
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ import random
 import pytest
 
 from conftest import EXAMPLES, MATH500, run_cli
-from kvgraft_cli import ledger
+from kvgraft_cli.ledger import log as ledger
 from kvgraft_cli.errors import ProblemFileError
-from kvgraft_cli.scoring import score, wilson_interval, write_records
-from kvgraft_cli.verify import verify_ledger
+from kvgraft_cli.eval.scoring import score, wilson_interval, write_records
+from kvgraft_cli.audit.verify import verify_ledger
 
 DEFAULT_MAP = {"id": "id", "problem": "problem", "solution": "solution", "answer": "answer", "answer_extract": "verbatim"}
 MATH_MAP = {"id": None, "problem": "question", "solution": "answer", "answer": "answer", "answer_extract": "trailer"}
@@ -46,7 +46,7 @@ def _outputs(tmp_path, rows, name="outputs.jsonl"):
 
 def test_math500_solutions_score_500_of_500(tmp_path):
     """Real data: each solution's extracted answer agrees with its own trailer on all 500 problems."""
-    from kvgraft_cli.problems import read_problems
+    from kvgraft_cli.eval.problems import read_problems
 
     probs = read_problems(MATH500, MATH_MAP)
     out = _outputs(tmp_path, [{"id": p.id, "output": p.solution} for p in probs])
@@ -90,7 +90,7 @@ def test_verify_catches_a_misreported_score(tmp_path):
     out = _outputs(tmp_path, [{"id": "sum-1", "output": "\\boxed{42}"}, {"id": "lin-1", "output": "\\boxed{4}"}])
     res = score(out, EXAMPLES, DEFAULT_MAP)
     rec_sha = write_records(tmp_path / "rec.jsonl", res)
-    from kvgraft_cli.hashing import sha256_bytes
+    from kvgraft_cli.util.hashing import sha256_bytes
 
     def entry(result):
         return {"inputs": {"outputs": {"path": "outputs.jsonl", "sha256": sha256_bytes(out.read_bytes())},
@@ -121,7 +121,7 @@ def test_verify_catches_a_misreported_score(tmp_path):
 def test_scores_from_another_extractor_version_are_recomputed_from_records(tmp_path):
     """Old outputs are not re-extracted with a newer extractor (that would change the number); the records file
     holds each extraction, and the aggregate is recomputed from it."""
-    from kvgraft_cli.hashing import sha256_bytes
+    from kvgraft_cli.util.hashing import sha256_bytes
 
     out = _outputs(tmp_path, [{"id": "sum-1", "output": "\\boxed{42}"}, {"id": "lin-1", "output": "x"}])
     res = score(out, EXAMPLES, DEFAULT_MAP)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from conftest import EXAMPLES, MATH500
-from kvgraft_cli import ledger
-from kvgraft_cli.deposit import deposit
-from kvgraft_cli.hashing import sha256_bytes
-from kvgraft_cli.manifest import load_manifest, with_overrides
-from kvgraft_cli.runctx import RunContext
-from kvgraft_cli.store import Store
+from kvgraft_cli.ledger import log as ledger
+from kvgraft_cli.runs.deposit import deposit
+from kvgraft_cli.util.hashing import sha256_bytes
+from kvgraft_cli.config.manifest import load_manifest, with_overrides
+from kvgraft_cli.runs.context import RunContext
+from kvgraft_cli.store.local import Store
 
 
 def _objects(store):
@@ -49,12 +49,12 @@ def test_ledger_entries_carry_input_and_output_hashes(deposited):
     assert e["manifest"]["sha256"] and e["manifest"]["compute_sha256"] and e["model"]["sha256"]
     # The recorded artifact path and hash check out against the file on disk.
     path = ctx.ledger.parent / e["outputs"]["artifact"]["path"]
-    from kvgraft_cli.artifact import read_file
+    from kvgraft_cli.artifacts.format import read_file
 
     payload, art = read_file(path)
     assert sha256_bytes(payload) == e["outputs"]["artifact"]["sha256"]
     assert art.meta["logits_sha256"] == e["outputs"]["logits"]["sha256"]
-    from kvgraft_cli.engine import token_ids_sha256
+    from kvgraft_cli.engine.engine import token_ids_sha256
 
     assert token_ids_sha256(art.token_ids) == e["inputs"]["token_ids"]["sha256"]
 

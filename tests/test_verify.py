@@ -11,9 +11,11 @@ import sys
 import pytest
 
 from conftest import run_cli, run_without_torch
-from kvgraft_cli import filehash, ledger, merkle
-from kvgraft_cli.checkpoint import Checkpoint, generate_key, sign
-from kvgraft_cli.verify import verify_ledger
+from kvgraft_cli.audit import hashcache as filehash
+from kvgraft_cli.ledger import log as ledger
+from kvgraft_cli.ledger import merkle
+from kvgraft_cli.ledger.checkpoint import Checkpoint, generate_key, sign
+from kvgraft_cli.audit.verify import verify_ledger
 
 
 def _synthetic(path, n=8):
@@ -188,7 +190,7 @@ def test_payload_hash_matches_artifact_identity(copy):
 def test_concurrent_appends_8_by_200(tmp_path):
     """8 processes x 200 appends at once: nothing lost, chain valid (verified with the full verifier)."""
     p = tmp_path / "l.jsonl"
-    code = ("import sys; from kvgraft_cli import ledger\n"
+    code = ("import sys; from kvgraft_cli.ledger import log as ledger\n"
             "for i in range(200): ledger.append(sys.argv[1], 'test', {'w': int(sys.argv[2]), 'i': i})")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(p), str(k)]) for k in range(8)]
     assert [pr.wait(timeout=300) for pr in procs] == [0] * 8
@@ -283,7 +285,7 @@ def test_odd_inputs_are_findings_or_bad_input_never_crashes(tmp_path):
 
 
 def test_bytes_after_the_frame_are_refused(copy):
-    from kvgraft_cli import artifact as kvg
+    from kvgraft_cli.artifacts import format as kvg
     from kvgraft_cli.errors import ArtifactError
 
     e = next(e for e in ledger.read(copy) if e["kind"] == "deposit")

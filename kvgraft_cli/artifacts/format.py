@@ -1,0 +1,264 @@
+"""The ``.kvg`` artifact, format v1: one prefix's KV cache, its token ids and sorted string metadata.
+
+Payload = safetensors bytes (tensors ``token_ids`` and ``layers.NNN.keys`` / ``layers.NNN.values``) written by
+:func:`canonical_safetensors`, so equal content gives equal bytes. (``safetensors.torch.save`` does not: it keeps
+``__metadata__`` in a hash map whose order changes from call to call.) Identity = SHA-256 of the payload. File = one zstd frame of the
+payload; the compression level never changes the identity. docs/FORMAT.md specifies it for third parties.
+No pickle: tensors are parsed by safetensors, metadata by ``json``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ArtifactError, ModelMismatch, engine_not_installed
+from ..util.hashing import atomic_write_bytes, sha256_bytes
+
+FORMAT = "kvgraft.kvg"
+FORMAT_VERSION = "1"
+LAYER_KINDS = ("full", "sliding", "empty")
+MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
+# Metadata keys every v1 artifact has (values are strings; lists and objects are compact JSON).
+REQUIRED_META = (
+    "cumulative_lengths", "dtype", "format", "format_version", "layer_types", "logits_dtype", "logits_sha256",
+    "manifest_sha256", "model_sha256", "num_layers", "num_tokens", "prefill", "sliding_windows", "start_position",
+    "tokenizer_sha256",
+)
+
+
+@dataclass
+class LayerState:
+    """One cache layer: ``full`` keeps every token; ``sliding`` keeps the last window-1 tokens and the count seen;
+    ``empty`` is a layer that holds no KV (a KV-sharing consumer)."""
+
+    kind: str
+    keys: Any = None  # torch.Tensor [batch=1, kv_heads, tokens_kept, head_dim]
+    values: Any = None
+    sliding_window: int | None = None
+    cumulative_length: int | None = None
+
+
+@dataclass
+class Artifact:
+    """A decoded artifact: token ids, per-layer state and metadata."""
+
+    token_ids: list[int]
+    layers: list[LayerState]
+    meta: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def _json(v: Any) -> str:
+    return json.dumps(v, separators=(",", ":"), sort_keys=True)
+
+
+ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "int64": "I64"}
+
+
+def canonical_safetensors(tensors: dict, metadata: dict[str, str]) -> bytes:
+    """Safetensors bytes with one canonical layout (docs/FORMAT.md): header JSON with ``__metadata__`` first (keys
+    sorted), then ``token_ids``, then the other tensors sorted by name; compact separators, ASCII escapes; padded
+    with spaces to a multiple of 8; tensor data in header order, row-major little-endian, no gaps."""
+    import torch
+
+    order = sorted(tensors, key=lambda name: (name != "token_ids", name))
+    header: dict = {"__metadata__": {k: metadata[k] for k in sorted(metadata)}}
+    blobs, offset = [], 0
+    for name in order:
+        t = tensors[name].detach().to("cpu").contiguous()
+        blob = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        header[name] = {"dtype": ST_DTYPES[str(t.dtype).removeprefix("torch.")], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + b"".join(blobs)
+
+
+def encode(token_ids: list[int], layers: list[LayerState], meta: dict[str, str]) -> bytes:
+    """Canonical payload bytes. ``meta`` holds the caller's fields; layer layout fields are derived here."""
+    import torch
+
+    tensors: dict[str, torch.Tensor] = {"token_ids": torch.tensor(token_ids, dtype=torch.int64)}
+    for i, layer in enumerate(layers):
+        if layer.kind == "empty":
+            continue
+        tensors[f"layers.{i:03d}.keys"] = layer.keys
+        tensors[f"layers.{i:03d}.values"] = layer.values
+    full_meta = dict(meta)
+    full_meta.update(
+        format=FORMAT,
+        format_version=FORMAT_VERSION,
+        num_layers=str(len(layers)),
+        num_tokens=str(len(token_ids)),
+        layer_types=_json([l.kind for l in layers]),
+        sliding_windows=_json([l.sliding_window for l in layers]),
+        cumulative_lengths=_json([l.cumulative_length for l in layers]),
+    )
+    missing = [k for k in REQUIRED_META if k not in full_meta]
+    if missing:
+        raise ValueError(f"artifact metadata lacks {missing}")
+    return canonical_safetensors(tensors, {k: str(v) for k, v in full_meta.items()})
+
+
+def read_header(payload: bytes, source: str = "artifact") -> dict[str, Any]:
+    """Parse the safetensors JSON header of a payload (no tensor is touched)."""
+    if len(payload) < 8:
+        raise ArtifactError(f"{source}: truncated payload ({len(payload)} bytes)", "re-fetch or re-deposit it")
+    (n,) = struct.unpack("<Q", payload[:8])
+    if n > MAX_HEADER or 8 + n > len(payload):
+        raise ArtifactError(f"{source}: truncated or corrupt safetensors header (length {n})", "re-fetch or re-deposit it")
+    try:
+        header = json.loads(payload[8 : 8 + n])
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ArtifactError(f"{source}: corrupt safetensors header ({e})") from None
+    if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict):
+        raise ArtifactError(f"{source}: not a kvgraft artifact (no metadata)")
+    return header
+
+
+def decode(payload: bytes, source: str = "artifact", expected_sha256: str | None = None) -> Artifact:
+    """Check the identity (when expected), parse and validate a payload. Raises ArtifactError with the reason."""
+    if expected_sha256 is not None:
+        got = sha256_bytes(payload)
+        if got != expected_sha256:
+            raise ArtifactError(
+                f"{source}: content hash {got[:16]}... does not match its identity {expected_sha256[:16]}... "
+                "(tampered or corrupt)",
+                "delete it and re-deposit, or re-import it from a good copy",
+            )
+    header = read_header(payload, source)
+    meta = header["__metadata__"]
+    if meta.get("format") != FORMAT:
+        raise ArtifactError(f"{source}: not a kvgraft artifact (format={meta.get('format')!r})")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(
+            f"{source}: artifact format version {meta.get('format_version')!r}; this kvgraft reads {FORMAT_VERSION}",
+            "upgrade kvgraft",
+        )
+    missing = [k for k in REQUIRED_META if k not in meta]
+    if missing:
+        raise ArtifactError(f"{source}: metadata lacks {', '.join(missing)}")
+    try:
+        from safetensors import SafetensorError
+        from safetensors.torch import load
+    except ImportError as e:
+        raise engine_not_installed(e) from None
+
+    try:
+        tensors = load(payload)
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise ArtifactError(f"{source}: unreadable tensors ({e})") from None
+    try:
+        return _assemble(tensors, meta, source)
+    except (KeyError, ValueError, TypeError) as e:
+        raise ArtifactError(f"{source}: inconsistent artifact ({e})") from None
+
+
+def _assemble(tensors: dict, meta: dict[str, str], source: str) -> Artifact:
+    import torch
+
+    n_layers = int(meta["num_layers"])
+    kinds = json.loads(meta["layer_types"])
+    windows = json.loads(meta["sliding_windows"])
+    cums = json.loads(meta["cumulative_lengths"])
+    n_tok = int(meta["num_tokens"])
+    if not (len(kinds) == len(windows) == len(cums) == n_layers):
+        raise ValueError("layer lists disagree with num_layers")
+    ids = tensors.pop("token_ids")
+    if ids.dtype != torch.int64 or ids.ndim != 1 or ids.numel() != n_tok:
+        raise ValueError("token_ids must be int64 of length num_tokens")
+    want_dtype = getattr(torch, meta["dtype"])
+    layers = []
+    for i, (kind, win, cum) in enumerate(zip(kinds, windows, cums)):
+        if kind not in LAYER_KINDS:
+            raise ValueError(f"layer {i}: unknown kind {kind!r}")
+        if kind == "empty":
+            layers.append(LayerState("empty"))
+            continue
+        k, v = tensors.pop(f"layers.{i:03d}.keys"), tensors.pop(f"layers.{i:03d}.values")
+        if k.dtype != want_dtype or v.dtype != want_dtype or k.ndim != 4 or v.ndim != 4 or k.shape[:3] != v.shape[:3]:
+            raise ValueError(f"layer {i}: keys/values have the wrong dtype or shape")
+        kept = k.shape[2]
+        if kind == "full" and kept != n_tok:
+            raise ValueError(f"layer {i}: full layer keeps {kept} tokens, expected {n_tok}")
+        if kind == "sliding" and (cum != n_tok or kept != min(n_tok, win - 1)):
+            raise ValueError(f"layer {i}: sliding layer state (kept {kept}, seen {cum}, window {win}) is inconsistent")
+        layers.append(LayerState(kind, k, v, win, cum))
+    if tensors:
+        raise ValueError(f"unexpected tensors {sorted(tensors)[:3]}")
+    return Artifact(token_ids=ids.tolist(), layers=layers, meta=dict(meta))
+
+
+def compress(payload: bytes, level: int = 3) -> bytes:
+    """One zstd frame of the payload, with content size and checksum in the frame header."""
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True).compress(payload)
+
+
+def decompress(data: bytes, source: str, max_size: int = 1 << 40) -> bytes:
+    """Payload of a ``.kvg`` file; a truncated or corrupt frame raises ArtifactError."""
+    import zstandard
+
+    try:
+        params = zstandard.get_frame_parameters(data)
+        if params.content_size <= 0 or params.content_size > max_size:
+            raise ArtifactError(f"{source}: zstd frame has no usable content size")
+        dobj = zstandard.ZstdDecompressor().decompressobj()
+        out = dobj.decompress(data)
+    except zstandard.ZstdError as e:
+        raise ArtifactError(f"{source}: truncated or corrupt zstd frame ({e})", "re-fetch or re-deposit it") from None
+    if not dobj.eof or len(out) != params.content_size:
+        raise ArtifactError(f"{source}: truncated zstd frame", "re-fetch or re-deposit it")
+    if dobj.unused_data:
+        raise ArtifactError(f"{source}: bytes after the zstd frame (a .kvg file is exactly one frame)")
+    return out
+
+
+def write_file(path: Path, payload: bytes, level: int = 3) -> None:
+    """Write a ``.kvg`` file atomically."""
+    atomic_write_bytes(path, compress(payload, level))
+
+
+def read_file(path: Path, expected_sha256: str | None = None) -> tuple[bytes, Artifact]:
+    """Read, decompress, re-hash and decode a ``.kvg`` file. Returns (payload, artifact)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ArtifactError(f"artifact not found: {path}") from None
+    payload = decompress(data, str(path))
+    return payload, decode(payload, str(path), expected_sha256)
+
+
+def check_compatible(meta: dict[str, str], want: dict[str, str], source: str) -> None:
+    """Refuse an artifact whose model, tokenizer, dtype, layer layout or compute pin differs from the engine's."""
+    labels = {
+        "model_sha256": "model",
+        "tokenizer_sha256": "tokenizer",
+        "dtype": "dtype",
+        "layer_types": "layer layout",
+        "sliding_windows": "sliding windows",
+        "manifest_sha256": "compute pin (model/runtime/kernel flags/prefill schedule/prefix template)",
+        "start_position": "start position",
+    }
+    for key, label in labels.items():
+        if key in want and meta.get(key) != want[key]:
+            raise ModelMismatch(
+                f"{source}: artifact was made for another {label}: artifact {key}={_short(meta.get(key))}, "
+                f"this run {key}={_short(want[key])}",
+                "graft it with the manifest it was deposited under (its model, dtype and kernel flags)",
+            )
+
+
+def _short(v: str | None) -> str:
+    return v if v is None or len(v) <= 24 else v[:16] + "..."

@@ -1,0 +1,123 @@
+"""Re-hashing referenced files for `kvgraft verify`, fast, with a cache of files already verified.
+
+An artifact (``*.kvg``) is identified by the SHA-256 of its *payload*, so it is streamed through zstd while a second
+thread hashes the output (both release the GIL: on two cores the cost is close to the larger of the two, not their
+sum). Any other file is hashed as bytes, exactly as ``sha256sum`` does.
+
+The cache maps (resolved path, size, mtime_ns, inode, how) to the digest computed last time. It cannot notice a
+change that keeps size, mtime and inode (deliberate tampering can); ``--full`` ignores it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import threading
+from pathlib import Path
+
+from ..util.hashing import atomic_write_bytes, sha256_file
+
+CACHE_NAME = ".kvgraft-verify-cache.json"
+CHUNK = 1 << 22
+
+
+def kvg_payload_sha256(path: Path) -> str:
+    """SHA-256 of a .kvg file's decompressed payload (its identity), decompressing and hashing in parallel.
+    Raises ValueError for a frame that ends early (even one whose data is whole but whose checksum is cut off)."""
+    import zstandard
+
+    h = hashlib.sha256()
+    chunks: queue.Queue = queue.Queue(maxsize=4)
+
+    def produce() -> None:
+        try:
+            dobj = zstandard.ZstdDecompressor().decompressobj()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(CHUNK), b""):
+                    out = dobj.decompress(block)
+                    if out:
+                        chunks.put(out)
+            if not dobj.eof:
+                raise ValueError("zstd frame ends early (truncated file)")
+            if dobj.unused_data:
+                raise ValueError("bytes after the zstd frame (a .kvg file is exactly one frame)")
+            chunks.put(b"")
+        except Exception as e:  # handed to the consumer, which re-raises it
+            chunks.put(e)
+
+    worker = threading.Thread(target=produce, daemon=True)
+    worker.start()
+    while True:
+        chunk = chunks.get()
+        if isinstance(chunk, Exception):
+            worker.join()
+            raise chunk
+        if not chunk:
+            break
+        h.update(chunk)
+    worker.join()
+    return h.hexdigest()
+
+
+def raw_digest(path: Path) -> str:
+    """The digest the ledger records for a file: payload SHA-256 for .kvg, byte SHA-256 otherwise.
+    A damaged artifact gives ``unreadable: ...`` (never equal to a recorded hash)."""
+    if path.suffix == ".kvg":
+        try:
+            return kvg_payload_sha256(path)
+        except Exception as e:  # zstd errors: truncated or corrupt frame
+            return f"unreadable: {type(e).__name__}: {e}"
+    return sha256_file(path)
+
+
+class HashCache:
+    """(path, size, mtime_ns, inode) -> digest, kept in a JSON file beside the ledger."""
+
+    def __init__(self, path: Path | None, enabled: bool = True):
+        self.path, self.enabled, self.dirty = path, enabled, False
+        self.entries: dict[str, list] = {}
+        # Loaded even with --full (enabled=False: no lookups), so saving keeps the rows this run did not touch.
+        if path is not None and path.is_file():
+            try:
+                loaded = json.loads(path.read_text())
+            except (ValueError, OSError):
+                loaded = None
+            # A damaged cache is only a lost speed-up: keep the well-formed rows, drop the rest.
+            if isinstance(loaded, dict):
+                self.entries = {k: v for k, v in loaded.items()
+                                if isinstance(v, list) and len(v) == 4 and isinstance(v[3], str)}
+
+    @classmethod
+    def for_dir(cls, directory: Path, enabled: bool = True) -> "HashCache":
+        return cls(Path(directory) / CACHE_NAME, enabled)
+
+    def get(self, path: Path) -> tuple[str | None, list]:
+        st = os.stat(path)
+        key = [st.st_size, st.st_mtime_ns, st.st_ino]
+        hit = self.entries.get(str(path.resolve())) if self.enabled else None
+        return (hit[3] if hit and hit[:3] == key else None), key
+
+    def put(self, path: Path, key: list, digest: str) -> None:
+        if not digest.startswith("unreadable"):
+            self.entries[str(path.resolve())] = key + [digest]
+            self.dirty = True
+
+    def save(self) -> None:
+        # Written even after --full, so the next plain run profits from the fresh hashes.
+        if self.dirty and self.path is not None:
+            try:
+                atomic_write_bytes(self.path, json.dumps(self.entries, sort_keys=True).encode())
+            except OSError:
+                pass  # a read-only folder: verification works, only slower next time
+
+
+def digest_of(path: Path, cache: HashCache) -> str:
+    """The recorded-style digest of a file, from the cache when its stat is unchanged."""
+    hit, key = cache.get(path)
+    if hit is not None:
+        return hit
+    d = raw_digest(path)
+    cache.put(path, key, d)
+    return d

@@ -1,0 +1,395 @@
+"""``kvgraft verify``: re-check a ledger without a GPU and without torch.
+
+Checks, line by line: canonical form (RFC 8785), the value space (no non-integer numbers, ASCII keys), the entry
+schema, the sequence number and the hash chain; then the RFC 6962 Merkle root against a checkpoint (and its Ed25519
+signatures), append-only consistency with an older ledger or checkpoint (``--since``), and every referenced file that
+is present (artifacts by payload, everything else by file bytes). Findings name the first bad line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import fastjsonschema
+
+from ..ledger import log as ledger_mod
+from ..ledger import merkle
+from ..errors import InputError
+from .hashcache import HashCache, digest_of
+
+MAX_SAFE_INT = 2**53 - 1  # I-JSON (RFC 7493): integers JSON parsers everywhere read exactly
+LEDGER_NOT_FOUND_HINT = "pass the ledger file (default: the manifest's paths.ledger)"
+
+
+@dataclass
+class Finding:
+    """One thing wrong with the ledger; ``line`` is 1-based (None: the ledger as a whole)."""
+
+    line: int | None
+    check: str
+    message: str
+
+
+@dataclass
+class FileCheck:
+    """A referenced file, re-hashed (or not found)."""
+
+    line: int
+    field: str
+    path: str
+    status: str  # ok | missing | mismatch
+    expected: str
+    actual: str | None = None
+
+
+@dataclass
+class VerifyReport:
+    """Everything `kvgraft verify` found."""
+
+    ledger: str
+    entries: int = 0
+    root: str = ""
+    findings: list[Finding] = field(default_factory=list)
+    files: list[FileCheck] = field(default_factory=list)
+    checkpoint: dict[str, Any] | None = None
+    since: dict[str, Any] | None = None
+    require_files: bool = False
+    scores_checked: int = 0
+
+    @property
+    def mismatched(self) -> list[FileCheck]:
+        return [f for f in self.files if f.status == "mismatch"]
+
+    @property
+    def missing(self) -> list[FileCheck]:
+        return [f for f in self.files if f.status == "missing"]
+
+    @property
+    def passed(self) -> bool:
+        return not self.findings and not self.mismatched and not (self.require_files and self.missing)
+
+    def first_problem(self) -> str | None:
+        """One sentence naming the first bad line and what is wrong with it."""
+        if self.findings:
+            f = min(self.findings, key=lambda f: (f.line is None, f.line or 0))
+            return f"line {f.line}: {f.message}" if f.line else f.message
+        if self.mismatched:
+            m = self.mismatched[0]
+            return f"line {m.line}: {m.field} {m.path} does not match its recorded sha256"
+        if self.require_files and self.missing:
+            m = self.missing[0]
+            return f"line {m.line}: {m.field} {m.path} is missing"
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ledger": self.ledger, "entries": self.entries, "root": self.root, "passed": self.passed,
+            "first_problem": self.first_problem(),
+            "findings": [asdict(f) for f in self.findings],
+            "files": {"checked": len(self.files), "ok": sum(f.status == "ok" for f in self.files),
+                      "missing": [asdict(f) for f in self.missing], "mismatched": [asdict(f) for f in self.mismatched]},
+            "checkpoint": self.checkpoint, "since": self.since, "scores_checked": self.scores_checked,
+        }
+
+
+@lru_cache(maxsize=1)
+def _validator():
+    # fastjsonschema compiles the schema to Python: about 50x faster than jsonschema per entry, which matters at
+    # 100,000+ lines. (Manifests use jsonschema, which reports every problem in one pass.)
+    text = (resources.files("kvgraft_cli") / "schemas" / "ledger-entry.schema.json").read_text()
+    return fastjsonschema.compile(json.loads(text))
+
+
+def canonical_line(entry: Any) -> bytes:
+    """The canonical bytes of an entry in the ledger's value space (equal to RFC 8785 there; docs/LEDGER.md)."""
+    return json.dumps(entry, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _value_problem(value: Any) -> str | None:
+    """Why a value is outside the ledger's value space (floats, integers beyond I-JSON, non-ASCII keys), or None."""
+    found = _find_outside(value)
+    if found is None:
+        return None
+    path, msg = found
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in reversed(path)).lstrip(".")
+    return f"{where or 'value'}: {msg}"
+
+
+def _find_outside(value: Any) -> tuple[list, str] | None:
+    # Hot path of verify (every value of every line): type dispatch, the path built only on a hit.
+    t = type(value)
+    if t is str or t is bool or value is None:
+        return None
+    if t is int:
+        return None if -MAX_SAFE_INT <= value <= MAX_SAFE_INT else (
+            [], "an integer beyond +-(2**53 - 1), which RFC 8785 (I-JSON) cannot represent")
+    if t is dict:
+        for k, v in value.items():
+            if not (k.isascii() and k.isprintable()):
+                return [k], "key is not printable ASCII"
+            if type(v) is not str:
+                hit = _find_outside(v)
+                if hit is not None:
+                    hit[0].append(k)
+                    return hit
+        return None
+    if t is list:
+        for i, v in enumerate(value):
+            hit = _find_outside(v)
+            if hit is not None:
+                hit[0].append(i)
+                return hit
+        return None
+    if t is float:
+        return [], f"a non-integer number ({value!r}); the ledger writes those as strings"
+    return [], f"unexpected JSON value {value!r}"
+
+
+def check_line(raw: bytes, index: int, prev_line: bytes | None) -> tuple[dict | None, list[Finding]]:
+    """Parse and check one line (0-based ``index``) against its predecessor's bytes."""
+    n = index + 1
+    try:
+        entry = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, [Finding(n, "json", f"not JSON ({e})")]
+    if not isinstance(entry, dict):
+        return None, [Finding(n, "json", "not a JSON object")]
+    out: list[Finding] = []
+    problem = _value_problem(entry)
+    try:
+        canonical = canonical_line(entry) if not problem else None
+    except UnicodeEncodeError:  # an escaped lone surrogate (\ud800): not representable as UTF-8
+        problem = "a string holds a lone UTF-16 surrogate, which RFC 8785 cannot represent"
+    if problem:
+        out.append(Finding(n, "values", problem))
+    elif canonical != raw:
+        out.append(Finding(n, "canonical", "bytes are not the RFC 8785 canonical form of the entry (edited by hand?)"))
+    try:
+        _validator()(entry)
+    except fastjsonschema.JsonSchemaException as e:
+        msg = str(e.message)
+        msg = "entry" + msg[4:] if msg.startswith("data") else msg  # fastjsonschema names the root "data"
+        out.append(Finding(n, "schema", msg[:200]))
+    if entry.get("seq") != index:
+        out.append(Finding(n, "sequence", f"seq is {entry.get('seq')!r}, expected {index} (lines deleted, inserted or reordered?)"))
+    want_prev = hashlib.sha256(prev_line).hexdigest() if prev_line is not None else None
+    if entry.get("prev") != want_prev:
+        out.append(Finding(n, "chain", "prev does not match the SHA-256 of the line before "
+                                       "(the line before was edited, or lines were removed or reordered)"))
+    return entry, out
+
+
+def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str] | None = None,
+                  since: Path | None = None, rehash: bool = True, full: bool = False,
+                  require_files: bool = False) -> VerifyReport:
+    """Verify a ledger file; see the module docstring. Raises InputError only for unusable input files."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"ledger not found: {path}", LEDGER_NOT_FOUND_HINT) from None
+    except IsADirectoryError:
+        raise InputError(f"{path} is a directory, expected a ledger file") from None
+    except OSError as e:
+        raise InputError(f"cannot read ledger {path}: {e.strerror or e}") from None
+    report = VerifyReport(str(path), require_files=require_files)
+    lines, tail = ledger_mod.split_lines(data)
+    entries: list[dict | None] = []
+    prev = None
+    for i, raw in enumerate(lines):
+        entry, found = check_line(raw, i, prev)
+        report.findings += found
+        entries.append(entry)
+        prev = raw
+    if tail:
+        report.findings.append(Finding(len(lines) + 1, "torn", f"torn last line: {len(tail)} bytes without a "
+                                       "newline (a writer was interrupted); `kvgraft ledger repair` removes it"))
+    report.entries = len(lines)
+    leaves = [merkle.leaf_hash(raw) for raw in lines]
+    report.root = merkle.root(leaves).hex()
+    if checkpoint is not None:
+        report.checkpoint = _check_checkpoint(report, Path(checkpoint), leaves, keys or [])
+    if since is not None:
+        report.since = _check_since(report, Path(since), lines, leaves)
+    if rehash:
+        _rehash(report, entries, path.parent, full)
+        verified = {(f.line, f.path) for f in report.files if f.status == "ok"}
+        for i, entry in enumerate(entries):
+            if entry is not None and entry.get("kind") == "score":
+                _check_score(report, i + 1, entry, path.parent, verified)
+    return report
+
+
+def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
+                 verified: set[tuple[int, str]]) -> None:
+    """Recompute a recorded score: from its outputs and answers files when present (records and aggregate must
+    come out the same), else from its records file alone (the aggregate must)."""
+    from ..eval import scoring
+
+    def present(d):
+        """The file behind a digest, if it is present and matched its hash in this run."""
+        if isinstance(d, dict) and isinstance(d.get("path"), str) and (line, d["path"]) in verified:
+            return base_dir / d["path"]
+        return None
+
+    ins, outs = entry.get("inputs") or {}, entry.get("outputs") or {}
+    if not isinstance(ins, dict) or not isinstance(outs, dict) or not isinstance(outs.get("result"), dict):
+        report.findings.append(Finding(line, "score", "score entry without an outputs.result object"))
+        return
+    recorded = dict(outs["result"])
+    outputs_path, answers_path = present(ins.get("outputs")), present(ins.get("answers"))
+    settings = ins.get("settings") or {}
+    from ..eval.answers import EXTRACTOR_VERSION
+
+    # Outputs are re-extracted only by the extractor version that scored them; for another version the records
+    # file (which holds each extraction) is the evidence, and the aggregate is recomputed from it.
+    same_extractor = recorded.get("extractor_version") == EXTRACTOR_VERSION
+    if outputs_path and answers_path and "mapping" in settings and same_extractor:
+        try:
+            result = scoring.score(outputs_path, answers_path, settings["mapping"], settings.get("id_field", "id"),
+                                   settings.get("output_field", "output"))
+        except InputError as e:
+            report.findings.append(Finding(line, "score", f"cannot recompute the score: {e.message}"))
+            return
+        if hashlib.sha256(result.records_bytes()).hexdigest() != (outs.get("records") or {}).get("sha256"):
+            report.findings.append(Finding(line, "score", "recomputed per-sample records differ from the recorded ones"))
+        if result.summary() != recorded:
+            report.findings.append(Finding(line, "score", f"recomputed score {result.summary()['correct']}/"
+                                           f"{result.summary()['n']} differs from the recorded "
+                                           f"{recorded.get('correct')}/{recorded.get('n')}"))
+        report.scores_checked += 1
+        return
+    records_path = present(outs.get("records"))
+    if records_path:
+        recorded.pop("unscored_problems", None)
+        if scoring.summary_from_records(records_path.read_bytes()) != recorded:
+            report.findings.append(Finding(line, "score", "the score recomputed from the records file differs "
+                                           "from the recorded one"))
+        report.scores_checked += 1
+
+
+def _check_checkpoint(report: VerifyReport, cp_path: Path, leaves: list[bytes], keys: list[str]) -> dict:
+    from ..ledger.checkpoint import Checkpoint, load_key, read_checkpoint, verify_note
+    from ..errors import CheckFailed
+
+    text = read_checkpoint(cp_path)
+    cp = Checkpoint.parse(text)
+    out: dict[str, Any] = {"path": str(cp_path), "origin": cp.origin, "size": cp.size, "root": cp.root.hex(),
+                           "root_matches": False, "signed_by": []}
+    if cp.size > len(leaves):
+        report.findings.append(Finding(None, "checkpoint", f"checkpoint covers {cp.size} lines, the ledger has "
+                                       f"only {len(leaves)} (lines were removed)"))
+    elif merkle.root(leaves[: cp.size]) != cp.root:
+        report.findings.append(Finding(None, "checkpoint", f"the ledger's first {cp.size} lines do not hash to the "
+                                       "checkpoint's root (a line within them was changed)"))
+    else:
+        out["root_matches"] = True
+    if keys:
+        try:
+            out["signed_by"] = verify_note(text, [load_key(k) for k in keys])
+        except CheckFailed as e:
+            report.findings.append(Finding(None, "signature", e.message))
+    return out
+
+
+def _check_since(report: VerifyReport, base: Path, lines: list[bytes], leaves: list[bytes]) -> dict:
+    """Append-only check against an older ledger file or a checkpoint."""
+    from ..ledger.checkpoint import Checkpoint
+
+    try:
+        base_data = base.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"--since base not found: {base}") from None
+    except OSError as e:
+        raise InputError(f"cannot read --since base {base}: {e.strerror or e}") from None
+    # A ledger's lines are JSON objects; anything else must be a checkpoint (and a bad one is bad input, never
+    # mistaken for a rewritten ledger).
+    is_ledger = base_data[:1] in (b"{", b"")
+    if not is_ledger:
+        try:
+            cp = Checkpoint.parse(base_data.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InputError(f"--since base {base} is neither a ledger nor a checkpoint (not UTF-8)") from None
+        size, root = cp.size, cp.root
+        out: dict[str, Any] = {"base": str(base), "kind": "checkpoint", "size": size}
+        if size == 0 and root != merkle.EMPTY_ROOT:
+            report.findings.append(Finding(None, "append-only", f"{base}: size 0 with a root other than the "
+                                           "empty tree's"))
+            out["consistent"] = False
+            return out
+    else:
+        base_lines, _ = ledger_mod.split_lines(base_data)
+        size = len(base_lines)
+        root = merkle.root([merkle.leaf_hash(raw) for raw in base_lines])
+        out = {"base": str(base), "kind": "ledger", "size": size}
+        # Pinpoint the first rewritten line: plain byte comparison of the common prefix.
+        for i, (a, b) in enumerate(zip(base_lines, lines)):
+            if a != b:
+                report.findings.append(Finding(i + 1, "append-only", f"line {i + 1} differs from {base}: the ledger "
+                                               "was rewritten, not appended to"))
+                break
+    out["root"] = root.hex()
+    if size > len(lines):
+        report.findings.append(Finding(None, "append-only", f"the ledger has {len(lines)} lines, fewer than the "
+                                       f"{size} of {base}: it was truncated"))
+        out["consistent"] = False
+        return out
+    if size == 0:  # every ledger extends the empty one; RFC 6962 has no proof for it
+        out.update(consistent=True, appended=len(lines))
+        return out
+    # The RFC 6962 consistency proof between the two trees, generated from the current lines and verified against
+    # the base root: what a remote party holding only the base root would check.
+    from ..errors import CheckFailed
+
+    proof = merkle.MerkleTree(leaves).consistency_proof(size, len(leaves))
+    try:
+        merkle.verify_consistency(size, len(leaves), proof, root, merkle.root(leaves))
+        out["consistent"] = True
+    except CheckFailed:
+        out["consistent"] = False
+        if not any(f.check == "append-only" for f in report.findings):
+            report.findings.append(Finding(None, "append-only", f"the first {size} lines no longer hash to the root "
+                                           f"of {base}: the ledger was rewritten, not appended to"))
+    out["appended"] = len(lines) - size
+    return out
+
+
+def _rehash(report: VerifyReport, entries: list[dict | None], base_dir: Path, full: bool) -> None:
+    cache = HashCache.for_dir(base_dir, enabled=not full)
+    this_run: dict[Path, str] = {}  # a file many entries name (the problems file) is hashed once per run
+    for i, entry in enumerate(entries):
+        if entry is None:
+            continue
+        for fld, d in _referenced_files(entry):
+            target = (base_dir / d["path"]) if not Path(d["path"]).is_absolute() else Path(d["path"])
+            try:
+                present = target.is_file()
+            except OSError:  # e.g. a path too long for the file system: cannot exist here
+                present = False
+            if not present:
+                report.files.append(FileCheck(i + 1, fld, d["path"], "missing", d["sha256"]))
+                continue
+            if target not in this_run:
+                this_run[target] = digest_of(target, cache)
+            actual = this_run[target]
+            status = "ok" if actual == d["sha256"] else "mismatch"
+            report.files.append(FileCheck(i + 1, fld, d["path"], status, d["sha256"], actual))
+    cache.save()
+
+
+def _referenced_files(entry: dict) -> list[tuple[str, dict]]:
+    out = []
+    m = entry.get("manifest")
+    if isinstance(m, dict) and isinstance(m.get("path"), str) and isinstance(m.get("sha256"), str):
+        out.append(("manifest", m))
+    for section in ("inputs", "outputs"):
+        for name, d in (entry.get(section) or {}).items():
+            if isinstance(d, dict) and isinstance(d.get("path"), str) and isinstance(d.get("sha256"), str):
+                out.append((f"{section}.{name}", d))
+    return out

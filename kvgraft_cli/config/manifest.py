@@ -1,0 +1,319 @@
+"""Run-manifests: read, validate (JSON Schema shipped in the package), resolve and write pinned YAML.
+
+A manifest pins everything that decides the bits of a run. Its *compute pin* (:func:`compute_pin`) is the subset
+that decides the KV cache bits, hashed canonically; artifacts carry it, so a graft under another pin is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ManifestError
+from ..util.hashing import sha256_bytes, sha256_json
+
+BUILTIN_PREFIX = "builtin:"
+DEFAULT_MANIFEST = "default.yaml"
+PLACEHOLDERS_PREFIX = {"id", "problem", "solution", "answer"}
+PLACEHOLDERS_QUERY = {"query"}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated manifest and where it came from."""
+
+    data: dict[str, Any]
+    source: str  # file path, or "builtin:default.yaml"
+    file_sha256: str  # SHA-256 of the manifest file's bytes
+    base_dir: Path  # folder that relative model paths resolve against
+
+    @property
+    def model_dir(self) -> Path:
+        """The model directory, resolved (builtin:NAME -> the package's data folder)."""
+        return resolve_model_path(self.data["model"]["path"], self.base_dir)
+
+    @property
+    def compute_sha256(self) -> str:
+        """Hash of the compute pin (see :func:`compute_pin`)."""
+        return sha256_json(compute_pin(self.data))
+
+    def get(self, dotted: str) -> Any:
+        """A value by dotted path, e.g. ``runtime.threads``."""
+        node: Any = self.data
+        for part in dotted.split("."):
+            node = node[part]
+        return node
+
+
+def data_dir() -> Path:
+    """The package's data folder (embedded models and the default manifest)."""
+    return Path(str(resources.files("kvgraft_cli") / "data"))
+
+
+def resolve_model_path(path: str, base_dir: Path) -> Path:
+    """Resolve a manifest's model.path: ``builtin:NAME`` or a path relative to the manifest's folder."""
+    if path.startswith(BUILTIN_PREFIX):
+        return data_dir() / path[len(BUILTIN_PREFIX):]
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else (base_dir / p)
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    """The manifest JSON Schema shipped in the package."""
+    return json.loads((resources.files("kvgraft_cli") / "schemas" / "manifest.schema.json").read_text())
+
+
+def compute_pin(data: dict[str, Any]) -> dict[str, Any]:
+    """The part of a manifest that decides the KV cache bits of a prefix.
+
+    Excluded on purpose: the model's local path (machine-specific; the hash pins the model), the name, input field
+    names, the query template, decode settings and output paths. None of them changes a deposited cache.
+    """
+    model = {k: v for k, v in data["model"].items() if k != "path"}
+    return {
+        "model": model,
+        "runtime": data["runtime"],
+        "prefill": data["prefill"],
+        "prompt": {"add_bos": data["prompt"]["add_bos"], "prefix": data["prompt"]["prefix"]},
+    }
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark
+            )
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _line_of(root: yaml.Node | None, path: list) -> int | None:
+    """1-based line of the YAML node at a JSON path (the deepest node that exists)."""
+    node, line = root, None
+    for part in path:
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            nxt = None
+            for k, v in node.value:
+                if k.value == part:
+                    nxt, line = v, k.start_mark.line + 1
+                    break
+            node = nxt
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            node = None
+    if node is not None:
+        line = node.start_mark.line + 1
+    return line
+
+
+def _dotted(path) -> str:
+    return ".".join(str(p) for p in path) or "(top level)"
+
+
+def validate_data(data: Any, source: str, text: str | None = None) -> list[str]:
+    """Every problem in a parsed manifest, one line each, with its dotted path (and line when ``text`` is given)."""
+    import jsonschema
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader) if text is not None else None
+    problems: list[tuple[str, int | None, str]] = []
+    validator = jsonschema.Draft202012Validator(schema())
+    for err in validator.iter_errors(data):
+        path = list(err.absolute_path)
+        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+            allowed = set(err.schema.get("properties", {}))
+            for key in sorted(set(err.instance) - allowed):
+                problems.append((_dotted(path + [key]), _line_of(root, path + [key]),
+                                 f"unknown key (allowed: {', '.join(sorted(allowed))})"))
+            continue
+        problems.append((_dotted(path), _line_of(root, path), err.message))
+    if isinstance(data, dict):
+        problems += [(p, _line_of(root, p.split(".")), m) for p, m in _template_problems(data)]
+    problems.sort(key=lambda t: (t[1] or 0, t[0]))
+    return [f"{source}:{line}: {path}: {msg}" if line else f"{source}: {path}: {msg}" for path, line, msg in problems]
+
+
+def _template_problems(data: dict) -> list[tuple[str, str]]:
+    import string
+
+    out = []
+    prompt = data.get("prompt") if isinstance(data.get("prompt"), dict) else {}
+    for key, allowed in (("prefix", PLACEHOLDERS_PREFIX), ("query", PLACEHOLDERS_QUERY)):
+        tmpl = prompt.get(key)
+        if not isinstance(tmpl, str):
+            continue
+        try:
+            names = {f for _, f, _, _ in string.Formatter().parse(tmpl) if f is not None}
+        except ValueError as e:
+            out.append((f"prompt.{key}", f"bad template ({e}); write literal braces as {{{{ and }}}}"))
+            continue
+        bad = sorted(names - allowed)
+        if bad:
+            out.append((f"prompt.{key}", f"unknown placeholder(s) {bad}; allowed: {sorted(allowed)}"))
+    return out
+
+
+def parse_text(text: str, source: str) -> Any:
+    """Parse manifest YAML, turning syntax errors into a ManifestError that names file and line."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        context = ""
+        if e.context and e.context_mark and mark and e.context_mark.line != mark.line:
+            context = f" ({e.context} started on line {e.context_mark.line + 1})"
+        raise ManifestError(f"{where}: malformed YAML: {e.problem or e}{context}",
+                            "fix the YAML syntax at that line") from None
+    except yaml.YAMLError as e:
+        raise ManifestError(f"{source}: malformed YAML: {e}") from None
+
+
+def load_manifest(path: str | Path | None = None) -> Manifest:
+    """Read and validate a manifest; ``None`` gives the embedded default. Raises ManifestError listing all problems."""
+    if path is None:
+        raw = (data_dir() / DEFAULT_MANIFEST).read_bytes()
+        source, base = BUILTIN_PREFIX + DEFAULT_MANIFEST, data_dir()
+    else:
+        p = Path(path)
+        if p.is_dir():
+            raise ManifestError(f"{p} is a directory, expected a manifest YAML file")
+        if not p.is_file():
+            raise ManifestError(f"manifest not found: {p}", "pass an existing YAML file, or omit --manifest for the default")
+        raw, source, base = p.read_bytes(), str(p), p.resolve().parent
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"{source}: not UTF-8 text ({e})") from None
+    data = parse_text(text, source)
+    problems = validate_data(data, source, text)
+    if problems:
+        n = len(problems)
+        raise ManifestError(
+            f"{source}: {n} problem{'s' if n > 1 else ''}: " + "; ".join(problems[:3]) + (" ..." if n > 3 else ""),
+            "run `kvgraft manifest validate` to list every problem",
+            problems,
+        )
+    return Manifest(data=data, source=source, file_sha256=sha256_bytes(raw), base_dir=base)
+
+
+def with_overrides(m: Manifest, overrides: dict[str, Any]) -> Manifest:
+    """A copy of the manifest with dotted-path values replaced (CLI flags), re-validated."""
+    if not overrides:
+        return m
+    data = copy.deepcopy(m.data)
+    for dotted, value in overrides.items():
+        node = data
+        *parents, last = dotted.split(".")
+        for part in parents:
+            node = node[part]
+        node[last] = value
+    problems = validate_data(data, m.source + " (with command-line overrides)")
+    if problems:
+        raise ManifestError("; ".join(problems), "check the command-line options")
+    return Manifest(data=data, source=m.source, file_sha256=m.file_sha256, base_dir=m.base_dir)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes strings with newlines double-quoted on one line (templates stay readable and exact)."""
+
+
+_Dumper.add_representer(
+    str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style='"' if "\n" in s else None)
+)
+
+
+def dump_yaml(data: dict[str, Any]) -> str:
+    """YAML text of a manifest, keys in schema order, block style."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=120)
+
+
+def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, profile: str = "portable",
+                  device: str = "cpu", dtype: str = "float32", attn_implementation: str = "eager",
+                  threads: int | None = None, gpu_name: str | None = None, name: str | None = None,
+                  sdpa_backend: str | None = None) -> dict[str, Any]:
+    """A complete pinned manifest for a model directory, with this environment's library versions.
+
+    ``profile`` names a kernel-flag profile (see determinism.PROFILES). Every bit-affecting environment variable
+    the profile does not set is pinned to null (must be unset), so a stray one in the shell shows up as drift.
+    """
+    from importlib.metadata import version
+
+    from ..engine.determinism import PROFILES, profile_env
+
+    if profile not in PROFILES:
+        raise ManifestError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    prof = PROFILES[profile]
+    env = profile_env(profile, device)
+    n_threads = threads or prof["threads"] or _default_threads()
+    data = {
+        "kvgraft_manifest": 1,
+        "name": name or f"{Path(model_path.removeprefix(BUILTIN_PREFIX)).name}-{profile}-{device}",
+        "model": {"path": model_path, "sha256": model_sha256, "tokenizer_sha256": tokenizer_sha256, "dtype": dtype,
+                  "attn_implementation": attn_implementation},
+        "runtime": {"device": device, "gpu_name": gpu_name, "cpu_name": None, "seed": 0, "threads": n_threads,
+                    "deterministic_algorithms": True, "allow_tf32": False,
+                    "sdpa_backend": (sdpa_backend or "math") if attn_implementation == "sdpa" else None,
+                    "env": env,
+                    "versions": {"torch": torch_version(), "transformers": version("transformers")}},
+        "prefill": {"schedule": "single", "chunk_size": None},
+        "prompt": {"add_bos": True, "prefix": "Problem: {problem}\nSolution: {solution}\n",
+                   "query": "\nQuestion: {query}\nAnswer:"},
+        "input": {"id": "id", "problem": "problem", "solution": "solution", "answer": "answer",
+                  "answer_extract": "verbatim"},
+        "decode": {"max_new_tokens": 16},
+        "paths": {"store": "kvgraft-store", "ledger": "kvgraft-ledger.jsonl"},
+    }
+    problems = validate_data(data, "generated manifest")
+    if problems:  # a bug here, not user input
+        raise ManifestError("; ".join(problems))
+    return data
+
+
+def torch_version() -> str:
+    """torch's full version string (``torch.__version__``, with the local build tag such as ``+cpu`` or ``+cu130``)
+    read from its ``version.py`` without importing torch, which must wait until the kernel flags are pinned.
+    Package metadata is not enough: PyPI's CUDA wheels record ``2.11.0`` where torch reports ``2.11.0+cu130``."""
+    import importlib.util
+    import re
+    from importlib.metadata import version
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except ImportError:  # an import hook that refuses torch: the package metadata still says which is installed
+        spec = None
+    if spec and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            f = Path(loc) / "version.py"
+            if f.is_file():
+                m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", f.read_text(encoding="utf-8"), re.M)
+                if m:
+                    return m.group(1)
+    return version("torch")
+
+
+def _default_threads() -> int:
+    import os
+
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))

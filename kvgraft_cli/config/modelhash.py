@@ -1,0 +1,84 @@
+"""Model and tokenizer hashes: SHA-256 over a canonical listing of (relative path, SHA-256 of file).
+
+The listing is exactly what ``sha256sum`` prints for the files, sorted by path (``<hex>  <relpath>\\n`` per line),
+so a third party can rebuild it with coreutils: ``(cd MODEL && sha256sum FILES | sort -k2) | sha256sum``.
+Per-file hashes of weight files equal the hub's LFS ``sha256`` for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InputError, UnsupportedModel
+from ..util.hashing import sha256_bytes, sha256_file
+
+# Files that define the tokenizer (whichever of them a checkpoint has).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "spiece.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+CONFIG_FILES = ("config.json",)
+PICKLE_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+@dataclass(frozen=True)
+class ModelHashes:
+    """The hashes that pin a model directory."""
+
+    model_sha256: str
+    tokenizer_sha256: str
+    files: dict[str, str]  # relative path -> sha256
+
+    def listing(self) -> str:
+        """The canonical listing whose SHA-256 is the model hash."""
+        return listing(self.files)
+
+
+def listing(files: dict[str, str]) -> str:
+    """``sha256sum``-style lines, sorted by relative path (byte order of the UTF-8 path)."""
+    return "".join(f"{h}  {p}\n" for p, h in sorted(files.items(), key=lambda kv: kv[0].encode()))
+
+
+def model_files(model_dir: Path) -> list[str]:
+    """The relative paths that take part in the model hash: weights (safetensors), config and tokenizer files."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise InputError(f"model directory not found: {model_dir}", "point model.path at a local checkpoint directory")
+    names = sorted(p.name for p in model_dir.iterdir() if p.is_file())
+    weights = [n for n in names if n.endswith(".safetensors") or n.endswith(".safetensors.index.json")]
+    if not any(n.endswith(".safetensors") for n in weights):
+        pickled = [n for n in names if n.endswith(PICKLE_WEIGHTS)]
+        if pickled:
+            raise UnsupportedModel(
+                f"{model_dir}: weights are pickled ({', '.join(pickled)}); kvgraft loads safetensors only",
+                "convert the checkpoint to safetensors (save_pretrained(..., safe_serialization=True))",
+            )
+        raise InputError(f"{model_dir}: no *.safetensors weights found", "is this a Hugging Face checkpoint directory?")
+    missing = [n for n in CONFIG_FILES if n not in names]
+    if missing:
+        raise InputError(f"{model_dir}: missing {', '.join(missing)}")
+    return weights + [n for n in names if n in CONFIG_FILES or n in TOKENIZER_FILES]
+
+
+def hash_model_dir(model_dir: Path) -> ModelHashes:
+    """Hash a model directory (see module docstring). Reads every weight byte: seconds per GB."""
+    model_dir = Path(model_dir)
+    files = {name: sha256_file(model_dir / name) for name in model_files(model_dir)}
+    tok = {n: h for n, h in files.items() if n in TOKENIZER_FILES}
+    if not tok:
+        raise InputError(f"{model_dir}: no tokenizer files found ({', '.join(TOKENIZER_FILES[:2])}, ...)")
+    return ModelHashes(
+        model_sha256=sha256_bytes(listing(files).encode()),
+        tokenizer_sha256=sha256_bytes(listing(tok).encode()),
+        files=files,
+    )

@@ -1,0 +1,1 @@
+"""The torch engine: applying kernel flags, loading a model, prefill, capture and restore of KV caches, greedy decode; the tiny-model builder and the architecture zoo. torch lives here and is imported inside functions."""

@@ -1,0 +1,208 @@
+"""Kernel flags and the effective environment: apply a manifest's pins, read back what is in force, name drift.
+
+Some flags only take effect if set before torch is imported (``MKL_CBWR``, ``ATEN_CPU_CAPABILITY``,
+``CUBLAS_WORKSPACE_CONFIG``): :func:`apply_environment` must run first. kvgraft's commands import torch inside the
+command body, after it. When torch was already imported with other values, that is reported as drift, never hidden.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import DeviceError, DriftError, engine_not_installed
+
+# Environment variables known to change the bits of a forward pass. A manifest pins each (a value, or null for
+# "must be unset"); one that is set but not pinned is drift.
+KNOWN_BIT_ENV = (
+    "MKL_CBWR",
+    "ATEN_CPU_CAPABILITY",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "DNNL_MAX_CPU_ISA",
+    "ONEDNN_MAX_CPU_ISA",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "NVIDIA_TF32_OVERRIDE",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+)
+
+# Named kernel-flag profiles for `kvgraft manifest init`.
+PROFILES: dict[str, dict[str, Any]] = {
+    # Single thread, MKL in conditional-numerical-reproducibility mode, ATen's baseline CPU kernels, and oneDNN
+    # capped at SSE4.1. Measured on two x86-64 machines (AMD EPYC with AVX2; Intel Xeon with AVX-512, AVX512-BF16 and
+    # AMX): float32 forwards were identical with the first three flags alone, but bfloat16/float16 matmuls go
+    # through oneDNN, which picks AMX/AVX-512 kernels on the Xeon and changed bits there; the cap makes them agree.
+    "portable": {"threads": 1, "env": {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default",
+                                       "ONEDNN_MAX_CPU_ISA": "SSE41"}},
+    # This machine's fastest kernels; bits pinned to this CPU family and thread count.
+    "native": {"threads": None, "env": {}},
+}
+
+
+def environ_without_pins() -> dict[str, str]:
+    """This process's environment minus every known bit-changing variable: what a child gets when it pins its own
+    flags (a leftover would count as drift there, or silently change bits)."""
+    return {k: v for k, v in os.environ.items() if k not in KNOWN_BIT_ENV}
+
+
+def profile_env(profile: str, device: str = "cpu") -> dict[str, str | None]:
+    """The environment a profile pins: its own variables, CUBLAS_WORKSPACE_CONFIG on CUDA, every other known
+    bit-changing variable null (must be unset), so a stray one in the shell shows up as drift."""
+    env: dict[str, str | None] = {k: None for k in KNOWN_BIT_ENV}
+    env.update(PROFILES[profile]["env"])
+    if device == "cuda":
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # deterministic cuBLAS workspaces
+    return dict(sorted(env.items()))
+
+
+@dataclass
+class Drift:
+    """Differences between the manifest's pin and the effective environment."""
+
+    items: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, what: str, pinned: Any, effective: Any) -> None:
+        self.items.append({"field": what, "pinned": pinned, "effective": effective})
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def describe(self) -> str:
+        return "; ".join(f"{d['field']}: pinned {d['pinned']!r}, effective {d['effective']!r}" for d in self.items)
+
+    def enforce(self, allow: bool, source: str) -> None:
+        """Raise DriftError unless ``allow``; with ``allow`` the caller records the items in the ledger."""
+        if self and not allow:
+            raise DriftError(
+                f"effective environment differs from the manifest {source}: {self.describe()}",
+                "run in the pinned environment, write a manifest for this one (`kvgraft manifest init`), "
+                "or pass --allow-drift to proceed and record the drift in the ledger",
+            )
+
+
+def apply_environment(runtime: dict[str, Any]) -> Drift:
+    """Set the manifest's environment variables (before torch is imported) and report what cannot take effect."""
+    drift = Drift()
+    torch_loaded = "torch" in sys.modules
+    pinned_env: dict[str, str | None] = runtime.get("env") or {}
+    for name, value in pinned_env.items():
+        current = os.environ.get(name)
+        if current == value:
+            continue
+        if torch_loaded:
+            # Too late: the library read the old value at import. Record what is in force.
+            drift.add(f"env.{name}", value, f"{current!r} (torch already imported)")
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    for name in KNOWN_BIT_ENV:
+        if name not in pinned_env and name in os.environ:
+            drift.add(f"env.{name}", "(not pinned)", os.environ[name])
+    return drift
+
+
+def cpu_name() -> str:
+    """The CPU model name (Linux /proc/cpuinfo; platform.processor() elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def configure_torch(runtime: dict[str, Any], drift: Drift) -> Any:
+    """Import torch and apply threads, seed, determinism and TF32 flags; check versions and device. Returns the device."""
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        raise engine_not_installed(e) from None
+
+    for lib, have in (("torch", torch.__version__), ("transformers", transformers.__version__)):
+        want = runtime["versions"][lib]
+        if have != want:
+            drift.add(f"runtime.versions.{lib}", want, have)
+
+    torch.set_num_threads(runtime["threads"])
+    if torch.get_num_threads() != runtime["threads"]:
+        drift.add("runtime.threads", runtime["threads"], torch.get_num_threads())
+    torch.manual_seed(runtime["seed"])
+    torch.use_deterministic_algorithms(runtime["deterministic_algorithms"])
+    allow_tf32 = runtime["allow_tf32"]
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    torch.backends.cudnn.allow_tf32 = allow_tf32
+    torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
+
+    want_cpu = runtime.get("cpu_name")
+    if want_cpu and want_cpu != cpu_name():
+        drift.add("runtime.cpu_name", want_cpu, cpu_name())
+
+    if runtime["device"] == "cuda":
+        return _configure_cuda(torch, runtime, drift)
+    return torch.device("cpu")
+
+
+def _configure_cuda(torch, runtime: dict[str, Any], drift: Drift):
+    if not torch.cuda.is_available():
+        raise DeviceError(
+            "the manifest asks for device cuda, but no CUDA GPU is visible to torch "
+            f"(torch {torch.__version__}, cuda build: {torch.version.cuda or 'no'})",
+            "run on a machine with a GPU and a CUDA build of torch, or use a manifest with runtime.device: cpu",
+        )
+    name = torch.cuda.get_device_name(0)
+    if runtime.get("gpu_name") and name != runtime["gpu_name"]:
+        drift.add("runtime.gpu_name", runtime["gpu_name"], name)
+    if runtime["deterministic_algorithms"] and os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"):
+        drift.add("env.CUBLAS_WORKSPACE_CONFIG", ":4096:8 or :16:8 (needed for deterministic cuBLAS)",
+                  os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    torch.backends.cudnn.deterministic = runtime["deterministic_algorithms"]
+    torch.backends.cudnn.benchmark = False
+    return torch.device("cuda:0")
+
+
+def sdpa_context(runtime: dict[str, Any]):
+    """A context manager that pins the SDPA backend when the manifest names one (else a no-op)."""
+    import contextlib
+
+    backend = runtime.get("sdpa_backend")
+    if not backend:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    names = {"math": "MATH", "efficient": "EFFICIENT_ATTENTION", "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+    return sdpa_kernel([getattr(SDPBackend, names[backend])])
+
+
+def effective_environment(runtime: dict[str, Any], device: Any = None) -> dict[str, Any]:
+    """What is in force now, for the ledger: versions, machine, device, threads, kernel flags, env variables."""
+    from .. import __version__
+
+    env_names = sorted(set(KNOWN_BIT_ENV) | set(runtime.get("env") or {}))
+    out: dict[str, Any] = {
+        "kvgraft": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": cpu_name(),
+        "env": {n: os.environ.get(n) for n in env_names},
+    }
+    if "torch" in sys.modules:
+        import torch
+        import transformers
+
+        out.update(
+            torch=torch.__version__,
+            transformers=transformers.__version__,
+            threads=torch.get_num_threads(),
+            deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
+            allow_tf32=bool(torch.backends.cuda.matmul.allow_tf32),
+            device=str(device) if device is not None else runtime["device"],
+            gpu=torch.cuda.get_device_name(0) if device is not None and str(device).startswith("cuda") else None,
+        )
+    return out

@@ -1,0 +1,267 @@
+"""The torch engine: load a pinned model, prefill by the manifest's schedule, capture and restore KV caches.
+
+Only this module (and the commands that call it) imports torch and transformers. Every forward runs under
+``torch.inference_mode()`` with batch size 1. A graft is at the artifact's own position: the restored cache holds
+the prefix at positions 0..n-1 and the suffix continues at n, the only numerically exact operating point.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import determinism
+from ..artifacts.format import LayerState
+from .determinism import Drift
+from ..errors import InputError, UnsupportedModel
+from ..config.manifest import Manifest
+from ..config.modelhash import ModelHashes, hash_model_dir
+
+
+def tensor_sha256(t) -> str:
+    """SHA-256 of a tensor's raw little-endian bytes (row-major, contiguous). dtype and shape are recorded beside it."""
+    import torch
+
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def token_ids_sha256(ids: list[int]) -> str:
+    """SHA-256 of token ids as int64 little-endian bytes (the artifact's ``token_ids`` tensor bytes)."""
+    import struct
+
+    return hashlib.sha256(struct.pack(f"<{len(ids)}q", *ids)).hexdigest()
+
+
+@dataclass
+class Engine:
+    """A loaded, pinned model with the operations kvgraft needs."""
+
+    manifest: Manifest
+    model: Any
+    tokenizer: Any
+    device: Any
+    hashes: ModelHashes
+    drift: Drift
+    environment: dict[str, Any]
+    layout: list[tuple[str, int | None]] = field(default_factory=list)  # (kind, sliding window) per cache layer
+
+    # -- tokens -------------------------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prefix_ids(self, text: str) -> list[int]:
+        """Token ids of a rendered prefix, with BOS when the manifest asks for it."""
+        ids = self.encode(text)
+        bos = self.tokenizer.bos_token_id
+        if self.manifest.data["prompt"]["add_bos"] and bos is not None:
+            ids = [bos] + ids
+        return ids
+
+    def decode_text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    # -- forwards -----------------------------------------------------------------------------------------------
+    @contextmanager
+    def _infer(self):
+        import torch
+
+        with torch.inference_mode(), determinism.sdpa_context(self.manifest.data["runtime"]):
+            yield
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def forward(self, cache, ids: list[int], last_only: bool = False, start: int | None = None):
+        """Run ``ids`` through the model on ``cache`` (extended in place). Returns float logits [len(ids) or 1, vocab].
+
+        ``start`` sets the position of ``ids[0]`` explicitly (the probe computes prefixes away from position 0);
+        by default positions continue from the cache's length, as in every graft.
+        """
+        import torch
+
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        extra = {}
+        if start is not None:
+            extra["position_ids"] = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
+        with self._infer():
+            out = self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1 if last_only else 0, **extra)
+        return out.logits[0]
+
+    @property
+    def max_positions(self) -> int | None:
+        """The model's position limit (``max_position_embeddings``), if it declares one."""
+        cfg = self.model.config.get_text_config(decoder=True)
+        return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+
+    def prefill(self, ids: list[int], offset: int = 0):
+        """Prefill ``ids`` into a fresh cache by the manifest's schedule. Returns (cache, last-position logits [vocab]).
+
+        ``offset`` (the probe's counterfactual) puts the prefix at positions offset..offset+n-1 instead of 0..n-1.
+        """
+        if not ids:
+            raise InputError("cannot prefill an empty prefix")
+        limit = self.max_positions
+        if limit and offset + len(ids) > limit:
+            raise InputError(f"prefix of {len(ids)} tokens at offset {offset} exceeds the model's {limit} positions")
+        cache = self.new_cache()
+        sched = self.manifest.data["prefill"]
+        step = len(ids) if sched["schedule"] == "single" else sched["chunk_size"]
+        logits = None
+        for start in range(0, len(ids), step):
+            logits = self.forward(cache, ids[start : start + step], last_only=True,
+                                  start=offset + start if offset else None)
+        return cache, logits[-1]
+
+    def greedy(self, cache, last_logits, n: int, stop_at_eos: bool = False):
+        """Greedy-decode ``n`` tokens after ``last_logits``. Returns (token ids, logits of each step [n, vocab])."""
+        import torch
+
+        out_ids: list[int] = []
+        step_logits = []
+        logits = last_logits
+        eos = self.tokenizer.eos_token_id
+        for _ in range(n):
+            nxt = int(torch.argmax(logits).item())
+            out_ids.append(nxt)
+            if stop_at_eos and nxt == eos:
+                break
+            logits = self.forward(cache, [nxt])[-1]
+            step_logits.append(logits)
+        stacked = torch.stack(step_logits) if step_logits else last_logits.new_zeros((0, last_logits.shape[-1]))
+        return out_ids, stacked
+
+    # -- cache state ----------------------------------------------------------------------------------------------
+    def capture(self, cache) -> list[LayerState]:
+        """The cache's complete state, layer by layer (references, not copies)."""
+        return [_capture_layer(i, layer) for i, layer in enumerate(cache.layers)]
+
+    def restore(self, layers: list[LayerState]):
+        """A fresh cache holding exactly ``layers`` (copied onto the engine's device)."""
+        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+        cache = self.new_cache()
+        if len(cache.layers) != len(layers):
+            raise UnsupportedModel(f"cache has {len(cache.layers)} layers, artifact {len(layers)}")
+        for i, (layer, st) in enumerate(zip(cache.layers, layers)):
+            want = DynamicSlidingWindowLayer if st.kind == "sliding" else DynamicLayer
+            if st.kind == "empty":
+                continue
+            if type(layer) is not want and not (st.kind == "full" and type(layer) is DynamicLayer):
+                raise UnsupportedModel(f"layer {i}: model builds {type(layer).__name__}, artifact holds a {st.kind} layer")
+            keys = st.keys.to(self.device).clone()
+            values = st.values.to(self.device).clone()
+            layer.lazy_initialization(keys, values)
+            # Set the state directly: `update` would re-trim a sliding layer and miscount its cumulative length.
+            layer.keys, layer.values = keys, values
+            if st.kind == "sliding":
+                if layer.sliding_window != st.sliding_window:
+                    raise UnsupportedModel(f"layer {i}: sliding window {layer.sliding_window} != artifact's {st.sliding_window}")
+                layer.cumulative_length = st.cumulative_length
+        return cache
+
+    def artifact_meta(self, logits_sha256: str) -> dict[str, str]:
+        """The metadata every artifact made by this engine carries (layer layout is added by artifact.encode)."""
+        import json
+
+        m = self.manifest.data
+        return {
+            "model_sha256": self.hashes.model_sha256,
+            "tokenizer_sha256": self.hashes.tokenizer_sha256,
+            "manifest_sha256": self.manifest.compute_sha256,
+            "dtype": m["model"]["dtype"],
+            "device": m["runtime"]["device"],
+            "prefill": json.dumps(m["prefill"], sort_keys=True, separators=(",", ":")),
+            "start_position": "0",
+            "logits_sha256": logits_sha256,
+            "logits_dtype": m["model"]["dtype"],
+        }
+
+    def compatibility(self) -> dict[str, str]:
+        """What an artifact's metadata must equal to be grafted here."""
+        import json
+
+        return {
+            "model_sha256": self.hashes.model_sha256,
+            "tokenizer_sha256": self.hashes.tokenizer_sha256,
+            "manifest_sha256": self.manifest.compute_sha256,
+            "dtype": self.manifest.data["model"]["dtype"],
+            "layer_types": json.dumps([k for k, _ in self.layout], separators=(",", ":"), sort_keys=True),
+            "sliding_windows": json.dumps([w for _, w in self.layout], separators=(",", ":"), sort_keys=True),
+            "start_position": "0",
+        }
+
+
+def _capture_layer(i: int, layer) -> LayerState:
+    from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
+
+    if type(layer) is DummyLayer:  # a KV-sharing consumer (Gemma-3n/4): reads another layer's KV, holds none
+        return LayerState("empty")
+    kind_of = {DynamicLayer: "full", DynamicSlidingWindowLayer: "sliding"}
+    kind = kind_of.get(type(layer))
+    if kind is None:
+        raise UnsupportedModel(
+            f"cache layer {i} is a {type(layer).__name__}: kvgraft deposits full-attention and sliding-window "
+            "layers only (linear/recurrent attention, quantized or offloaded caches hold other state)",
+            "use a model whose cache is made of DynamicLayer / DynamicSlidingWindowLayer",
+        )
+    if not layer.is_initialized or layer.keys is None or layer.keys.numel() == 0:
+        return LayerState("empty")
+    if kind == "sliding":
+        if layer.record_past:
+            raise UnsupportedModel(f"cache layer {i} records past states; cannot capture it exactly")
+        return LayerState("sliding", layer.keys, layer.values, layer.sliding_window, layer.cumulative_length)
+    return LayerState("full", layer.keys, layer.values)
+
+
+def pin_environment(manifest: Manifest) -> Drift:
+    """Apply the manifest's environment variables. Call before anything imports torch (load_engine does it first
+    unless given the Drift this returned, so a command may read artifacts between the two)."""
+    return determinism.apply_environment(manifest.data["runtime"])
+
+
+def load_engine(manifest: Manifest, allow_drift: bool = False, drift: Drift | None = None) -> Engine:
+    """Apply the manifest's pins, check the environment and model hash, load model and tokenizer from local files."""
+    runtime = manifest.data["runtime"]
+    if drift is None:
+        drift = pin_environment(manifest)  # before torch is imported
+    device = determinism.configure_torch(runtime, drift)
+    model_dir = manifest.model_dir
+    hashes = hash_model_dir(model_dir)
+    for key, have in (("sha256", hashes.model_sha256), ("tokenizer_sha256", hashes.tokenizer_sha256)):
+        want = manifest.data["model"][key]
+        if have != want:
+            drift.add(f"model.{key}", want, have)
+    drift.enforce(allow_drift, manifest.source)
+
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir),
+        local_files_only=True,
+        dtype=getattr(torch, manifest.data["model"]["dtype"]),
+        attn_implementation=manifest.data["model"]["attn_implementation"],
+    )
+    model.to(device).eval()
+    engine = Engine(manifest, model, tokenizer, device, hashes, drift, {})
+    engine.environment = determinism.effective_environment(runtime, device)
+    engine.layout = _probe_layout(engine)
+    return engine
+
+
+def _probe_layout(engine: Engine) -> list[tuple[str, int | None]]:
+    """Which layers hold KV and of what kind, read from a one-token forward (refuses unsupported cache layers)."""
+    cache = engine.new_cache()
+    probe = engine.tokenizer.bos_token_id
+    engine.forward(cache, [probe if probe is not None else 0], last_only=True)
+    return [(st.kind, st.sliding_window) for st in engine.capture(cache)]

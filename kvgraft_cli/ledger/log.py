@@ -1,0 +1,152 @@
+"""The ledger, first version: append-only JSON Lines, one RFC 8785 canonical entry a line, chained by hash.
+
+Each entry carries ``seq`` (0-based line number), ``prev`` (SHA-256 of the previous line's bytes, without its
+newline; null for the first), ``kind``, ``time`` and the run's input and output digests. Appends hold an exclusive
+file lock, write one whole line with a single ``write`` on an ``O_APPEND`` descriptor and fsync it. A torn last line
+(a writer killed mid-line) stops further appends instead of being silently continued.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckFailed, LedgerError
+from ..util.hashing import canonical_json, fsync_dir, sha256_bytes
+
+TAIL_READ = 1 << 16
+
+
+def _lock(path: Path):
+    from filelock import FileLock
+
+    return FileLock(str(path) + ".lock", timeout=120)
+
+
+def _last_line(path: Path) -> tuple[int, bytes | None]:
+    """(number of lines, bytes of the last line) of a ledger; raises LedgerError on a torn tail."""
+    size = path.stat().st_size if path.exists() else 0
+    if size == 0:
+        return 0, None
+    with open(path, "rb") as f:
+        f.seek(max(0, size - 1))
+        if f.read(1) != b"\n":
+            raise LedgerError(
+                f"{path}: the last line is torn (no newline at the end: a writer was interrupted)",
+                "look at the file's last line; nothing is appended after a torn line until the partial line "
+                "(everything after the last newline) is removed",
+            )
+        # Read backwards until the newline before the last line.
+        pos, tail = size, b""
+        while pos > 0 and tail.count(b"\n") < 2:
+            step = min(TAIL_READ, pos)
+            pos -= step
+            f.seek(pos)
+            tail = f.read(step) + tail
+        last = tail[:-1].rsplit(b"\n", 1)[-1]
+    try:
+        seq = json.loads(last)["seq"]
+    except (ValueError, KeyError, TypeError):
+        raise LedgerError(f"{path}: the last line is not a ledger entry", "is this file a kvgraft ledger?") from None
+    return seq + 1, last
+
+
+def check_appendable(path: Path) -> None:
+    """Raise LedgerError now if an append would be refused later (torn tail, not a ledger, not writable)."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        raise LedgerError(f"ledger path {path} is not a file")
+    _last_line(path)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise LedgerError(f"ledger {path} is not writable")
+
+
+def without_floats(value: Any) -> Any:
+    """The value with every non-integer number written as a string (Python repr: shortest round trip).
+
+    Ledger entries hold no JSON floats, so their RFC 8785 form is what any JSON library prints with sorted keys
+    and compact separators: a verifier needs no ECMAScript number formatting (docs/LEDGER.md).
+    """
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: without_floats(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_floats(v) for v in value]
+    return value
+
+
+def append(path: Path, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Append one entry (``body`` plus seq, prev, kind, time) and return it as written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(path):
+        n, last = _last_line(path)
+        entry = without_floats(body)
+        entry.update(
+            seq=n,
+            prev=sha256_bytes(last) if last is not None else None,
+            kind=kind,
+            time=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
+        )
+        line = canonical_json(entry) + b"\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            written = os.write(fd, line)
+            if written != len(line):
+                raise LedgerError(f"{path}: short write ({written} of {len(line)} bytes)")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if n == 0:
+            fsync_dir(path.parent)
+    return entry
+
+
+def split_lines(data: bytes) -> tuple[list[bytes], bytes]:
+    """(complete lines without their newline, torn tail: the bytes after the last newline, usually b"")."""
+    *lines, tail = data.split(b"\n")
+    return lines, tail
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    """All complete entries of a ledger (no verification: that is `kvgraft verify`)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines, _ = split_lines(path.read_bytes())
+    return [json.loads(line) for line in lines]
+
+
+def repair(path: Path) -> int:
+    """Remove a torn tail (the bytes after the last newline) and nothing else; returns how many bytes were removed.
+
+    Holds the append lock, so it never races a writer. Complete lines are never touched, even invalid ones:
+    those are for `kvgraft verify` to report, not for a repair to hide.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise LedgerError(f"ledger not found: {path}")
+    with _lock(path):
+        data = path.read_bytes()
+        lines, tail = split_lines(data)
+        if not tail:
+            return 0
+        keep = len(data) - len(tail)
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        return len(tail)
+
+
+def appended_since(base_lines: list[bytes], lines: list[bytes]) -> list[dict[str, Any]]:
+    """The entries after the base's lines, when the ledger is an append to the base (else CheckFailed)."""
+    if len(base_lines) > len(lines) or any(a != b for a, b in zip(base_lines, lines)):
+        first = next((i for i, (a, b) in enumerate(zip(base_lines, lines)) if a != b), len(lines))
+        raise CheckFailed(f"not an append: line {first + 1} of the base is changed or missing in the ledger",
+                          "the ledger was rewritten; restore it from the base and append instead")
+    return [json.loads(raw) for raw in lines[len(base_lines):]]

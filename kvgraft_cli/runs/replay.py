@@ -1,0 +1,304 @@
+"""Pre-registration and replay: fix a run plan and its expected output hashes in advance, register it in the
+ledger before anything runs, replay it on another machine or device, and compare every hash.
+
+A prereg (YAML, schema in schemas/prereg.schema.json) names the manifest by hash, the runs (deposit, graft-check,
+score) with their inputs by hash, and per *target* (e.g. ``cpu-portable``, ``cuda-h200``) the expected outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+from ..ledger import log as ledger_mod
+from ..errors import InputError, KvgraftError
+from ..util.hashing import digest, sha256_bytes, sha256_file
+from ..config.manifest import BUILTIN_PREFIX, DEFAULT_MANIFEST, Manifest, dump_yaml, load_manifest, parse_text, with_overrides
+from .context import RunContext
+
+KINDS = ("deposit", "graft-check", "score")
+
+
+@dataclass(frozen=True)
+class Prereg:
+    """A validated pre-registration file."""
+
+    data: dict[str, Any]
+    path: Path
+    sha256: str  # of the file's bytes: what the registration entry pins
+
+    def resolve(self, rel: str) -> Path:
+        p = Path(rel)
+        return p if p.is_absolute() else self.path.resolve().parent / p
+
+
+@lru_cache(maxsize=1)
+def _schema() -> dict:
+    return json.loads((resources.files("kvgraft_cli") / "schemas" / "prereg.schema.json").read_text())
+
+
+def load_prereg(path: Path) -> Prereg:
+    """Read and validate a prereg; every problem is reported with its path."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"prereg not found: {path}")
+    raw = path.read_bytes()
+    data = parse_text(raw.decode("utf-8", errors="replace"), str(path))
+    check_prereg(data, str(path))
+    return Prereg(data, path, sha256_bytes(raw))
+
+
+def check_prereg(data: Any, source: str) -> None:
+    """Raise InputError listing what is wrong with a prereg's content (schema, duplicate ids, unknown run ids)."""
+    import jsonschema
+
+    problems = [f"{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message[:160]}"
+                for e in jsonschema.Draft202012Validator(_schema()).iter_errors(data)]
+    if not problems:
+        ids = [r["id"] for r in data["runs"]]
+        problems += [f"runs: duplicate id {i!r}" for i in sorted({i for i in ids if ids.count(i) > 1})]
+        for t, exp in data["targets"].items():
+            problems += [f"targets.{t}.{r}: no run with that id" for r in exp if r not in ids]
+    if problems:
+        raise InputError(f"{source}: " + "; ".join(problems[:5]) + (" ..." if len(problems) > 5 else ""),
+                         "see kvgraft_cli/schemas/prereg.schema.json")
+
+
+def prereg_manifest(pr: Prereg) -> Manifest:
+    """The prereg's manifest, checked against the hash the prereg pins."""
+    ref = pr.data["manifest"]["path"]
+    m = load_manifest(None) if ref == BUILTIN_PREFIX + DEFAULT_MANIFEST else load_manifest(pr.resolve(ref))
+    if m.file_sha256 != pr.data["manifest"]["sha256"]:
+        raise InputError(f"{pr.path}: manifest {ref} has sha256 {m.file_sha256[:16]}..., the prereg pins "
+                         f"{pr.data['manifest']['sha256'][:16]}...", "the manifest changed since the prereg was written")
+    return m
+
+
+def register(ctx: RunContext, pr: Prereg) -> dict[str, Any]:
+    """Append a ``register`` entry pinning the prereg's hash (before anything runs)."""
+    entry = ctx.entry_base()
+    entry.update(inputs={"prereg": {"path": ctx.rel(pr.path), **digest(pr.sha256)}, "name": pr.data["name"],
+                         "runs": [r["id"] for r in pr.data["runs"]], "targets": sorted(pr.data["targets"])})
+    return ledger_mod.append(ctx.ledger, "register", entry)
+
+
+def find_registration(ledger_path: Path, prereg_sha256: str) -> tuple[int, str] | None:
+    """(seq, SHA-256 of the line) of the first ``register`` entry for this prereg, or None."""
+    if not Path(ledger_path).is_file():
+        return None
+    lines, _ = ledger_mod.split_lines(Path(ledger_path).read_bytes())
+    for raw in lines:
+        e = json.loads(raw)
+        if e.get("kind") == "register" and (e.get("inputs") or {}).get("prereg", {}).get("sha256") == prereg_sha256:
+            return e["seq"], hashlib.sha256(raw).hexdigest()
+    return None
+
+
+@dataclass
+class Comparison:
+    """One expected-versus-actual value of a replay."""
+
+    run: str
+    what: str
+    expected: Any
+    actual: Any
+
+    @property
+    def match(self) -> bool:
+        return self.expected is not None and self.expected == self.actual
+
+
+@dataclass
+class ReplayReport:
+    prereg: str
+    target: str
+    registration_seq: int
+    comparisons: list[Comparison] = field(default_factory=list)
+    ledger_seq: int | None = None
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.comparisons) and all(c.match for c in self.comparisons)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prereg": self.prereg, "target": self.target, "registration_seq": self.registration_seq,
+                "passed": self.passed, "matched": sum(c.match for c in self.comparisons),
+                "mismatched": sum(not c.match for c in self.comparisons), "ledger_seq": self.ledger_seq,
+                "comparisons": [{**asdict(c), "match": c.match} for c in self.comparisons]}
+
+
+def _with_mapping(m: Manifest, mapping: dict) -> Manifest:
+    return with_overrides(m, {f"input.{k}": v for k, v in mapping.items()})
+
+
+def replay(ctx: RunContext, pr: Prereg, target: str | None,
+           on_run: Callable[[str], None] | None = None) -> ReplayReport:
+    """Run a registered prereg and compare every output hash with the target's expectations."""
+    targets = pr.data["targets"]
+    if target is None:
+        if len(targets) != 1:
+            raise InputError(f"{pr.path} has targets {', '.join(sorted(targets))}", "choose one with --target")
+        target = next(iter(targets))
+    if target not in targets:
+        raise InputError(f"{pr.path}: no target {target!r} (has {', '.join(sorted(targets))})")
+    reg = find_registration(ctx.ledger, pr.sha256)
+    if reg is None:
+        raise InputError(f"{pr.path} (sha256 {pr.sha256[:16]}...) is not registered in {ctx.ledger}",
+                         "register it first: kvgraft replay --register PREREG")
+    expected = targets[target]
+    report = ReplayReport(str(pr.path), target, reg[0])
+    engine = None
+
+    def get_engine():
+        nonlocal engine
+        if engine is None:
+            from ..engine.engine import load_engine
+
+            engine = load_engine(ctx.manifest, ctx.allow_drift)
+        return engine
+
+    for run in pr.data["runs"]:
+        if on_run:
+            on_run(run["id"])
+        exp = expected.get(run["id"])
+        try:
+            got = _RUNNERS[run["kind"]](ctx, pr, run, get_engine)
+        except KvgraftError as e:
+            report.comparisons.append(Comparison(run["id"], "ran", "ok", f"error: {e.message}"))
+            continue
+        for what in sorted(set(got) | set(exp or {})):
+            report.comparisons.append(Comparison(run["id"], what, (exp or {}).get(what), got.get(what)))
+    entry = ctx.entry_base(engine)
+    summary = report.to_json()
+    entry.update(
+        inputs={"prereg": {"path": ctx.rel(pr.path), **digest(pr.sha256)}, "target": target,
+                "registration": {"seq": reg[0], **digest(reg[1])}},
+        outputs={"passed": report.passed, "matched": summary["matched"], "mismatched": summary["mismatched"],
+                 "comparisons": summary["comparisons"]},
+    )
+    report.ledger_seq = ledger_mod.append(ctx.ledger, "replay", entry)["seq"]
+    return report
+
+
+def _file_check(pr: Prereg, rel: str) -> tuple[Path, str]:
+    """An input of the prereg, resolved, and its SHA-256 (compared by the caller, reported either way)."""
+    p = pr.resolve(rel)
+    if not p.is_file():
+        raise InputError(f"input {rel} of {pr.path} not found")
+    return p, sha256_file(p)
+
+
+def _run_deposit(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str, Any]:
+    from .deposit import deposit
+
+    path, sha = _file_check(pr, run["input"])
+    got: dict[str, Any] = {"input_sha256": sha}
+    if sha != run["input_sha256"]:
+        return got
+    s = run["settings"]
+    c = RunContext(_with_mapping(ctx.manifest, s["mapping"]), ctx.store, ctx.ledger, ctx.allow_drift)
+    # recompute: a replay prefills again even when the store already holds the prefix (and fails on other bytes).
+    rep = deposit(c, path, limit=s["limit"], allow_unverified=s["allow_unverified"], engine=get_engine(),
+                  recompute=True)
+    for r in rep.results:
+        if r.artifact:
+            got[f"artifact {r.id}"] = r.artifact
+            got[f"logits {r.id}"] = r.logits_sha256
+    return got
+
+
+def _run_check(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str, Any]:
+    from .graft import graft_check
+
+    rep = graft_check(ctx, get_engine(), run["artifact"], run["samples"], run["max_new_tokens"])
+    return {"fresh_logits": rep.fresh_logits_sha256, "passed": rep.passed}
+
+
+def _run_score(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str, Any]:
+    from ..eval.scoring import score_and_record
+
+    outputs, osha = _file_check(pr, run["outputs"])
+    answers, asha = _file_check(pr, run["answers"])
+    got: dict[str, Any] = {"outputs_sha256": osha, "answers_sha256": asha}
+    if osha != run["outputs_sha256"] or asha != run["answers_sha256"]:
+        return got
+    s = run["settings"]
+    c = RunContext(_with_mapping(ctx.manifest, s["mapping"]), ctx.store, ctx.ledger, ctx.allow_drift)
+    # One records file per prereg and run: a later prereg never overwrites the records an earlier entry hashed.
+    records = ctx.store / "replay" / f"{pr.sha256[:16]}-{run['id']}.scores.jsonl"
+    result, rec_sha, _ = score_and_record(c, outputs, answers, records, s["id_field"], s["output_field"])
+    return {**got, "records": rec_sha, "n": result.n, "correct": result.correct}
+
+
+_RUNNERS = {"deposit": _run_deposit, "graft-check": _run_check, "score": _run_score}
+
+
+def prereg_from_ledger(ledger_path: Path, target: str, out_path: Path, name: str | None = None,
+                       from_seq: int = 0) -> dict[str, Any]:
+    """Turn a finished run's ledger entries (deposit, graft-check, score; from ``from_seq`` on) into a prereg whose
+    ``target`` expects exactly the hashes that run produced. Paths are rewritten relative to ``out_path``."""
+    ledger_path, out_dir = Path(ledger_path), Path(out_path).resolve().parent
+    if not ledger_path.is_file():
+        raise InputError(f"ledger not found: {ledger_path}")
+    entries = [e for e in ledger_mod.read(ledger_path)[from_seq:] if e.get("kind") in KINDS]
+    if not entries:
+        raise InputError(f"{ledger_path}: no deposit, graft-check or score entries from line {from_seq + 1} on")
+
+    def rel(p: str) -> str:
+        return os.path.relpath((ledger_path.resolve().parent / p).resolve(), out_dir)
+
+    manifests = {(e["manifest"].get("path") or e["manifest"]["source"], e["manifest"]["sha256"]) for e in entries}
+    if len(manifests) != 1:
+        raise InputError(f"{ledger_path}: the entries use {len(manifests)} manifests", "pick a range with --from-seq")
+    (mref, msha), = manifests
+    runs: dict[str, dict] = {}
+    exp: dict[str, dict] = {}
+    for e in entries:
+        ins, outs = e["inputs"], e["outputs"]
+        if e["kind"] == "deposit":
+            if "settings" not in ins:
+                raise InputError(f"{ledger_path}:{e['seq'] + 1}: deposit entry without settings (older kvgraft)",
+                                 "re-run the deposit, then make the prereg from the new entries")
+            key = ("deposit", ins["problems_file"]["path"], json.dumps(ins["settings"], sort_keys=True))
+            rid = runs.setdefault(key, {"id": f"deposit-{sum(k[0] == 'deposit' for k in runs) + 1}", "kind": "deposit",
+                                        "input": rel(ins["problems_file"]["path"]),
+                                        "input_sha256": ins["problems_file"]["sha256"],
+                                        "settings": ins["settings"]})["id"]
+            x = exp.setdefault(rid, {"input_sha256": ins["problems_file"]["sha256"]})
+            x[f"artifact {ins['record']['id']}"] = outs["artifact"]["sha256"]
+            x[f"logits {ins['record']['id']}"] = outs["logits"]["sha256"]
+        elif e["kind"] == "graft-check":
+            art = ins["artifact"]["sha256"]
+            key = ("graft-check", art, ins["samples"], ins["max_new_tokens"])
+            rid = runs.setdefault(key, {"id": f"check-{art[:12]}", "kind": "graft-check", "artifact": art,
+                                        "samples": ins["samples"], "max_new_tokens": ins["max_new_tokens"]})["id"]
+            exp[rid] = {"fresh_logits": outs["fresh_logits"]["sha256"], "passed": outs["result"]["passed"]}
+        else:
+            key = ("score", ins["outputs"]["path"], ins["answers"]["path"], json.dumps(ins["settings"], sort_keys=True))
+            rid = runs.setdefault(key, {"id": f"score-{sum(k[0] == 'score' for k in runs) + 1}", "kind": "score",
+                                        "outputs": rel(ins["outputs"]["path"]), "outputs_sha256": ins["outputs"]["sha256"],
+                                        "answers": rel(ins["answers"]["path"]), "answers_sha256": ins["answers"]["sha256"],
+                                        "settings": ins["settings"]})["id"]
+            exp[rid] = {"outputs_sha256": ins["outputs"]["sha256"], "answers_sha256": ins["answers"]["sha256"],
+                        "records": outs["records"]["sha256"], "n": outs["result"]["n"],
+                        "correct": outs["result"]["correct"]}
+    manifest_path = mref if mref.startswith(BUILTIN_PREFIX) else rel(mref)
+    return {"kvgraft_prereg": 1, "name": name or f"{ledger_path.stem}-from-{from_seq}",
+            "manifest": {"path": manifest_path, "sha256": msha}, "runs": list(runs.values()),
+            "targets": {target: exp}}
+
+
+def write_prereg(path: Path, data: dict[str, Any]) -> None:
+    """Write a prereg YAML atomically (validated first)."""
+    from ..util.hashing import atomic_write_bytes
+
+    check_prereg(data, str(path))  # nothing is written for an invalid prereg
+    text = ("# kvgraft pre-registration: register it (kvgraft replay --register), then replay it anywhere.\n"
+            + dump_yaml(data))
+    atomic_write_bytes(Path(path), text.encode())

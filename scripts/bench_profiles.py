@@ -60,7 +60,7 @@ def main() -> None:
         _child(args)
         return
 
-    from kvgraft_cli.engine.determinism import environ_without_pins
+    from kvgraft_cli.config.profiles import environ_without_pins
     from kvgraft_cli.config.manifest import dump_yaml, make_manifest
     from kvgraft_cli.config.modelhash import hash_model_dir
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft_cli.engine.determinism import KNOWN_BIT_ENV, environ_without_pins
+from kvgraft_cli.config.profiles import KNOWN_BIT_ENV, environ_without_pins
 
 # Must happen before torch is imported by any test module.
 for _name in KNOWN_BIT_ENV:

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from kvgraft_cli.engine import determinism
+from kvgraft_cli.config import profiles
 from kvgraft_cli.errors import DriftError, ManifestError
 from kvgraft_cli.config.manifest import compute_pin, dump_yaml, load_manifest, make_manifest, validate_data
 
@@ -75,10 +76,10 @@ def test_compute_pin_ignores_paths_names_and_decode():
 
 
 def test_generated_manifests_validate():
-    for profile in determinism.PROFILES:
+    for profile in profiles.PROFILES:
         data = make_manifest("some/model", "0" * 64, "1" * 64, profile=profile)
         assert validate_data(data, "generated") == []
-        assert set(data["runtime"]["env"]) >= set(determinism.KNOWN_BIT_ENV)
+        assert set(data["runtime"]["env"]) >= set(profiles.KNOWN_BIT_ENV)
     with pytest.raises(ManifestError, match="unknown profile"):
         make_manifest("m", "0" * 64, "1" * 64, profile="fastest")
 

@@ -61,7 +61,7 @@ def test_unsupported_cells_say_why(tmp_path, monkeypatch):
 def test_one_process_runs_one_profile(tmp_path, monkeypatch):
     import os
 
-    from kvgraft_cli.engine.determinism import KNOWN_BIT_ENV
+    from kvgraft_cli.config.profiles import KNOWN_BIT_ENV
 
     for name in KNOWN_BIT_ENV:  # the refused run still rewrites os.environ; monkeypatch puts it back afterwards
         if name in os.environ:

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from conftest import run_cli, run_without_torch
+from kvgraft_cli.artifacts import payload
 from kvgraft_cli.audit import hashcache as filehash
 from kvgraft_cli.ledger import log as ledger
 from kvgraft_cli.ledger import merkle
@@ -184,7 +185,7 @@ def test_cache_skips_verified_files_and_full_bypasses_it(copy, monkeypatch):
 def test_payload_hash_matches_artifact_identity(copy):
     e = next(e for e in ledger.read(copy) if e["kind"] == "deposit")
     art = copy.parent / e["outputs"]["artifact"]["path"]
-    assert filehash.kvg_payload_sha256(art) == art.stem == e["outputs"]["artifact"]["sha256"]
+    assert payload.kvg_payload_sha256(art) == art.stem == e["outputs"]["artifact"]["sha256"]
 
 
 def test_concurrent_appends_8_by_200(tmp_path):

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ArtifactError, ModelMismatch, engine_not_installed
-from ..util.hashing import atomic_write_bytes, sha256_bytes
+from ..util.fsio import atomic_write_bytes
+from ..util.hashing import sha256_bytes
 
 FORMAT = "kvgraft.kvg"
 FORMAT_VERSION = "1"

@@ -56,7 +56,7 @@ def manifest_init(
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
 ) -> None:
     """Write a pinned manifest for a local model directory (model and tokenizer hashes computed here)."""
-    from ..util.hashing import atomic_write_bytes
+    from ..util.fsio import atomic_write_bytes
     from ..config.manifest import BUILTIN_PREFIX, data_dir, dump_yaml, make_manifest
     from ..config.modelhash import hash_model_dir
 
@@ -167,7 +167,7 @@ def score(
 ) -> None:
     """Score outputs: last \\boxed{} (or 'The answer is:' / 'Answer:'), normalized, compared exactly; Wilson 95%."""
     from ._common import _field_overrides
-    from ..eval.scoring import score_and_record
+    from ..runs.score import score_and_record
 
     ctx = _context(manifest, None, ledger, False, _field_overrides(field, answer_extract))
     rec_path = records or outputs.with_suffix(".scores.jsonl")

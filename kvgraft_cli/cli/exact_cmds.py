@@ -164,7 +164,7 @@ def matrix(
 
 def _run_child(args: list[str], on_cell) -> list:
     """Run one profile in a child process (fresh kernel flags), collecting its cells as they arrive."""
-    from ..engine.determinism import environ_without_pins
+    from ..config.profiles import environ_without_pins
 
     env = environ_without_pins()  # the child pins its profile's flags itself
     cells = []

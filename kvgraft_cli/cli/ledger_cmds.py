@@ -128,7 +128,7 @@ def ledger_keygen(
 ) -> None:
     """Make an Ed25519 key pair for signing checkpoints (signed-note key strings)."""
     from ..ledger.checkpoint import generate_key
-    from ..util.hashing import atomic_write_bytes
+    from ..util.fsio import atomic_write_bytes
 
     signer, verifier = generate_key(name)
     priv, pub = output / f"{name}.key", output / f"{name}.pub"

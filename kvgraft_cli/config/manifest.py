@@ -255,12 +255,12 @@ def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, 
                   sdpa_backend: str | None = None) -> dict[str, Any]:
     """A complete pinned manifest for a model directory, with this environment's library versions.
 
-    ``profile`` names a kernel-flag profile (see determinism.PROFILES). Every bit-affecting environment variable
+    ``profile`` names a kernel-flag profile (see profiles.PROFILES). Every bit-affecting environment variable
     the profile does not set is pinned to null (must be unset), so a stray one in the shell shows up as drift.
     """
     from importlib.metadata import version
 
-    from ..engine.determinism import PROFILES, profile_env
+    from .profiles import PROFILES, profile_env
 
     if profile not in PROFILES:
         raise ManifestError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")

@@ -13,49 +13,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config.profiles import KNOWN_BIT_ENV
 from ..errors import DeviceError, DriftError, engine_not_installed
-
-# Environment variables known to change the bits of a forward pass. A manifest pins each (a value, or null for
-# "must be unset"); one that is set but not pinned is drift.
-KNOWN_BIT_ENV = (
-    "MKL_CBWR",
-    "ATEN_CPU_CAPABILITY",
-    "MKL_ENABLE_INSTRUCTIONS",
-    "DNNL_MAX_CPU_ISA",
-    "ONEDNN_MAX_CPU_ISA",
-    "CUBLAS_WORKSPACE_CONFIG",
-    "NVIDIA_TF32_OVERRIDE",
-    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
-)
-
-# Named kernel-flag profiles for `kvgraft manifest init`.
-PROFILES: dict[str, dict[str, Any]] = {
-    # Single thread, MKL in conditional-numerical-reproducibility mode, ATen's baseline CPU kernels, and oneDNN
-    # capped at SSE4.1. Measured on two x86-64 machines (AMD EPYC with AVX2; Intel Xeon with AVX-512, AVX512-BF16 and
-    # AMX): float32 forwards were identical with the first three flags alone, but bfloat16/float16 matmuls go
-    # through oneDNN, which picks AMX/AVX-512 kernels on the Xeon and changed bits there; the cap makes them agree.
-    "portable": {"threads": 1, "env": {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default",
-                                       "ONEDNN_MAX_CPU_ISA": "SSE41"}},
-    # This machine's fastest kernels; bits pinned to this CPU family and thread count.
-    "native": {"threads": None, "env": {}},
-}
-
-
-def environ_without_pins() -> dict[str, str]:
-    """This process's environment minus every known bit-changing variable: what a child gets when it pins its own
-    flags (a leftover would count as drift there, or silently change bits)."""
-    return {k: v for k, v in os.environ.items() if k not in KNOWN_BIT_ENV}
-
-
-def profile_env(profile: str, device: str = "cpu") -> dict[str, str | None]:
-    """The environment a profile pins: its own variables, CUBLAS_WORKSPACE_CONFIG on CUDA, every other known
-    bit-changing variable null (must be unset), so a stray one in the shell shows up as drift."""
-    env: dict[str, str | None] = {k: None for k in KNOWN_BIT_ENV}
-    env.update(PROFILES[profile]["env"])
-    if device == "cuda":
-        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # deterministic cuBLAS workspaces
-    return dict(sorted(env.items()))
-
 
 @dataclass
 class Drift:

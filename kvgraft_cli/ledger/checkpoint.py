@@ -39,7 +39,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from ..errors import CheckFailed, InputError
-from ..util.hashing import atomic_write_bytes
+from ..util.fsio import atomic_write_bytes
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey

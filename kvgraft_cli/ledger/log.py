@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckFailed, LedgerError
-from ..util.hashing import canonical_json, fsync_dir, sha256_bytes
+from ..util.fsio import fsync_dir
+from ..util.hashing import canonical_json, sha256_bytes
 
 TAIL_READ = 1 << 16
 

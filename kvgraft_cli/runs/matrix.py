@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..artifacts import format as kvg
+from ..config.profiles import PROFILES, profile_env
 from ..engine import determinism
 from ..engine.zoo import ARCHS, tiny_manifest
 from ..engine.engine import Engine, load_engine, tensor_sha256
@@ -101,11 +102,11 @@ def run_cell(engine: Engine, cell: Cell, samples: int, seed: int = 0) -> Cell:
 def check_selection(archs: list[str], dtypes: list[str], profiles: list[str]) -> None:
     """Refuse unknown architectures, dtypes and profiles by name (before any model is built)."""
     bad = ([a for a in archs if a not in ARCHS] + [d for d in dtypes if d not in DTYPES]
-           + [p for p in profiles if p not in determinism.PROFILES])
+           + [p for p in profiles if p not in PROFILES])
     if bad:
         raise InputError(f"unknown architecture, dtype or profile: {', '.join(bad)}",
                          f"architectures: {', '.join(ARCHS)}; dtypes: {', '.join(DTYPES)}; "
-                         f"profiles: {', '.join(determinism.PROFILES)}")
+                         f"profiles: {', '.join(PROFILES)}")
 
 
 def run_profile(profile: str, workdir: Path, archs: list[str], dtypes: list[str], samples: int, *,
@@ -113,7 +114,7 @@ def run_profile(profile: str, workdir: Path, archs: list[str], dtypes: list[str]
                 threads: int | None = None, on_cell=None) -> list[Cell]:
     """Every arch x dtype cell under one profile, in this process. Pins the profile's environment first."""
     check_selection(archs, dtypes, [profile])
-    drift = determinism.apply_environment({"env": determinism.profile_env(profile, device)})
+    drift = determinism.apply_environment({"env": profile_env(profile, device)})
     drift.enforce(False, f"profile {profile}")  # torch imported earlier with other flags: refuse, never mislabel
     try:
         import torch  # noqa: F401  (after the pins, on purpose)

@@ -221,7 +221,7 @@ def _run_check(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str, 
 
 
 def _run_score(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str, Any]:
-    from ..eval.scoring import score_and_record
+    from .score import score_and_record
 
     outputs, osha = _file_check(pr, run["outputs"])
     answers, asha = _file_check(pr, run["answers"])
@@ -296,7 +296,7 @@ def prereg_from_ledger(ledger_path: Path, target: str, out_path: Path, name: str
 
 def write_prereg(path: Path, data: dict[str, Any]) -> None:
     """Write a prereg YAML atomically (validated first)."""
-    from ..util.hashing import atomic_write_bytes
+    from ..util.fsio import atomic_write_bytes
 
     check_prereg(data, str(path))  # nothing is written for an invalid prereg
     text = ("# kvgraft pre-registration: register it (kvgraft replay --register), then replay it anywhere.\n"

@@ -1,4 +1,9 @@
-"""The ``kvgraft`` command line: parse, call the library, render. torch is imported only inside engine commands."""
+"""The ``kvgraft`` root command: the command table and :func:`main`, where every error is rendered (once).
+
+Each top-level command is a plain function in a module named after it; each group (manifest, store, ledger, prereg)
+is a module with its own ``app``. Commands import torch inside their body, so ``kvgraft --help``, ``verify``,
+``ledger`` and ``score`` never load it.
+"""
 
 from __future__ import annotations
 
@@ -6,30 +11,40 @@ import sys
 
 import typer
 
-from . import admin_cmds, engine_cmds, exact_cmds, ledger_cmds  # noqa: F401  (registers the commands)
-from ._common import app, err
+from . import deposit, graft, ledger, manifest, matrix, model_hash, prereg, probe, replay, score, store, verify
+from ._errors import render
 
-def _is(exc: BaseException, name: str) -> bool:
-    # Typer 0.29 vendors its own Click (typer._click); match exception classes by name so either works.
-    return any(c.__name__ == name for c in type(exc).__mro__)
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Deposit a frozen model's KV cache as byte-exact artifacts, graft them back, keep a ledger.")
+
+COMMANDS = {
+    "deposit": deposit.deposit,
+    "graft": graft.graft,
+    "probe": probe.probe,
+    "matrix": matrix.matrix,
+    "replay": replay.replay,
+    "score": score.score,
+    "verify": verify.verify,
+    "model-hash": model_hash.model_hash,
+}
+GROUPS = {
+    "manifest": manifest.app,
+    "store": store.app,
+    "ledger": ledger.app,
+    "prereg": prereg.app,
+}
+for _name, _fn in COMMANDS.items():
+    app.command(_name)(_fn)
+for _name, _group in GROUPS.items():
+    app.add_typer(_group, name=_name)
 
 
 def main() -> None:
-    """Console-script entry point. Usage errors (unknown option, bad value) become one `Error:` line, exit 2."""
+    """Console-script entry point: run the command; any error becomes one ``Error:`` line and its exit code."""
     try:
         code = app(standalone_mode=False)
-    except typer.Abort:
-        err.print("Error: interrupted.", markup=False)
-        code = 130
-    except Exception as e:
-        if _is(e, "NoArgsIsHelpError"):
-            sys.stdout.write(e.ctx.get_help() + "\n")
-            code = 2
-        elif _is(e, "UsageError"):
-            where = e.ctx.command_path if getattr(e, "ctx", None) else "kvgraft"
-            msg = " ".join(e.format_message().split()).rstrip(".")
-            err.print(f"Error: {where}: {msg}. Hint: see `{where} --help`.", soft_wrap=True, markup=False)
-            code = 2
-        else:
+    except BaseException as e:  # noqa: BLE001  (SystemExit from typer.Exit is handled by Click already)
+        if isinstance(e, SystemExit):
             raise
+        code = render(e)
     sys.exit(code if isinstance(code, int) else 0)

@@ -1,5 +1,4 @@
-"""Exactness commands: `kvgraft probe` (grafting away from the own position) and `kvgraft matrix` (the published
-architecture x dtype x profile table). Both import torch inside the command body."""
+"""`kvgraft matrix`: graft vs fresh over the tiny architecture zoo, one child process per kernel-flag profile."""
 
 from __future__ import annotations
 
@@ -13,74 +12,11 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from ._common import (ARTIFACT_ARG, DRIFT_OPT, JSON_OPT, LEDGER_OPT, MANIFEST_OPT, STORE_OPT, _artifact_and_engine,
-                         _print_json, app, err, handle_errors, out)
 from ..errors import CheckFailed, InputError, KvgraftError
+from ._common import JSON_OPT
+from ._output import err, out, print_json
 
 
-def _int_list(text: str, what: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise InputError(f"{what} must be comma-separated integers, got {text!r}", "e.g. 0,1,8,64") from None
-    if not values:
-        raise InputError(f"{what} is empty", "e.g. 0,1,8,64")
-    return values
-
-
-# ---------------------------------------------------------------------------------------------------------------
-@app.command()
-@handle_errors
-def probe(
-    artifact: Optional[str] = ARTIFACT_ARG,
-    offsets: str = typer.Option("0,1,2,3,8,64,512", "--offsets", help="Comma-separated positions to graft at (0 = the artifact's own)."),
-    samples: int = typer.Option(8, "--samples", min=1, help="Suffixes per offset."),
-    manifest: Optional[Path] = MANIFEST_OPT,
-    store: Optional[Path] = STORE_OPT,
-    ledger: Optional[Path] = LEDGER_OPT,
-    allow_drift: bool = DRIFT_OPT,
-    as_json: bool = JSON_OPT,
-) -> None:
-    """Graft an artifact at other positions (keys re-rotated by the model's rotary embedding) and measure how far
-    that is from computing the prefix there. Exit 1 unless offset 0 is the only exact point."""
-    from ..runs.probe import probe as run_probe
-
-    wanted = _int_list(offsets, "--offsets")
-    ctx, loaded, engine = _artifact_and_engine(manifest, store, ledger, allow_drift, artifact)
-    with err.status("probing") as status:
-        report = run_probe(ctx, engine, loaded, wanted, samples,
-                           on_offset=lambda r: status.update(f"probing (offset {r.offset} done)"))
-    if as_json:
-        _print_json(report.to_json())
-    else:
-        title = (f"probe {report.artifact[:16]}... ({report.prefix_tokens} prefix tokens, {report.positions} "
-                 f"positions, moved by: {report.method})")
-        t = Table(title=title, title_justify="left")
-        cols = ["offset", "SHA-equal", "max |diff|", "max KL", "argmax"]
-        if report.positions == "rotary":
-            cols += ["unmoved max |diff|", "unmoved argmax"]
-        for c in cols:
-            t.add_column(c, justify="right")
-        for r in report.offsets:
-            mark = "green" if r.exact else "yellow"
-            row = [str(r.offset), f"[{mark}]{r.sha_equal}/{r.samples}[/]", f"{r.max_abs_diff:.3g}",
-                   f"{r.max_kl:.3g}", f"{100 * r.argmax_agreement:.1f}%"]
-            if report.positions == "rotary":
-                row += [f"{r.unmoved_max_abs_diff:.3g}", f"{100 * r.unmoved_argmax_agreement:.1f}%"]
-            t.add_row(*row)
-        out.print(t)
-        out.print(report.note, markup=False)
-        verdict = "[green]offset 0 is the only exact point[/]" if report.own_position_unique else \
-            f"[red]exact offsets: {report.exact_offsets}[/]"
-        out.print(f"{verdict}; ledger line {report.ledger_seq + 1}")
-    if not report.own_position_unique:
-        raise CheckFailed(f"expected offset 0 to be the only exact offset, got {report.exact_offsets}",
-                          "include offset 0; an exact shifted graft would contradict the rounding analysis, report it")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-@app.command()
-@handle_errors
 def matrix(
     arch: list[str] = typer.Option([], "--arch", help="Architecture (repeatable; default: all of the tiny zoo)."),
     dtype: list[str] = typer.Option([], "--dtype", help="float32, bfloat16, float16 (repeatable; default: all)."),
@@ -98,14 +34,7 @@ def matrix(
     """Graft-vs-fresh over the tiny architecture zoo: samples SHA-equal (n/N), largest KL and argmax agreement per
     architecture x dtype x profile. Exit 1 if a supported cell is not byte-exact."""
     from ..engine.zoo import ARCHS
-    from ..runs.matrix import (
-        DTYPES,
-        Cell,
-        check_selection,
-        describe,
-        markdown_table,
-        run_profile,
-    )
+    from ..runs.matrix import DTYPES, Cell, check_selection, describe, markdown_table, run_profile
 
     if device not in ("cpu", "cuda"):
         raise InputError(f"--device must be cpu or cuda, got {device!r}")
@@ -139,7 +68,7 @@ def matrix(
                 args += ["--threads", str(threads)] if threads else []
                 cells += _run_child(args, progress)
     if as_json:
-        _print_json({"cells": [c.to_json() for c in cells], "samples": samples,
+        print_json({"cells": [c.to_json() for c in cells], "samples": samples,
                      "exact": sum(c.exact for c in cells), "unsupported": sum(c.unsupported is not None for c in cells),
                      "total": len(cells)})
     elif markdown:

@@ -1,0 +1,68 @@
+"""`kvgraft deposit`: verify, prefill and store each problem's solution (torch inside the command)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ._common import DRIFT_OPT, JSON_OPT, LEDGER_OPT, MANIFEST_OPT, STORE_OPT, context, field_overrides
+from ._output import err, human_bytes, out, print_json
+
+
+def deposit(
+    problems: Path = typer.Argument(..., help="JSON Lines file, one problem per line."),
+    manifest: Optional[Path] = MANIFEST_OPT,
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Deposit only the first N problems."),
+    field: list[str] = typer.Option([], "--field", help="Map a role to a field name: ROLE=NAME (id, problem, solution, answer); 'id=' derives ids."),
+    answer_extract: Optional[str] = typer.Option(None, "--answer-extract", help="Read the reference answer: verbatim, boxed or trailer."),
+    allow_unverified: bool = typer.Option(False, "--allow-unverified", help="Also deposit unverifiable or wrong solutions (marked unverified)."),
+    recompute: bool = typer.Option(False, "--recompute", help="Prefill again even when the store has the prefix; fail if the bytes differ."),
+    store: Optional[Path] = STORE_OPT,
+    ledger: Optional[Path] = LEDGER_OPT,
+    allow_drift: bool = DRIFT_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Verify, prefill and store each problem's solution as a byte-exact KV artifact; record it in the ledger."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..runs.deposit import deposit as run_deposit
+
+    ctx = context(manifest, store, ledger, allow_drift, field_overrides(field, answer_extract))
+    progress = Progress(TextColumn("depositing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.description}"), console=err, transient=True,
+                        disable=as_json or not err.is_terminal)
+    with progress:
+        # Indeterminate until the model is loaded and its hash checked (seconds per GB of weights).
+        task = progress.add_task("loading model, checking hashes", total=None)
+
+        def on_start(n: int) -> None:
+            progress.update(task, total=n, completed=0, description="")
+
+        def on_progress(r) -> None:
+            progress.update(task, advance=1, description=r.id)
+
+        report = run_deposit(ctx, problems, limit=limit, allow_unverified=allow_unverified, recompute=recompute,
+                             on_start=on_start, on_progress=on_progress)
+    if as_json:
+        print_json(report.to_json())
+        return
+    table = Table(title=f"deposit {problems}", title_justify="left")
+    for col in ("id", "line", "status", "tokens", "bytes", "artifact", "note"):
+        table.add_column(col, justify="right" if col in ("line", "tokens", "bytes") else "left")
+    for r in report.results:
+        style = {"deposited": "green", "existing": "cyan", "skipped": "yellow"}[r.status]
+        note = r.reason if r.status == "skipped" else ("verified" if r.verified else "UNVERIFIED: " + r.reason)
+        table.add_row(r.id, str(r.line), f"[{style}]{r.status}[/]", str(r.num_tokens or ""),
+                      human_bytes(r.file_bytes) if r.file_bytes else "", (r.artifact or "")[:12], note)
+    out.print(table)
+    t = report.totals()
+    summary = Table(show_header=True, title="summary", title_justify="left")
+    for col in ("problems", "deposited", "already stored", "skipped", "tokens", "bytes written"):
+        summary.add_column(col, justify="right")
+    summary.add_row(str(t["problems"]), str(t["deposited"]), str(t["existing"]), str(t["skipped"]),
+                    str(t["tokens"]), human_bytes(t["bytes"]))
+    out.print(summary)
+    out.print(f"store: {ctx.store}   ledger: {ctx.ledger}   manifest: {ctx.manifest.source}")

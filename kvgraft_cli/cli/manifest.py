@@ -1,0 +1,104 @@
+"""`kvgraft manifest validate|init|show`: run-manifests."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import InputError
+from ._common import JSON_OPT
+from ._output import err, out, print_json
+
+app = typer.Typer(no_args_is_help=True, help="Validate, write and show run-manifests.")
+
+
+@app.command("validate")
+def validate(
+    path: Optional[Path] = typer.Argument(None, help="Manifest YAML (default: the embedded one)."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Report every problem of a manifest, with its path and line, in one pass."""
+    from ..config.manifest import load_manifest
+    from ..errors import ManifestError
+
+    try:
+        m = load_manifest(path)
+    except ManifestError as e:
+        if not e.problems:
+            raise
+        if as_json:
+            print_json({"valid": False, "problems": e.problems})
+        else:
+            for p in e.problems:
+                out.print(p, markup=False, soft_wrap=True)
+        raise InputError(f"{path}: {len(e.problems)} problem(s) found", "fix them and run validate again") from None
+    if as_json:
+        print_json({"valid": True, "source": m.source, "sha256": m.file_sha256, "compute_sha256": m.compute_sha256})
+    else:
+        out.print(f"{m.source}: valid (file sha256 {m.file_sha256}, compute pin {m.compute_sha256})", markup=False,
+                  soft_wrap=True)
+
+
+@app.command("init")
+def init(
+    model_dir: Path = typer.Argument(..., help="Local model directory (Hugging Face layout, safetensors)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
+    profile: str = typer.Option("portable", "--profile", help="Kernel-flag profile: portable or native."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
+    attn: str = typer.Option("eager", "--attn", help="Attention implementation: eager or sdpa."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Pin this many threads (default: the profile's)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+) -> None:
+    """Write a pinned manifest for a local model directory (model and tokenizer hashes computed here)."""
+    from ..config.manifest import BUILTIN_PREFIX, data_dir, dump_yaml, make_manifest
+    from ..config.modelhash import hash_model_dir
+    from ..util.fsio import atomic_write_bytes
+
+    if device not in ("cpu", "cuda") or dtype not in ("float32", "bfloat16", "float16") or attn not in ("eager", "sdpa"):
+        raise InputError("--device must be cpu|cuda, --dtype float32|bfloat16|float16, --attn eager|sdpa")
+    if str(model_dir).startswith(BUILTIN_PREFIX):
+        model_path, real = str(model_dir), data_dir() / str(model_dir)[len(BUILTIN_PREFIX):]
+    else:
+        real = model_dir.resolve()
+        base = (output.resolve().parent if output else Path.cwd())
+        model_path = os.path.relpath(real, base)
+    hashes = hash_model_dir(real)
+    gpu = None
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("--device cuda: no CUDA GPU is visible here", "write the manifest on the GPU machine")
+        gpu = torch.cuda.get_device_name(0)
+    data = make_manifest(model_path, hashes.model_sha256, hashes.tokenizer_sha256, profile=profile, device=device,
+                         dtype=dtype, attn_implementation=attn, threads=threads, gpu_name=gpu)
+    text = "# kvgraft run-manifest, written by `kvgraft manifest init`\n" + dump_yaml(data)
+    if output is None:
+        sys.stdout.write(text)
+        return
+    if output.exists() and not force:
+        raise InputError(f"{output} exists", "pass --force to overwrite it")
+    atomic_write_bytes(output, text.encode())
+    err.print(f"wrote {output} (model {hashes.model_sha256[:16]}..., profile {profile})")
+
+
+@app.command("show")
+def show(
+    path: Optional[Path] = typer.Argument(None, help="Manifest YAML (default: the embedded one)."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Print a validated manifest (the embedded default when no path is given) with its hashes."""
+    from ..config.manifest import dump_yaml, load_manifest
+
+    m = load_manifest(path)
+    if as_json:
+        print_json({"source": m.source, "sha256": m.file_sha256, "compute_sha256": m.compute_sha256,
+                     "model_dir": str(m.model_dir), "manifest": m.data})
+        return
+    sys.stdout.write(f"# source: {m.source}\n# sha256: {m.file_sha256}\n# compute pin: {m.compute_sha256}\n")
+    sys.stdout.write(dump_yaml(m.data))

@@ -1,0 +1,36 @@
+"""`kvgraft prereg make`: pre-registrations from finished runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import InputError
+from ._common import MANIFEST_OPT, context
+from ._output import out
+
+app = typer.Typer(no_args_is_help=True, help="Make pre-registrations from finished runs.")
+
+
+@app.command("make")
+def make(
+    ledger: Optional[Path] = typer.Argument(None, help="Ledger of the finished run (default: the manifest's paths.ledger)."),
+    target: str = typer.Option(..., "--target", help="Name of the target these hashes were produced on, e.g. cpu-portable."),
+    output: Path = typer.Option(..., "--output", "-o", help="Prereg YAML to write."),
+    name: Optional[str] = typer.Option(None, "--name", help="The prereg's name."),
+    from_seq: int = typer.Option(0, "--from-seq", min=0, help="Use entries from this 0-based line on."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+    manifest: Optional[Path] = MANIFEST_OPT,
+) -> None:
+    """Turn a finished run's ledger entries into a prereg.yaml that another machine or target can replay."""
+    from ..runs.replay import prereg_from_ledger, write_prereg
+
+    if output.exists() and not force:
+        raise InputError(f"{output} exists", "pass --force to overwrite it (then register the new version)")
+    path = ledger or Path(context(manifest, None, None, False).ledger)
+    data = prereg_from_ledger(path, target, output, name, from_seq)
+    write_prereg(output, data)
+    out.print(f"wrote {output}: {len(data['runs'])} runs, target {target}; register it with "
+              f"`kvgraft replay --register {output}`", markup=False)

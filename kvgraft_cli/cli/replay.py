@@ -1,0 +1,64 @@
+"""`kvgraft replay`: register a pre-registration, or replay a registered one and compare every hash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ..errors import CheckFailed
+from ._common import DRIFT_OPT, JSON_OPT, LEDGER_OPT, STORE_OPT
+from ._output import err, out, print_json
+
+
+def replay(
+    prereg: Path = typer.Argument(..., help="Pre-registration YAML."),
+    register: bool = typer.Option(False, "--register", help="Only register the prereg (append its hash to the ledger)."),
+    target: Optional[str] = typer.Option(None, "--target", help="Which target's expected hashes to compare with."),
+    store: Optional[Path] = STORE_OPT,
+    ledger: Optional[Path] = LEDGER_OPT,
+    allow_drift: bool = DRIFT_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Register a prereg, or replay a registered one and compare every hash (exit 1 on any mismatch)."""
+    from ..runs.context import RunContext
+    from ..runs.replay import find_registration, load_prereg, prereg_manifest
+    from ..runs.replay import register as do_register
+    from ..runs.replay import replay as do_replay
+
+    pr = load_prereg(prereg)
+    ctx = RunContext.make(prereg_manifest(pr), store, ledger, allow_drift)
+    if register:
+        found = find_registration(ctx.ledger, pr.sha256)
+        if found:
+            err.print(f"{prereg} is already registered in {ctx.ledger} (line {found[0] + 1}); nothing appended")
+            return
+        e = do_register(ctx, pr)
+        if as_json:
+            print_json({"registered": str(prereg), "sha256": pr.sha256, "ledger_seq": e["seq"]})
+        else:
+            out.print(f"registered {prereg} (sha256 {pr.sha256[:16]}...) in {ctx.ledger} at line {e['seq'] + 1}",
+                      markup=False)
+        return
+    with err.status("replaying") as status:
+        report = do_replay(ctx, pr, target, on_run=lambda rid: status.update(f"replaying {rid}"))
+    if as_json:
+        print_json(report.to_json())
+    else:
+        t = Table(title=f"replay {prereg} (target {report.target}, registered at line {report.registration_seq + 1})",
+                  title_justify="left")
+        for col in ("run", "what", "expected", "actual", "match"):
+            t.add_column(col, overflow="fold")
+        for c in report.comparisons:
+            short = (lambda v: v[:16] if isinstance(v, str) and len(v) == 64 else str(v))
+            t.add_row(c.run, c.what, short(c.expected), short(c.actual), "[green]yes[/]" if c.match else "[red]NO[/]")
+        out.print(t)
+        n_bad = sum(not c.match for c in report.comparisons)
+        out.print(f"{'[green]PASS[/]' if report.passed else '[red]FAIL[/]'}  {len(report.comparisons) - n_bad} "
+                  f"matched, {n_bad} mismatched; ledger line {report.ledger_seq + 1}")
+    if not report.passed:
+        bad = next(c for c in report.comparisons if not c.match)
+        raise CheckFailed(f"replay of {prereg} differs from target {report.target}: {bad.run} {bad.what}",
+                          "every hash must match; see the table (or --json)")

@@ -130,3 +130,14 @@ def test_cuda_manifest_refuses_clearly_without_a_gpu():
     with pytest.raises(DeviceError, match="no CUDA GPU is visible"):
         determinism.configure_torch(rt, determinism.Drift())
     determinism.configure_torch(load_manifest(None).data["runtime"], determinism.Drift())
+
+
+def test_cli_choices_match_the_schema():
+    """The choices the CLI offers (config.profiles) are exactly the values the manifest schema allows."""
+    from kvgraft_cli.config.manifest import schema
+
+    props = schema()["properties"]
+    assert list(profiles.DEVICES) == props["runtime"]["properties"]["device"]["enum"]
+    assert list(profiles.DTYPES) == props["model"]["properties"]["dtype"]["enum"]
+    assert list(profiles.ATTN_IMPLEMENTATIONS) == props["model"]["properties"]["attn_implementation"]["enum"]
+    assert list(profiles.SDPA_BACKENDS) + [None] == props["runtime"]["properties"]["sdpa_backend"]["enum"]

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
+from ..config.profiles import ATTN_IMPLEMENTATIONS, DEVICES, DTYPES, PROFILES, SDPA_BACKENDS
 from ..errors import InputError
+
+
+def _choices(name: str, values) -> type[Enum]:
+    """An Enum of strings for typer, so a wrong choice is a usage error that lists the allowed ones."""
+    return Enum(name, {v: v for v in values}, type=str)
+
+
+Profile = _choices("Profile", PROFILES)
+Device = _choices("Device", DEVICES)
+Dtype = _choices("Dtype", DTYPES)
+Attn = _choices("Attn", ATTN_IMPLEMENTATIONS)
+SdpaBackend = _choices("SdpaBackend", SDPA_BACKENDS)
 
 MANIFEST_OPT = typer.Option(None, "--manifest", "-m", help="Run-manifest YAML (default: the embedded tiny Gemma-4).")
 STORE_OPT = typer.Option(None, "--store", help="Store directory (default: the manifest's paths.store).")

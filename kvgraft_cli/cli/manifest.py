@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -10,7 +9,7 @@ from typing import Optional
 import typer
 
 from ..errors import InputError
-from ._common import JSON_OPT
+from ._common import Attn, Device, Dtype, Profile, JSON_OPT
 from ._output import err, out, print_json
 
 app = typer.Typer(no_args_is_help=True, help="Validate, write and show run-manifests.")
@@ -47,44 +46,32 @@ def validate(
 def init(
     model_dir: Path = typer.Argument(..., help="Local model directory (Hugging Face layout, safetensors)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
-    profile: str = typer.Option("portable", "--profile", help="Kernel-flag profile: portable or native."),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16."),
-    attn: str = typer.Option("eager", "--attn", help="Attention implementation: eager or sdpa."),
+    profile: Profile = typer.Option(Profile.portable, "--profile", help="Kernel-flag profile."),
+    device: Device = typer.Option(Device.cpu, "--device"),
+    dtype: Dtype = typer.Option(Dtype.float32, "--dtype"),
+    attn: Attn = typer.Option(Attn.eager, "--attn", help="Attention implementation."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Pin this many threads (default: the profile's)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
 ) -> None:
     """Write a pinned manifest for a local model directory (model and tokenizer hashes computed here)."""
-    from ..config.manifest import BUILTIN_PREFIX, data_dir, dump_yaml, make_manifest
-    from ..config.modelhash import hash_model_dir
+    from ..config.manifest import manifest_for_model_dir
     from ..util.fsio import atomic_write_bytes
 
-    if device not in ("cpu", "cuda") or dtype not in ("float32", "bfloat16", "float16") or attn not in ("eager", "sdpa"):
-        raise InputError("--device must be cpu|cuda, --dtype float32|bfloat16|float16, --attn eager|sdpa")
-    if str(model_dir).startswith(BUILTIN_PREFIX):
-        model_path, real = str(model_dir), data_dir() / str(model_dir)[len(BUILTIN_PREFIX):]
-    else:
-        real = model_dir.resolve()
-        base = (output.resolve().parent if output else Path.cwd())
-        model_path = os.path.relpath(real, base)
-    hashes = hash_model_dir(real)
     gpu = None
-    if device == "cuda":
-        import torch
+    if device == Device.cuda:
+        from ..engine.determinism import visible_gpu_name
 
-        if not torch.cuda.is_available():
-            raise InputError("--device cuda: no CUDA GPU is visible here", "write the manifest on the GPU machine")
-        gpu = torch.cuda.get_device_name(0)
-    data = make_manifest(model_path, hashes.model_sha256, hashes.tokenizer_sha256, profile=profile, device=device,
-                         dtype=dtype, attn_implementation=attn, threads=threads, gpu_name=gpu)
-    text = "# kvgraft run-manifest, written by `kvgraft manifest init`\n" + dump_yaml(data)
+        gpu = visible_gpu_name()
+    text, hashes = manifest_for_model_dir(model_dir, output, profile=profile.value, device=device.value,
+                                          dtype=dtype.value, attn_implementation=attn.value, threads=threads,
+                                          gpu_name=gpu)
     if output is None:
         sys.stdout.write(text)
         return
     if output.exists() and not force:
         raise InputError(f"{output} exists", "pass --force to overwrite it")
     atomic_write_bytes(output, text.encode())
-    err.print(f"wrote {output} (model {hashes.model_sha256[:16]}..., profile {profile})")
+    err.print(f"wrote {output} (model {hashes.model_sha256[:16]}..., profile {profile.value})")
 
 
 @app.command("show")

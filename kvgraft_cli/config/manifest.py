@@ -291,6 +291,27 @@ def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, 
     return data
 
 
+def manifest_for_model_dir(model_dir: str | Path, output: Path | None, **settings: Any) -> tuple[str, Any]:
+    """The YAML text of a pinned manifest for a local model directory (or ``builtin:NAME``), and its hashes.
+
+    A local path is written relative to the folder of ``output`` (the current folder when printing), so the
+    manifest and the model can move together. ``settings`` are :func:`make_manifest`'s keyword arguments.
+    """
+    import os
+
+    from .modelhash import hash_model_dir
+
+    if str(model_dir).startswith(BUILTIN_PREFIX):
+        model_path, real = str(model_dir), data_dir() / str(model_dir)[len(BUILTIN_PREFIX):]
+    else:
+        real = Path(model_dir).resolve()
+        base = Path(output).resolve().parent if output else Path.cwd()
+        model_path = os.path.relpath(real, base)
+    hashes = hash_model_dir(real)
+    data = make_manifest(model_path, hashes.model_sha256, hashes.tokenizer_sha256, **settings)
+    return "# kvgraft run-manifest, written by `kvgraft manifest init`\n" + dump_yaml(data), hashes
+
+
 def torch_version() -> str:
     """torch's full version string (``torch.__version__``, with the local build tag such as ``+cpu`` or ``+cu130``)
     read from its ``version.py`` without importing torch, which must wait until the kernel flags are pinned.

@@ -7,6 +7,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+# The choices a manifest can pin (the schema's enums; tests/test_manifest.py checks they agree).
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+SDPA_BACKENDS = ("math", "efficient", "flash", "cudnn")
+
 # Environment variables known to change the bits of a forward pass. A manifest pins each (a value, or null for
 # "must be unset"); one that is set but not pinned is drift.
 KNOWN_BIT_ENV = (

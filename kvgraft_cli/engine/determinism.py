@@ -125,6 +125,18 @@ def _configure_cuda(torch, runtime: dict[str, Any], drift: Drift):
     return torch.device("cuda:0")
 
 
+def visible_gpu_name() -> str:
+    """The name of CUDA device 0 as torch reports it (what a manifest's runtime.gpu_name pins); DeviceError if
+    torch sees no GPU here."""
+    try:
+        import torch
+    except ImportError as e:
+        raise engine_not_installed(e) from None
+    if not torch.cuda.is_available():
+        raise DeviceError("--device cuda: no CUDA GPU is visible here", "write the manifest on the GPU machine")
+    return torch.cuda.get_device_name(0)
+
+
 def sdpa_context(runtime: dict[str, Any]):
     """A context manager that pins the SDPA backend when the manifest names one (else a no-op)."""
     import contextlib

@@ -9,8 +9,8 @@ A cell's ``fingerprint`` is the SHA-256 over its fresh logits hashes: the number
 for the profile to be called portable (see tests/test_portable.py and scripts/portability.py).
 
 Kernel flags are read when torch is imported, so one process runs one profile: :func:`run_profile` pins the
-profile's environment first and refuses if torch was already imported with other values. The CLI runs a child
-process per profile.
+profile's environment first and refuses if torch was already imported with other values. :func:`run_matrix` runs
+each profile in its own worker process (runs.workers.local), which returns the cells as structured records.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..artifacts import format as kvg
-from ..config.profiles import PROFILES, profile_env
+from ..config.profiles import DTYPES, PROFILES, profile_env
 from ..engine import determinism
 from ..engine.zoo import ARCHS, tiny_manifest
 from ..engine.engine import Engine, load_engine, tensor_sha256
@@ -29,7 +29,6 @@ from ..errors import InputError, UnsupportedModel, engine_not_installed
 from .graft import compare_logits
 from ..util.hashing import sha256_bytes
 
-DTYPES = ("float32", "bfloat16", "float16")
 # Runtime errors that mean "this backend/dtype cannot run this model here", not "kvgraft is wrong".
 _UNSUPPORTED_MESSAGES = ("not implemented for", "does not have a deterministic implementation",
                          "No available kernel", "not supported")
@@ -60,6 +59,11 @@ class Cell:
 
     def to_json(self) -> dict:
         return {**asdict(self), "exact": self.exact}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Cell":
+        """The cell a worker reported (``exact`` is derived, never read back)."""
+        return cls(**{k: v for k, v in d.items() if k != "exact"})
 
 
 def sample_text(seed: int, i: int, what: str, lo: int, hi: int) -> str:
@@ -178,3 +182,35 @@ def describe(c: Cell) -> str:
     if c.unsupported:
         return f"unsupported: {c.unsupported}"
     return f"{c.sha_equal}/{c.samples}, KL {c.max_kl:.3g}, {100 * c.argmax_agreement:.0f}%"
+
+
+def profile_job(profile: str, workdir: str, archs: list[str], dtypes: list[str], samples: int, device: str,
+                attn: str, sdpa_backend: str | None, threads: int | None, emit) -> None:
+    """The worker job behind :func:`run_matrix`: one profile's cells, each emitted as a record when done."""
+    run_profile(profile, Path(workdir), archs, dtypes, samples, device=device, attn=attn, sdpa_backend=sdpa_backend,
+                threads=threads, on_cell=lambda c: emit(c.to_json()))
+
+
+def run_matrix(archs: list[str], dtypes: list[str], profiles: list[str], samples: int, *, device: str = "cpu",
+               attn: str = "eager", sdpa_backend: str | None = None, threads: int | None = None,
+               workdir: Path | None = None, on_cell=None) -> list[Cell]:
+    """Every arch x dtype x profile cell, each profile in a fresh worker process (its own kernel flags)."""
+    import tempfile
+
+    from .workers.local import run_job
+
+    check_selection(archs, dtypes, profiles)
+    cells: list[Cell] = []
+    with tempfile.TemporaryDirectory(prefix="kvgraft-matrix-") as tmp:
+        base = Path(workdir) if workdir is not None else Path(tmp)
+        for prof in profiles:
+            def arrived(record: dict) -> None:
+                cells.append(Cell.from_json(record))
+                if on_cell:
+                    on_cell(cells[-1])
+
+            run_job("matrix-profile", {"profile": prof, "workdir": str(base / prof), "archs": archs, "dtypes": dtypes,
+                                       "samples": samples, "device": device, "attn": attn,
+                                       "sdpa_backend": sdpa_backend, "threads": threads},
+                    arrived, where=f"matrix worker for profile {prof}")
+    return cells

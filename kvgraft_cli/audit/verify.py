@@ -18,8 +18,8 @@ from typing import Any
 
 import fastjsonschema
 
-from ..ledger import log as ledger_mod
 from ..ledger import merkle
+from ..ledger.proofs import LedgerTree
 from ..errors import InputError
 from .hashcache import HashCache, digest_of
 
@@ -199,7 +199,8 @@ def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str]
     except OSError as e:
         raise InputError(f"cannot read ledger {path}: {e.strerror or e}") from None
     report = VerifyReport(str(path), require_files=require_files)
-    lines, tail = ledger_mod.split_lines(data)
+    tree = LedgerTree.from_bytes(data)
+    lines, tail = tree.lines, tree.tail
     entries: list[dict | None] = []
     prev = None
     for i, raw in enumerate(lines):
@@ -211,12 +212,11 @@ def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str]
         report.findings.append(Finding(len(lines) + 1, "torn", f"torn last line: {len(tail)} bytes without a "
                                        "newline (a writer was interrupted); `kvgraft ledger repair` removes it"))
     report.entries = len(lines)
-    leaves = [merkle.leaf_hash(raw) for raw in lines]
-    report.root = merkle.root(leaves).hex()
+    report.root = tree.root().hex()
     if checkpoint is not None:
-        report.checkpoint = _check_checkpoint(report, Path(checkpoint), leaves, keys or [])
+        report.checkpoint = _check_checkpoint(report, Path(checkpoint), tree, keys or [])
     if since is not None:
-        report.since = _check_since(report, Path(since), lines, leaves)
+        report.since = _check_since(report, Path(since), tree)
     if rehash:
         _rehash(report, entries, path.parent, full)
         verified = {(f.line, f.path) for f in report.files if f.status == "ok"}
@@ -274,7 +274,7 @@ def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
         report.scores_checked += 1
 
 
-def _check_checkpoint(report: VerifyReport, cp_path: Path, leaves: list[bytes], keys: list[str]) -> dict:
+def _check_checkpoint(report: VerifyReport, cp_path: Path, tree: LedgerTree, keys: list[str]) -> dict:
     from ..ledger.checkpoint import Checkpoint, load_key, read_checkpoint, verify_note
     from ..errors import CheckFailed
 
@@ -282,10 +282,10 @@ def _check_checkpoint(report: VerifyReport, cp_path: Path, leaves: list[bytes], 
     cp = Checkpoint.parse(text)
     out: dict[str, Any] = {"path": str(cp_path), "origin": cp.origin, "size": cp.size, "root": cp.root.hex(),
                            "root_matches": False, "signed_by": []}
-    if cp.size > len(leaves):
+    if cp.size > tree.size:
         report.findings.append(Finding(None, "checkpoint", f"checkpoint covers {cp.size} lines, the ledger has "
-                                       f"only {len(leaves)} (lines were removed)"))
-    elif merkle.root(leaves[: cp.size]) != cp.root:
+                                       f"only {tree.size} (lines were removed)"))
+    elif tree.root(cp.size) != cp.root:
         report.findings.append(Finding(None, "checkpoint", f"the ledger's first {cp.size} lines do not hash to the "
                                        "checkpoint's root (a line within them was changed)"))
     else:
@@ -298,8 +298,9 @@ def _check_checkpoint(report: VerifyReport, cp_path: Path, leaves: list[bytes], 
     return out
 
 
-def _check_since(report: VerifyReport, base: Path, lines: list[bytes], leaves: list[bytes]) -> dict:
+def _check_since(report: VerifyReport, base: Path, tree: LedgerTree) -> dict:
     """Append-only check against an older ledger file or a checkpoint."""
+    lines = tree.lines
     from ..ledger.checkpoint import Checkpoint
 
     try:
@@ -324,9 +325,8 @@ def _check_since(report: VerifyReport, base: Path, lines: list[bytes], leaves: l
             out["consistent"] = False
             return out
     else:
-        base_lines, _ = ledger_mod.split_lines(base_data)
-        size = len(base_lines)
-        root = merkle.root([merkle.leaf_hash(raw) for raw in base_lines])
+        base_tree = LedgerTree.from_bytes(base_data)
+        base_lines, size, root = base_tree.lines, base_tree.size, base_tree.root()
         out = {"base": str(base), "kind": "ledger", "size": size}
         # Pinpoint the first rewritten line: plain byte comparison of the common prefix.
         for i, (a, b) in enumerate(zip(base_lines, lines)):
@@ -345,14 +345,8 @@ def _check_since(report: VerifyReport, base: Path, lines: list[bytes], leaves: l
         return out
     # The RFC 6962 consistency proof between the two trees, generated from the current lines and verified against
     # the base root: what a remote party holding only the base root would check.
-    from ..errors import CheckFailed
-
-    proof = merkle.MerkleTree(leaves).consistency_proof(size, len(leaves))
-    try:
-        merkle.verify_consistency(size, len(leaves), proof, root, merkle.root(leaves))
-        out["consistent"] = True
-    except CheckFailed:
-        out["consistent"] = False
+    out["consistent"] = tree.consistent_with(size, root)
+    if not out["consistent"]:
         if not any(f.check == "append-only" for f in report.findings):
             report.findings.append(Finding(None, "append-only", f"the first {size} lines no longer hash to the root "
                                            f"of {base}: the ledger was rewritten, not appended to"))

@@ -25,17 +25,10 @@ def checkpoint(
     manifest: Optional[Path] = MANIFEST_OPT,
 ) -> None:
     """Write a checkpoint (origin, size, RFC 6962 root) of a ledger, optionally Ed25519-signed (signed note)."""
-    from ..ledger import merkle
-    from ..ledger.checkpoint import Checkpoint, load_key, sign, write_checkpoint
-    from ..ledger.log import split_lines
+    from ..ledger.checkpoint import load_key, sign, write_checkpoint
+    from ..ledger.proofs import LedgerTree
 
-    path = ledger_path(ledger, manifest)
-    if not path.is_file():
-        raise InputError(f"ledger not found: {path}")
-    lines, tail = split_lines(path.read_bytes())
-    if tail:
-        raise InputError(f"{path}: torn last line", "run `kvgraft verify` and `kvgraft ledger repair` first")
-    cp = Checkpoint(origin, len(lines), merkle.root([merkle.leaf_hash(raw) for raw in lines]))
+    cp = LedgerTree.read(ledger_path(ledger, manifest), complete=True).checkpoint(origin)
     text = cp.body() if key is None else sign(cp.body(), load_key(key))
     if output is None:
         sys.stdout.write(text)
@@ -117,29 +110,12 @@ def prove(
     as_json: bool = JSON_OPT,
 ) -> None:
     """RFC 6962 inclusion proof of one line in the ledger's Merkle tree (checked before it is printed)."""
-    import base64
+    from ..ledger.proofs import LedgerTree
 
-    from ..ledger import merkle
-    from ..ledger.log import split_lines
-
-    path = ledger_path(ledger, manifest)
-    if not path.is_file():
-        raise InputError(f"ledger not found: {path}")
-    lines, _ = split_lines(path.read_bytes())
-    n = size or len(lines)
-    if n > len(lines) or line > n:
-        raise InputError(f"line {line} of a tree of {n} lines: the ledger has {len(lines)} complete lines")
-    leaves = [merkle.leaf_hash(raw) for raw in lines]
-    tree = merkle.MerkleTree(leaves)
-    leaf, root = leaves[line - 1], tree.root(n)
-    proof = tree.inclusion_proof(line - 1, n)
-    merkle.verify_inclusion(line - 1, n, leaf, proof, root)
-    b64 = lambda h: base64.b64encode(h).decode()  # noqa: E731  (base64, as in checkpoints)
-    result = {"leafIdx": line - 1, "treeSize": n, "leafHash": b64(leaf), "root": b64(root),
-              "proof": [b64(h) for h in proof]}
+    p = LedgerTree.read(ledger_path(ledger, manifest)).inclusion(line, size)
     if as_json:
-        print_json(result)
+        print_json(p.to_json())
         return
-    out.print(f"line {line} is leaf {line - 1} of the tree of {n} lines, root {root.hex()}", markup=False)
-    for h in proof:
+    out.print(f"line {line} is leaf {p.index} of the tree of {p.size} lines, root {p.root.hex()}", markup=False)
+    for h in p.proof:
         out.print(f"  {h.hex()}", markup=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 
@@ -134,3 +135,40 @@ def test_two_processes_write_identical_bytes(tmp_path):
         assert fa.read_bytes() == fb.read_bytes()
         payload, _ = kvg.read_file(fa)
         assert sha256_bytes(payload) == fa.stem  # file name is the payload identity
+
+
+def _frames(payload: bytes) -> dict[str, bytes]:
+    import zstandard
+
+    good = kvg.compress(payload)
+    return {
+        "truncated": good[:-7],
+        "checksum cut": good[:-2],
+        "trailing bytes": good + kvg.compress(b"more"),
+        "no content size": zstandard.ZstdCompressor(write_content_size=False).compress(payload),
+        "not zstd": b"plain bytes, not a frame",
+    }
+
+
+@pytest.mark.parametrize("case", ["truncated", "checksum cut", "trailing bytes", "no content size", "not zstd"])
+def test_both_frame_readers_apply_the_same_rules(tmp_path, case):
+    """The in-memory reader (graft) and the streamed hasher (verify) refuse the same damaged frames."""
+    from kvgraft_cli.artifacts.payload import decompress, kvg_payload_sha256
+
+    data = _frames(b"x" * 100_000)[case]
+    path = tmp_path / "a.kvg"
+    path.write_bytes(data)
+    with pytest.raises(ArtifactError):
+        decompress(data, str(path))
+    with pytest.raises(ArtifactError):
+        kvg_payload_sha256(path)
+
+
+def test_frame_readers_agree_on_a_good_frame(tmp_path):
+    from kvgraft_cli.artifacts.payload import decompress, kvg_payload_sha256
+
+    payload = bytes(range(256)) * 40_000  # several read chunks
+    path = tmp_path / "a.kvg"
+    path.write_bytes(kvg.compress(payload))
+    assert decompress(path.read_bytes(), "a") == payload
+    assert kvg_payload_sha256(path) == hashlib.sha256(payload).hexdigest()

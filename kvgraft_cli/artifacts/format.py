@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import ArtifactError, ModelMismatch, engine_not_installed
 from ..util.fsio import atomic_write_bytes
+from .payload import compress, decompress  # noqa: F401  (the frame rules live in payload.py)
 from ..util.hashing import sha256_bytes
 
 FORMAT = "kvgraft.kvg"
@@ -197,32 +198,6 @@ def _assemble(tensors: dict, meta: dict[str, str], source: str) -> Artifact:
     if tensors:
         raise ValueError(f"unexpected tensors {sorted(tensors)[:3]}")
     return Artifact(token_ids=ids.tolist(), layers=layers, meta=dict(meta))
-
-
-def compress(payload: bytes, level: int = 3) -> bytes:
-    """One zstd frame of the payload, with content size and checksum in the frame header."""
-    import zstandard
-
-    return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True).compress(payload)
-
-
-def decompress(data: bytes, source: str, max_size: int = 1 << 40) -> bytes:
-    """Payload of a ``.kvg`` file; a truncated or corrupt frame raises ArtifactError."""
-    import zstandard
-
-    try:
-        params = zstandard.get_frame_parameters(data)
-        if params.content_size <= 0 or params.content_size > max_size:
-            raise ArtifactError(f"{source}: zstd frame has no usable content size")
-        dobj = zstandard.ZstdDecompressor().decompressobj()
-        out = dobj.decompress(data)
-    except zstandard.ZstdError as e:
-        raise ArtifactError(f"{source}: truncated or corrupt zstd frame ({e})", "re-fetch or re-deposit it") from None
-    if not dobj.eof or len(out) != params.content_size:
-        raise ArtifactError(f"{source}: truncated zstd frame", "re-fetch or re-deposit it")
-    if dobj.unused_data:
-        raise ArtifactError(f"{source}: bytes after the zstd frame (a .kvg file is exactly one frame)")
-    return out
 
 
 def write_file(path: Path, payload: bytes, level: int = 3) -> None:

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from ..artifacts.payload import kvg_payload_sha256
+from ..errors import ArtifactError
 from ..util.fsio import atomic_write_bytes
 from ..util.hashing import sha256_file
 
@@ -27,8 +28,8 @@ def raw_digest(path: Path) -> str:
     if path.suffix == ".kvg":
         try:
             return kvg_payload_sha256(path)
-        except Exception as e:  # zstd errors: truncated or corrupt frame
-            return f"unreadable: {type(e).__name__}: {e}"
+        except ArtifactError as e:  # the frame breaks the .kvg rules: truncated, corrupt, trailing bytes
+            return f"unreadable: {e.message}"
     return sha256_file(path)
 
 

@@ -2,7 +2,12 @@
 
 Every failure a user can cause or meet is a :class:`KvgraftError`. The CLI turns it into one line on stderr,
 ``Error: <message>`` followed by ``Hint: <hint>`` when there is one, and exits with :attr:`exit_code`:
-2 for bad input or usage (:class:`InputError`), 1 for a check that ran and failed (:class:`CheckFailed`).
+
+- 1: a check ran and found a difference (:class:`CheckFailed`): bytes that do not hash to what they must, whoever
+  finds them. A tampered, truncated or corrupt artifact is :class:`IntegrityError` (exit 1) whether `graft`,
+  `probe`, `replay` or `verify` meets it, so "exit 1" always means "something is not what it was recorded to be".
+- 2: bad input or usage (:class:`InputError`): a file that is missing or malformed, a manifest that does not
+  validate, an artifact made for another model, an option the command does not take.
 """
 
 from __future__ import annotations
@@ -39,6 +44,13 @@ class ProblemFileError(InputError):
 
 class ArtifactError(InputError):
     """An artifact that is missing, truncated, tampered with or not a kvgraft artifact."""
+
+
+class IntegrityError(ArtifactError):
+    """An artifact whose bytes are damaged or differ from its identity (tampered, truncated, corrupt): a failed
+    check, exit 1, the same as `kvgraft verify` reports for it."""
+
+    exit_code = 1
 
 
 class ModelMismatch(InputError):

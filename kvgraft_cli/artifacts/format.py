@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ArtifactError, ModelMismatch, engine_not_installed
+from ..errors import ArtifactError, IntegrityError, ModelMismatch, engine_not_installed
 from ..util.fsio import atomic_write_bytes
 from .payload import compress, decompress  # noqa: F401  (the frame rules live in payload.py)
 from ..util.hashing import sha256_bytes
@@ -114,14 +114,14 @@ def encode(token_ids: list[int], layers: list[LayerState], meta: dict[str, str])
 def read_header(payload: bytes, source: str = "artifact") -> dict[str, Any]:
     """Parse the safetensors JSON header of a payload (no tensor is touched)."""
     if len(payload) < 8:
-        raise ArtifactError(f"{source}: truncated payload ({len(payload)} bytes)", "re-fetch or re-deposit it")
+        raise IntegrityError(f"{source}: truncated payload ({len(payload)} bytes)", "re-fetch or re-deposit it")
     (n,) = struct.unpack("<Q", payload[:8])
     if n > MAX_HEADER or 8 + n > len(payload):
-        raise ArtifactError(f"{source}: truncated or corrupt safetensors header (length {n})", "re-fetch or re-deposit it")
+        raise IntegrityError(f"{source}: truncated or corrupt safetensors header (length {n})", "re-fetch or re-deposit it")
     try:
         header = json.loads(payload[8 : 8 + n])
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ArtifactError(f"{source}: corrupt safetensors header ({e})") from None
+        raise IntegrityError(f"{source}: corrupt safetensors header ({e})") from None
     if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict):
         raise ArtifactError(f"{source}: not a kvgraft artifact (no metadata)")
     return header
@@ -132,7 +132,7 @@ def decode(payload: bytes, source: str = "artifact", expected_sha256: str | None
     if expected_sha256 is not None:
         got = sha256_bytes(payload)
         if got != expected_sha256:
-            raise ArtifactError(
+            raise IntegrityError(
                 f"{source}: content hash {got[:16]}... does not match its identity {expected_sha256[:16]}... "
                 "(tampered or corrupt)",
                 "delete it and re-deposit, or re-import it from a good copy",

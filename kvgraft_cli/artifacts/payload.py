@@ -1,7 +1,7 @@
 """The ``.kvg`` file frame: the only place its rules live. A ``.kvg`` file is exactly one zstd frame that declares
 its content size (and carries zstd's checksum); its decompressed bytes are the canonical payload, whose SHA-256 is
 the artifact's identity. A frame that ends early, declares no size, decompresses to another size, or has bytes
-after it is refused with :class:`ArtifactError` naming the file.
+after it is refused with :class:`IntegrityError` (an :class:`ArtifactError`, exit 1) naming the file.
 
 Two readers share these rules: :func:`decompress` (a whole file in memory, for a graft) and
 :func:`kvg_payload_sha256` (streamed through zstd while a second thread hashes the output, for `kvgraft verify`:
@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import ArtifactError
+from ..errors import IntegrityError
 
 CHUNK = 1 << 22
 MAX_PAYLOAD = 1 << 40
@@ -37,18 +37,18 @@ def _content_size(head: bytes, source: str, max_size: int) -> int:
     try:
         params = zstandard.get_frame_parameters(head)
     except zstandard.ZstdError as e:
-        raise ArtifactError(f"{source}: truncated or corrupt zstd frame ({e})", _REFETCH) from None
+        raise IntegrityError(f"{source}: truncated or corrupt zstd frame ({e})", _REFETCH) from None
     if params.content_size <= 0 or params.content_size > max_size:
-        raise ArtifactError(f"{source}: zstd frame has no usable content size")
+        raise IntegrityError(f"{source}: zstd frame has no usable content size")
     return params.content_size
 
 
 def _check_end(dobj, produced: int, size: int, source: str) -> None:
     """After the last input byte: the frame is complete, gave its declared size, and nothing follows it."""
     if not dobj.eof or produced != size:
-        raise ArtifactError(f"{source}: truncated zstd frame", _REFETCH)
+        raise IntegrityError(f"{source}: truncated zstd frame", _REFETCH)
     if dobj.unused_data:
-        raise ArtifactError(f"{source}: bytes after the zstd frame (a .kvg file is exactly one frame)")
+        raise IntegrityError(f"{source}: bytes after the zstd frame (a .kvg file is exactly one frame)")
 
 
 def decompress(data: bytes, source: str, max_size: int = MAX_PAYLOAD) -> bytes:
@@ -60,7 +60,7 @@ def decompress(data: bytes, source: str, max_size: int = MAX_PAYLOAD) -> bytes:
     try:
         out = dobj.decompress(data)
     except zstandard.ZstdError as e:
-        raise ArtifactError(f"{source}: truncated or corrupt zstd frame ({e})", _REFETCH) from None
+        raise IntegrityError(f"{source}: truncated or corrupt zstd frame ({e})", _REFETCH) from None
     _check_end(dobj, len(out), size, source)
     return out
 
@@ -79,18 +79,18 @@ def iter_payload(path: Path, max_size: int = MAX_PAYLOAD) -> Iterator[bytes]:
             try:
                 out = dobj.decompress(block)
             except zstandard.ZstdError as e:
-                raise ArtifactError(f"{source}: truncated or corrupt zstd frame ({e})", _REFETCH) from None
+                raise IntegrityError(f"{source}: truncated or corrupt zstd frame ({e})", _REFETCH) from None
             if out:
                 produced += len(out)
                 yield out
     if size is None:
-        raise ArtifactError(f"{source}: empty file, not a .kvg frame", _REFETCH)
+        raise IntegrityError(f"{source}: empty file, not a .kvg frame", _REFETCH)
     _check_end(dobj, produced, size, source)
 
 
 def kvg_payload_sha256(path: Path) -> str:
     """SHA-256 of a ``.kvg`` file's payload (its identity), decompressing and hashing in parallel.
-    Raises ArtifactError for a frame that breaks the rules above (even one whose data is whole but whose checksum
+    Raises IntegrityError for a frame that breaks the rules above (even one whose data is whole but whose checksum
     is cut off)."""
     h = hashlib.sha256()
     chunks: queue.Queue = queue.Queue(maxsize=4)

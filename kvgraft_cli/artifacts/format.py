@@ -56,6 +56,16 @@ class Artifact:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
+    @property
+    def start(self) -> int:
+        """Position of this artifact's first token: 0 for a root, the parent chain's length for a chain link."""
+        return int(self.meta.get("start_position", "0"))
+
+    @property
+    def parent(self) -> str | None:
+        """Identity of the artifact this one continues (a chain link), or None for a root."""
+        return self.meta.get("parent_sha256")
+
 
 def _json(v: Any) -> str:
     return json.dumps(v, separators=(",", ":"), sort_keys=True)
@@ -173,6 +183,11 @@ def _assemble(tensors: dict, meta: dict[str, str], source: str) -> Artifact:
     windows = json.loads(meta["sliding_windows"])
     cums = json.loads(meta["cumulative_lengths"])
     n_tok = int(meta["num_tokens"])
+    start = int(meta["start_position"])
+    parent = meta.get("parent_sha256")
+    # A chain link (docs/FORMAT.md) starts where its parent chain ends and names that parent; a root starts at 0.
+    if start < 0 or (start > 0) != (parent is not None) or (parent is not None and not _is_hex64(parent)):
+        raise ValueError(f"start_position {start} and parent_sha256 {parent!r} disagree (a link needs both)")
     if not (len(kinds) == len(windows) == len(cums) == n_layers):
         raise ValueError("layer lists disagree with num_layers")
     ids = tensors.pop("token_ids")
@@ -192,7 +207,9 @@ def _assemble(tensors: dict, meta: dict[str, str], source: str) -> Artifact:
         kept = k.shape[2]
         if kind == "full" and kept != n_tok:
             raise ValueError(f"layer {i}: full layer keeps {kept} tokens, expected {n_tok}")
-        if kind == "sliding" and (cum != n_tok or kept != min(n_tok, win - 1)):
+        # A full layer holds this artifact's own tokens; a sliding layer holds the window's state after them (for a
+        # link, possibly including the parent's last tokens), so restoring a chain takes the last link's state.
+        if kind == "sliding" and (cum != start + n_tok or kept != min(start + n_tok, win - 1)):
             raise ValueError(f"layer {i}: sliding layer state (kept {kept}, seen {cum}, window {win}) is inconsistent")
         layers.append(LayerState(kind, k, v, win, cum))
     if tensors:
@@ -238,3 +255,7 @@ def check_compatible(meta: dict[str, str], want: dict[str, str], source: str) ->
 
 def _short(v: str | None) -> str:
     return v if v is None or len(v) <= 24 else v[:16] + "..."
+
+
+def _is_hex64(v: str) -> bool:
+    return len(v) == 64 and all(c in "0123456789abcdef" for c in v)

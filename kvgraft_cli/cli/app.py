@@ -11,7 +11,7 @@ import sys
 
 import typer
 
-from . import deposit, graft, ledger, manifest, matrix, model_hash, prereg, probe, replay, score, store, verify
+from . import deposit, graft, ledger, manifest, matrix, model_hash, prereg, probe, replay, score, solve, store, verify
 from ._errors import render
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -25,6 +25,7 @@ COMMANDS = {
     "replay": replay.replay,
     "score": score.score,
     "verify": verify.verify,
+    "solve": solve.solve,
     "model-hash": model_hash.model_hash,
 }
 GROUPS = {

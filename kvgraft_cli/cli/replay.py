@@ -26,6 +26,8 @@ def replay(
     from ..runs.context import RunContext
     from ..runs.replay import find_registration, load_prereg, prereg_manifest
     from ..runs.replay import register as do_register
+    from ..library.solve import replay_solve
+    from ..runs.replay import RUNNERS
     from ..runs.replay import replay as do_replay
 
     pr = load_prereg(prereg)
@@ -43,7 +45,9 @@ def replay(
                       markup=False)
         return
     with err.status("replaying") as status:
-        report = do_replay(ctx, pr, target, on_run=lambda rid: status.update(f"replaying {rid}"))
+        # The runner table: this layer's runs, plus the library's solve (runs.replay never imports the library).
+        runners = {**RUNNERS, "solve": replay_solve}
+        report = do_replay(ctx, pr, target, on_run=lambda rid: status.update(f"replaying {rid}"), runners=runners)
     if as_json:
         print_json(report.to_json())
     else:

@@ -1,4 +1,4 @@
-"""`kvgraft store list`: look into an artifact store."""
+"""`kvgraft store list|stats`: look into an artifact store."""
 
 from __future__ import annotations
 
@@ -38,3 +38,37 @@ def list_entries(
         table.add_row(e.problem_id, e.artifact[:16], str(e.num_tokens), human_bytes(e.file_bytes),
                       "yes" if e.verified else "no")
     out.print(table)
+
+
+@app.command("stats")
+def stats(
+    store: Optional[Path] = STORE_OPT,
+    manifest: Optional[Path] = MANIFEST_OPT,
+    window: Optional[int] = typer.Option(None, "--window", min=1, help="Context window to compare with (default: the manifest model's position limit)."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Entries, verified entries, library size, stored tokens and bytes, and stored tokens as a multiple of the
+    model's context window."""
+    from ..config.modelhash import context_window
+    from ..store.local import Store
+
+    ctx = context(manifest, store, None, False)
+    with Store(ctx.store, create=False) as s:
+        st = s.stats()
+    win = window or context_window(ctx.manifest.model_dir)
+    st["context_window"] = win
+    st["tokens_per_window"] = st["tokens"] / win if win else None
+    if as_json:
+        print_json(st)
+        return
+    t = Table(title=f"store {ctx.store}", title_justify="left", show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    t.add_row("entries (verified)", f"{st['entries']} ({st['verified_entries']})")
+    t.add_row("library entries (their tokens)", f"{st['library_entries']} ({st['library_tokens']:,})")
+    t.add_row("objects", str(st["objects"]))
+    t.add_row("stored tokens", f"{st['tokens']:,}")
+    t.add_row("bytes on disk", human_bytes(st["file_bytes"]))
+    if win:
+        t.add_row("stored tokens / context window", f"{st['tokens']:,} / {win:,} = {st['tokens_per_window']:.2f}x")
+    out.print(t)

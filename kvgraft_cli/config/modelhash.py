@@ -82,3 +82,19 @@ def hash_model_dir(model_dir: Path) -> ModelHashes:
         tokenizer_sha256=sha256_bytes(listing(tok).encode()),
         files=files,
     )
+
+
+def context_window(model_dir: Path) -> int | None:
+    """The model's position limit read from its config.json (``max_position_embeddings``, also inside a
+    multimodal ``text_config``, or GPT-2's ``n_positions``), without loading the model; None if it names none."""
+    import json
+
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for c in (cfg, cfg.get("text_config") or {}):
+        for key in ("max_position_embeddings", "n_positions"):
+            if isinstance(c.get(key), int) and c[key] > 0:
+                return c[key]
+    return None

@@ -61,8 +61,21 @@ class Engine:
             ids = [bos] + ids
         return ids
 
-    def decode_text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+    def decode_text(self, ids: list[int], skip_special: bool = False) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special)
+
+    def gpu_energy_mj(self) -> int | None:
+        """NVML's total-energy counter of the GPU in millijoules (CUDA with pynvml installed), else None."""
+        if str(self.device).split(":")[0] != "cuda":
+            return None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            index = self.device.index or 0
+            return int(pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(index)))
+        except Exception:  # no pynvml, or a GPU/driver without the counter: energy is simply not reported
+            return None
 
     # -- forwards -----------------------------------------------------------------------------------------------
     @contextmanager
@@ -99,17 +112,21 @@ class Engine:
         cfg = self.model.config.get_text_config(decoder=True)
         return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
 
-    def prefill(self, ids: list[int], offset: int = 0):
-        """Prefill ``ids`` into a fresh cache by the manifest's schedule. Returns (cache, last-position logits [vocab]).
+    def prefill(self, ids: list[int], offset: int = 0, cache=None):
+        """Prefill ``ids`` by the manifest's schedule. Returns (cache, last-position logits [vocab]).
 
-        ``offset`` (the probe's counterfactual) puts the prefix at positions offset..offset+n-1 instead of 0..n-1.
+        Into a fresh cache by default; with ``cache`` (a chain's parent, restored or computed) the ids continue it
+        in place, at the positions after it: how a chain link is computed. ``offset`` (the probe's counterfactual)
+        puts a fresh prefix at positions offset..offset+n-1 instead of 0..n-1.
         """
         if not ids:
             raise InputError("cannot prefill an empty prefix")
         limit = self.max_positions
-        if limit and offset + len(ids) > limit:
-            raise InputError(f"prefix of {len(ids)} tokens at offset {offset} exceeds the model's {limit} positions")
-        cache = self.new_cache()
+        before = offset if cache is None else cache.get_seq_length()
+        if limit and before + len(ids) > limit:
+            raise InputError(f"prefix of {len(ids)} tokens at position {before} exceeds the model's {limit} positions")
+        if cache is None:
+            cache = self.new_cache()
         sched = self.manifest.data["prefill"]
         step = len(ids) if sched["schedule"] == "single" else sched["chunk_size"]
         logits = None
@@ -118,8 +135,9 @@ class Engine:
                                   start=offset + start if offset else None)
         return cache, logits[-1]
 
-    def greedy(self, cache, last_logits, n: int, stop_at_eos: bool = False):
-        """Greedy-decode ``n`` tokens after ``last_logits``. Returns (token ids, logits of each step [n, vocab])."""
+    def greedy(self, cache, last_logits, n: int, stop_at_eos: bool = False, stop: list[str] | None = None):
+        """Greedy-decode ``n`` tokens after ``last_logits``. Returns (token ids, logits of each step [n, vocab]).
+        Stops early at EOS (``stop_at_eos``) or once the decoded text contains one of ``stop``."""
         import torch
 
         out_ids: list[int] = []
@@ -131,15 +149,41 @@ class Engine:
             out_ids.append(nxt)
             if stop_at_eos and nxt == eos:
                 break
+            if stop and any(s in self.decode_text(out_ids) for s in stop):
+                break
             logits = self.forward(cache, [nxt])[-1]
             step_logits.append(logits)
         stacked = torch.stack(step_logits) if step_logits else last_logits.new_zeros((0, last_logits.shape[-1]))
         return out_ids, stacked
 
     # -- cache state ----------------------------------------------------------------------------------------------
-    def capture(self, cache) -> list[LayerState]:
-        """The cache's complete state, layer by layer (references, not copies)."""
-        return [_capture_layer(i, layer) for i, layer in enumerate(cache.layers)]
+    def capture(self, cache, start: int = 0) -> list[LayerState]:
+        """The cache's complete state, layer by layer (references, not copies). With ``start`` > 0 (a chain link),
+        full layers keep only positions ``start`` onwards; sliding layers keep their whole window state."""
+        layers = [_capture_layer(i, layer) for i, layer in enumerate(cache.layers)]
+        if start:
+            for st in layers:
+                if st.kind == "full":
+                    st.keys, st.values = st.keys[:, :, start:], st.values[:, :, start:]
+        return layers
+
+    def restore_chain(self, chain: list) -> Any:
+        """A fresh cache holding a chain of artifacts (root first): each full layer is the links' segments one
+        after another, each sliding layer the last link's window state. The links must already be checked to
+        follow each other (library.chain does)."""
+        import torch
+
+        if len(chain) == 1:
+            return self.restore(chain[0].layers)
+        merged = []
+        for i, last in enumerate(chain[-1].layers):
+            if last.kind == "full":
+                keys = torch.cat([a.layers[i].keys for a in chain], dim=2)
+                values = torch.cat([a.layers[i].values for a in chain], dim=2)
+                merged.append(LayerState("full", keys, values))
+            else:
+                merged.append(last)
+        return self.restore(merged)
 
     def restore(self, layers: list[LayerState]):
         """A fresh cache holding exactly ``layers`` (copied onto the engine's device)."""
@@ -165,25 +209,28 @@ class Engine:
                 layer.cumulative_length = st.cumulative_length
         return cache
 
-    def artifact_meta(self, logits_sha256: str) -> dict[str, str]:
-        """The metadata every artifact made by this engine carries (layer layout is added by artifact.encode)."""
+    def artifact_meta(self, logits_sha256: str, start: int = 0, parent: str | None = None) -> dict[str, str]:
+        """The metadata every artifact made by this engine carries (layer layout is added by artifact.encode);
+        a chain link also names its parent and starts at the parent chain's length."""
         import json
 
         m = self.manifest.data
+        link = {"parent_sha256": parent} if parent is not None else {}
         return {
+            **link,
             "model_sha256": self.hashes.model_sha256,
             "tokenizer_sha256": self.hashes.tokenizer_sha256,
             "manifest_sha256": self.manifest.compute_sha256,
             "dtype": m["model"]["dtype"],
             "device": m["runtime"]["device"],
             "prefill": json.dumps(m["prefill"], sort_keys=True, separators=(",", ":")),
-            "start_position": "0",
+            "start_position": str(start),
             "logits_sha256": logits_sha256,
             "logits_dtype": m["model"]["dtype"],
         }
 
-    def compatibility(self) -> dict[str, str]:
-        """What an artifact's metadata must equal to be grafted here."""
+    def compatibility(self, start: int = 0) -> dict[str, str]:
+        """What an artifact's metadata must equal to be grafted here (at ``start``: a chain link's position)."""
         import json
 
         return {
@@ -193,7 +240,7 @@ class Engine:
             "dtype": self.manifest.data["model"]["dtype"],
             "layer_types": json.dumps([k for k, _ in self.layout], separators=(",", ":"), sort_keys=True),
             "sliding_windows": json.dumps([w for _, w in self.layout], separators=(",", ":"), sort_keys=True),
-            "start_position": "0",
+            "start_position": str(start),
         }
 
 

@@ -42,11 +42,12 @@ def normalize_key(text: str) -> str:
     return " ".join(text.split())
 
 
-def read_problems(path: Path, mapping: dict[str, Any]) -> list[Problem]:
+def read_problems(path: Path, mapping: dict[str, Any], require_solution: bool = True) -> list[Problem]:
     """Parse and map every line of a JSONL file; raise ProblemFileError naming the first bad line and field.
 
     ``mapping`` is the manifest's ``input`` section: field names for id (or null: derived from the problem text),
-    problem, solution and answer (or null), and how to read the reference answer (``answer_extract``).
+    problem, solution and answer (or null), and how to read the reference answer (``answer_extract``). Without
+    ``require_solution`` (problems to solve) a record may lack the solution field; its solution is then "".
     """
     path = Path(path)
     try:
@@ -68,7 +69,8 @@ def read_problems(path: Path, mapping: dict[str, Any]) -> list[Problem]:
         if not isinstance(rec, dict):
             raise ProblemFileError(f"{where}: expected a JSON object, got {type(rec).__name__}")
         problem = _text(rec, mapping["problem"], where, "problem")
-        solution = _text(rec, mapping["solution"], where, "solution")
+        has_solution = mapping["solution"] is not None and mapping["solution"] in rec
+        solution = _text(rec, mapping["solution"], where, "solution") if require_solution or has_solution else ""
         pid = _id(rec, mapping["id"], where, problem)
         if pid in seen:
             raise ProblemFileError(f"{where}: duplicate id {pid!r} (first on line {seen[pid]})", "ids must be unique")

@@ -11,9 +11,9 @@ from ..ledger import log as ledger
 from ..engine.engine import Engine, load_engine, tensor_sha256, token_ids_sha256
 from ..errors import CheckFailed
 from ..util.hashing import digest, sha256_bytes, sha256_file
-from ..eval.problems import Problem, read_problems, verify_solution
+from ..eval.problems import Problem, normalize_key, read_problems, verify_solution
 from .context import RunContext
-from ..store.local import Store, prefix_key
+from ..store.local import Store, prefix_key, problem_key
 
 
 @dataclass
@@ -92,7 +92,7 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
         on_start(len(plan))
     with Store(ctx.store) as store:
         for p, verdict in plan:
-            r = _deposit_one(ctx, engine, store, report, p, verdict, recompute, level, settings)
+            r = deposit_one(ctx, engine, store, report, p, verdict, recompute, level, settings)
             report.results.append(r)
             if on_progress:
                 on_progress(r)
@@ -100,19 +100,25 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
     return report
 
 
-def _deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositReport, p: Problem, verdict,
-                 recompute: bool, level: int, settings: dict) -> DepositResult:
+def deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositReport, p: Problem, verdict,
+                recompute: bool, level: int, settings: dict) -> DepositResult:
+    """Prefill, store and record one problem (``report`` names the input file); the ledger entry or nothing."""
     m = ctx.manifest
     ids = engine.prefix_ids(render_prefix(m.data["prompt"]["prefix"], p))
     ids_sha = token_ids_sha256(ids)
     key = prefix_key(m.compute_sha256, ids_sha)
     verified = verdict.status == "verified"
+    # What `kvgraft solve` finds: the problem (exact hits by its normalized text) and the solution (full text).
+    library = {"problem_key": problem_key(m.compute_sha256, normalize_key(p.problem)), "problem": p.problem,
+               "solution": p.solution, "answer": p.answer}
     existing = store.lookup_key(key)
     if existing and store.has_object(existing.artifact) and not recompute:
         # Already deposited under this pin: re-hash the stored object rather than trusting the index.
         _, art = store.load(existing.artifact)
         sha, logits_sha, status = existing.artifact, art.meta["logits_sha256"], "existing"
         payload_len, rollback = None, (None, None)
+        if verified:
+            store.add_to_library(sha, p.id, m.compute_sha256, len(ids), library)
     else:
         cache, last = engine.prefill(ids)
         logits_sha = tensor_sha256(last)
@@ -129,7 +135,7 @@ def _deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositR
         had_entry = existing is not None
         existing, created = store.put(sha, payload, key=key, problem_id=p.id, num_tokens=len(ids),
                                       model_sha256=engine.hashes.model_sha256, manifest_sha256=m.compute_sha256,
-                                      verified=verified, level=level)
+                                      verified=verified, level=level, library=library)
         if not created:
             status = "existing"
         rollback = (None if had_entry else existing.key, sha if created else None)

@@ -13,7 +13,7 @@ from ..ledger import log as ledger
 from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
 from ..util.hashing import digest, sha256_bytes
 from .context import RunContext
-from ..store.local import Store
+from ..store.local import Store, check_chain
 
 # Query texts for --check samples; each sample also gets a seeded random tail so every suffix differs.
 CHECK_QUERIES = (
@@ -31,11 +31,26 @@ _ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789 +-=()^*/,.?"
 
 @dataclass
 class Loaded:
-    """An artifact read from the store (re-hashed) or from a file, and checked against the engine."""
+    """An artifact read from the store (re-hashed) or from a file, and checked against the engine. A chain link
+    comes with the links it continues: ``chain`` is root first and ends with ``artifact``."""
 
     sha256: str
     artifact: kvg.Artifact
     source: str
+    chain: list[tuple[str, kvg.Artifact]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.chain:
+            self.chain = [(self.sha256, self.artifact)]
+
+    @property
+    def artifacts(self) -> list[kvg.Artifact]:
+        return [a for _, a in self.chain]
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Every token of the chain, root first: the prefix the grafted cache holds."""
+        return [t for a in self.artifacts for t in a.token_ids]
 
 
 def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
@@ -45,19 +60,37 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
         stem = Path(ref).name[: -len(".kvg")]
         expected = stem if re.fullmatch(r"[0-9a-f]{64}", stem) else None
         payload, art = kvg.read_file(Path(ref), expected_sha256=expected)
-        return Loaded(sha256_bytes(payload), art, ref)
+        sha = sha256_bytes(payload)
+        if art.parent is None:
+            return Loaded(sha, art, ref)
+        with Store(ctx.store, create=False) as store:  # a link's parents come from the store
+            parents = store.load_chain(art.parent)
+        chain = parents + [(sha, art)]
+        check_chain(chain, ref)
+        return Loaded(sha, art, ref, chain)
     with Store(ctx.store, create=False) as store:
         sha = store.resolve(ref, ctx.manifest.compute_sha256)
-        _, art = store.load(sha)
-        return Loaded(sha, art, str(store.object_path(sha)))
+        chain = store.load_chain(sha)
+        return Loaded(sha, chain[-1][1], str(store.object_path(sha)), chain)
 
 
 def fit_artifact(loaded: Loaded | str | None, ctx: RunContext, engine: Engine) -> Loaded:
     """Open the artifact if given a reference, then refuse it unless it fits the engine."""
     if not isinstance(loaded, Loaded):
         loaded = open_artifact(ctx, loaded)
-    kvg.check_compatible(loaded.artifact.meta, engine.compatibility(), loaded.source)
+    for sha, art in loaded.chain:
+        kvg.check_compatible(art.meta, engine.compatibility(art.start), f"{loaded.source} (link {sha[:16]}...)"
+                             if len(loaded.chain) > 1 else loaded.source)
     return loaded
+
+
+def prefill_chain(engine: Engine, chain: list[kvg.Artifact]):
+    """The fresh side of a chain: each link's tokens prefilled on the cache of the links before it, by the
+    manifest's schedule, exactly as the links were deposited. Returns (cache, last-position logits)."""
+    cache = last = None
+    for art in chain:
+        cache, last = engine.prefill(art.token_ids, cache=cache)
+    return cache, last
 
 
 @dataclass
@@ -77,17 +110,17 @@ def graft_generate(ctx: RunContext, engine: Engine, ref: Loaded | str | None, qu
     """Restore the artifact, run the rendered query, greedy-decode up to ``max_new_tokens`` (stops at EOS)."""
     loaded = fit_artifact(ref, ctx, engine)
     suffix = engine.encode(ctx.manifest.data["prompt"]["query"].format(query=query))
-    cache = engine.restore(loaded.artifact.layers)
+    cache = engine.restore_chain(loaded.artifacts)
     logits = engine.forward(cache, suffix)
     gen, steps = engine.greedy(cache, logits[-1], max_new_tokens, stop_at_eos=True)
     entry = ctx.entry_base(engine)
     entry.update(
-        inputs={"artifact": {**digest(loaded.sha256)}, "suffix_ids": {**digest(token_ids_sha256(suffix)), "count": len(suffix)}},
+        inputs={"artifact": {**digest(loaded.sha256)}, **_chain_input(loaded), "suffix_ids": {**digest(token_ids_sha256(suffix)), "count": len(suffix)}},
         outputs={"suffix_logits": digest(tensor_sha256(logits)), "generated_ids": {**digest(token_ids_sha256(gen)), "ids": gen},
                  "decode_logits": digest(tensor_sha256(steps))},
     )
     written = ledger.append(ctx.ledger, "graft", entry)
-    return GraftResult(loaded.sha256, loaded.artifact.num_tokens, query, gen, engine.decode_text(gen), written["seq"])
+    return GraftResult(loaded.sha256, len(loaded.token_ids), query, gen, engine.decode_text(gen), written["seq"])
 
 
 @dataclass
@@ -182,10 +215,11 @@ def graft_check(ctx: RunContext, engine: Engine, ref: Loaded | str | None, sampl
     import torch
 
     loaded = fit_artifact(ref, ctx, engine)
-    art = loaded.artifact
-    prefix = art.token_ids
-    fresh_cache, last = engine.prefill(prefix)
-    reproduced_payload = kvg.encode(prefix, engine.capture(fresh_cache), engine.artifact_meta(tensor_sha256(last)))
+    art, links = loaded.artifact, loaded.artifacts
+    prefix = loaded.token_ids
+    fresh_cache, last = prefill_chain(engine, links)
+    reproduced_payload = kvg.encode(art.token_ids, engine.capture(fresh_cache, art.start),
+                                    engine.artifact_meta(tensor_sha256(last), art.start, art.parent))
     report = CheckReport(loaded.sha256, len(prefix), ctx.manifest.data["prefill"],
                          deposit_reproduced=sha256_bytes(reproduced_payload) == loaded.sha256,
                          logits_reproduced=tensor_sha256(last) == art.meta["logits_sha256"],
@@ -194,12 +228,13 @@ def graft_check(ctx: RunContext, engine: Engine, ref: Loaded | str | None, sampl
     fresh_hashes, suffix_hashes = [], []
     for i, text in enumerate(check_suffixes(ctx.manifest.data["runtime"]["seed"], samples)):
         suffix = engine.encode(ctx.manifest.data["prompt"]["query"].format(query=text))
-        # Fresh: prefill the prefix from scratch by the manifest's schedule, then the suffix, then decode.
-        cache_f, _ = engine.prefill(prefix)
+        # Fresh: prefill the prefix from scratch by the manifest's schedule (a chain: link by link, each on the
+        # cache of the ones before, as it was deposited), then the suffix, then decode.
+        cache_f, _ = prefill_chain(engine, links)
         logits_f = engine.forward(cache_f, suffix)
         gen_f, steps_f = engine.greedy(cache_f, logits_f[-1], max_new_tokens)
         # Graft: a fresh cache filled from the artifact, then the same suffix and decode.
-        cache_g = engine.restore(art.layers)
+        cache_g = engine.restore_chain(links)
         logits_g = engine.forward(cache_g, suffix)
         gen_g, steps_g = engine.greedy(cache_g, logits_g[-1], max_new_tokens)
         all_f, all_g = torch.cat([logits_f, steps_f]), torch.cat([logits_g, steps_g])
@@ -220,10 +255,17 @@ def graft_check(ctx: RunContext, engine: Engine, ref: Loaded | str | None, sampl
     report.fresh_logits_sha256 = sha256_bytes("\n".join(fresh_hashes).encode())
     entry = ctx.entry_base(engine)
     entry.update(
-        inputs={"artifact": digest(loaded.sha256), "samples": samples, "max_new_tokens": max_new_tokens,
+        inputs={"artifact": digest(loaded.sha256), **_chain_input(loaded), "samples": samples, "max_new_tokens": max_new_tokens,
                 "suffixes": digest(sha256_bytes("\n".join(suffix_hashes).encode()))},
         outputs={"fresh_logits": digest(report.fresh_logits_sha256),
                  "result": {k: v for k, v in report.summary().items() if k not in ("artifact", "ledger_seq")}},
     )
     report.ledger_seq = ledger.append(ctx.ledger, "graft-check", entry)["seq"]
     return report
+
+
+def _chain_input(loaded: Loaded) -> dict:
+    """For a chain link: the links it continues, root first (a root artifact records nothing extra)."""
+    if len(loaded.chain) == 1:
+        return {}
+    return {"chain": [sha for sha, _ in loaded.chain]}

@@ -177,6 +177,9 @@ def probe(ctx: RunContext, engine: Engine, ref: Loaded | str | None, offsets: li
         raise InputError("the probe needs at least one sample")
     loaded = fit_artifact(ref, ctx, engine)
     art = loaded.artifact
+    if art.parent is not None:
+        raise InputError(f"{loaded.source}: a chain link (it continues {art.parent[:16]}...); the probe moves a "
+                         "whole prefix, so give it a root artifact")
     prefix = art.token_ids
     if len(prefix) < 2:
         # Position 0's key is unrotated, so a one-token prefix re-rotates exactly at every offset: nothing to probe.

@@ -2,7 +2,9 @@
 ledger before anything runs, replay it on another machine or device, and compare every hash.
 
 A prereg (YAML, schema in schemas/prereg.schema.json) names the manifest by hash, the runs (deposit, graft-check,
-score) with their inputs by hash, and per *target* (e.g. ``cpu-portable``, ``cuda-h200``) the expected outputs.
+score, solve) with their inputs by hash, and per *target* (e.g. ``cpu-portable``, ``cuda-h200``) the expected
+outputs. Each run kind has a runner; :data:`RUNNERS` holds this layer's, and a caller above (the CLI) adds the
+library's ``solve`` runner, so this module never imports the library.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ..util.hashing import digest, sha256_bytes, sha256_file
 from ..config.manifest import BUILTIN_PREFIX, DEFAULT_MANIFEST, Manifest, dump_yaml, load_manifest, parse_text, with_overrides
 from .context import RunContext
 
-KINDS = ("deposit", "graft-check", "score")
+KINDS = ("deposit", "graft-check", "score", "solve", "solve-outputs")
 
 
 @dataclass(frozen=True)
@@ -133,13 +135,16 @@ class ReplayReport:
                 "comparisons": [{**asdict(c), "match": c.match} for c in self.comparisons]}
 
 
-def _with_mapping(m: Manifest, mapping: dict) -> Manifest:
+def with_mapping(m: Manifest, mapping: dict) -> Manifest:
+    """The manifest with a run's input field mapping (as recorded in its settings)."""
     return with_overrides(m, {f"input.{k}": v for k, v in mapping.items()})
 
 
 def replay(ctx: RunContext, pr: Prereg, target: str | None,
-           on_run: Callable[[str], None] | None = None) -> ReplayReport:
-    """Run a registered prereg and compare every output hash with the target's expectations."""
+           on_run: Callable[[str], None] | None = None, runners: dict[str, Callable] | None = None) -> ReplayReport:
+    """Run a registered prereg and compare every output hash with the target's expectations. ``runners`` maps a
+    run kind to its runner (default :data:`RUNNERS`); a run of a kind without one is reported as not run."""
+    runners = RUNNERS if runners is None else runners
     targets = pr.data["targets"]
     if target is None:
         if len(targets) != 1:
@@ -167,8 +172,11 @@ def replay(ctx: RunContext, pr: Prereg, target: str | None,
         if on_run:
             on_run(run["id"])
         exp = expected.get(run["id"])
+        if run["kind"] not in runners:
+            report.comparisons.append(Comparison(run["id"], "ran", "ok", f"no runner for kind {run['kind']!r} here"))
+            continue
         try:
-            got = _RUNNERS[run["kind"]](ctx, pr, run, get_engine)
+            got = runners[run["kind"]](ctx, pr, run, get_engine)
         except KvgraftError as e:
             report.comparisons.append(Comparison(run["id"], "ran", "ok", f"error: {e.message}"))
             continue
@@ -186,7 +194,7 @@ def replay(ctx: RunContext, pr: Prereg, target: str | None,
     return report
 
 
-def _file_check(pr: Prereg, rel: str) -> tuple[Path, str]:
+def file_check(pr: Prereg, rel: str) -> tuple[Path, str]:
     """An input of the prereg, resolved, and its SHA-256 (compared by the caller, reported either way)."""
     p = pr.resolve(rel)
     if not p.is_file():
@@ -197,12 +205,12 @@ def _file_check(pr: Prereg, rel: str) -> tuple[Path, str]:
 def _run_deposit(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str, Any]:
     from .deposit import deposit
 
-    path, sha = _file_check(pr, run["input"])
+    path, sha = file_check(pr, run["input"])
     got: dict[str, Any] = {"input_sha256": sha}
     if sha != run["input_sha256"]:
         return got
     s = run["settings"]
-    c = RunContext(_with_mapping(ctx.manifest, s["mapping"]), ctx.store, ctx.ledger, ctx.allow_drift)
+    c = RunContext(with_mapping(ctx.manifest, s["mapping"]), ctx.store, ctx.ledger, ctx.allow_drift)
     # recompute: a replay prefills again even when the store already holds the prefix (and fails on other bytes).
     rep = deposit(c, path, limit=s["limit"], allow_unverified=s["allow_unverified"], engine=get_engine(),
                   recompute=True)
@@ -223,20 +231,20 @@ def _run_check(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str, 
 def _run_score(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str, Any]:
     from .score import score_and_record
 
-    outputs, osha = _file_check(pr, run["outputs"])
-    answers, asha = _file_check(pr, run["answers"])
+    outputs, osha = file_check(pr, run["outputs"])
+    answers, asha = file_check(pr, run["answers"])
     got: dict[str, Any] = {"outputs_sha256": osha, "answers_sha256": asha}
     if osha != run["outputs_sha256"] or asha != run["answers_sha256"]:
         return got
     s = run["settings"]
-    c = RunContext(_with_mapping(ctx.manifest, s["mapping"]), ctx.store, ctx.ledger, ctx.allow_drift)
+    c = RunContext(with_mapping(ctx.manifest, s["mapping"]), ctx.store, ctx.ledger, ctx.allow_drift)
     # One records file per prereg and run: a later prereg never overwrites the records an earlier entry hashed.
     records = ctx.store / "replay" / f"{pr.sha256[:16]}-{run['id']}.scores.jsonl"
     result, rec_sha, _ = score_and_record(c, outputs, answers, records, s["id_field"], s["output_field"])
     return {**got, "records": rec_sha, "n": result.n, "correct": result.correct}
 
 
-_RUNNERS = {"deposit": _run_deposit, "graft-check": _run_check, "score": _run_score}
+RUNNERS = {"deposit": _run_deposit, "graft-check": _run_check, "score": _run_score}
 
 
 def prereg_from_ledger(ledger_path: Path, target: str, out_path: Path, name: str | None = None,
@@ -248,7 +256,7 @@ def prereg_from_ledger(ledger_path: Path, target: str, out_path: Path, name: str
         raise InputError(f"ledger not found: {ledger_path}")
     entries = [e for e in ledger_mod.read(ledger_path)[from_seq:] if e.get("kind") in KINDS]
     if not entries:
-        raise InputError(f"{ledger_path}: no deposit, graft-check or score entries from line {from_seq + 1} on")
+        raise InputError(f"{ledger_path}: no deposit, graft-check, score or solve entries from line {from_seq + 1} on")
 
     def rel(p: str) -> str:
         return os.path.relpath((ledger_path.resolve().parent / p).resolve(), out_dir)
@@ -259,8 +267,30 @@ def prereg_from_ledger(ledger_path: Path, target: str, out_path: Path, name: str
     (mref, msha), = manifests
     runs: dict[str, dict] = {}
     exp: dict[str, dict] = {}
+    solved: list[dict] = []  # the solve entries of a run, until its solve-outputs entry closes it
     for e in entries:
         ins, outs = e["inputs"], e["outputs"]
+        if e["kind"] == "solve":
+            solved.append(e)
+            continue
+        if e["kind"] == "solve-outputs":
+            s = ins["settings"]
+            n = sum(k[0] == "solve" for k in runs) + 1
+            settings = {"mapping": s["mapping"], "k": s["k"], "min_score": s["min_score"], "library": s["library"],
+                        "deposit_verified": s["deposit_verified"], "limit": s["limit"]}
+            rid = runs.setdefault(("solve", n), {"id": f"solve-{n}", "kind": "solve",
+                                                 "input": rel(ins["problems_file"]["path"]),
+                                                 "input_sha256": ins["problems_file"]["sha256"],
+                                                 "outputs": rel(outs["outputs"]["path"]), "settings": settings})["id"]
+            x = exp.setdefault(rid, {"input_sha256": ins["problems_file"]["sha256"],
+                                     "outputs_sha256": outs["outputs"]["sha256"]})
+            for se in solved:
+                x[f"output {se['inputs']['record']['id']}"] = se["outputs"]["output"]["sha256"]
+                x[f"hit {se['inputs']['record']['id']}"] = se["inputs"]["library"]["hit"]
+            solved = []
+            continue
+        if e["kind"] == "deposit" and "from" in (ins.get("settings") or {}):
+            continue  # a verified answer deposited by solve --deposit-verified: the solve run replays it
         if e["kind"] == "deposit":
             if "settings" not in ins:
                 raise InputError(f"{ledger_path}:{e['seq'] + 1}: deposit entry without settings (older kvgraft)",

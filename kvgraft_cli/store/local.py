@@ -37,7 +37,23 @@ CREATE TABLE IF NOT EXISTS entries (
     created TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS entries_by_problem ON entries(problem_id, manifest_sha256);
+CREATE TABLE IF NOT EXISTS library (
+    artifact TEXT PRIMARY KEY REFERENCES artifacts(sha256),
+    problem_id TEXT NOT NULL,
+    problem_key TEXT NOT NULL,
+    manifest_sha256 TEXT NOT NULL,
+    problem TEXT NOT NULL,
+    solution TEXT NOT NULL,
+    answer TEXT,
+    num_tokens INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS library_by_key ON library(problem_key);
+CREATE VIRTUAL TABLE IF NOT EXISTS library_fts USING fts5(problem, solution, content='library',
+    content_rowid='rowid', tokenize='unicode61');
 """
+# The library is the verified part of the store that `kvgraft solve` reads: one row per verified root artifact,
+# with its problem and solution text. library_fts is an external-content FTS5 index over those rows, written in the
+# same transaction as the row itself (no triggers: a reader never sees one without the other).
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -57,6 +73,30 @@ class Entry:
 def prefix_key(manifest_sha256: str, token_ids_sha256: str) -> str:
     """The index key of a prefix: its token ids under one compute pin."""
     return sha256_json({"manifest_sha256": manifest_sha256, "token_ids_sha256": token_ids_sha256})
+
+
+def link_key(manifest_sha256: str, parent_sha256: str, token_ids_sha256: str) -> str:
+    """The index key of a chain link: its segment's token ids after one parent artifact, under one compute pin."""
+    return sha256_json({"manifest_sha256": manifest_sha256, "parent_sha256": parent_sha256,
+                        "token_ids_sha256": token_ids_sha256})
+
+
+def problem_key(manifest_sha256: str, normalized_problem: str) -> str:
+    """The library key of a problem: its normalized text under one compute pin (an exact hit matches it)."""
+    return sha256_json({"manifest_sha256": manifest_sha256, "problem": normalized_problem})
+
+
+@dataclass(frozen=True)
+class LibraryHit:
+    """A verified library entry found for a problem: exact (same normalized problem) or related (bm25 score)."""
+
+    artifact: str
+    problem_id: str
+    problem: str
+    solution: str
+    answer: str | None
+    num_tokens: int
+    score: float | None  # bm25 (lower is better, as SQLite's bm25() reports it); None for an exact hit
 
 
 class Store:
@@ -92,8 +132,12 @@ class Store:
         return _entry(row) if row else None
 
     def put(self, sha256: str, payload: bytes, *, key: str, problem_id: str, num_tokens: int, model_sha256: str,
-            manifest_sha256: str, verified: bool, level: int = 3) -> tuple[Entry, bool]:
-        """Store an artifact payload under its identity and index it. Returns (entry, whether a new object was written)."""
+            manifest_sha256: str, verified: bool, level: int = 3,
+            library: dict | None = None) -> tuple[Entry, bool]:
+        """Store an artifact payload under its identity and index it. Returns (entry, whether a new object was written).
+
+        ``library`` (problem_key, problem, solution, answer) adds a verified root to the library and its full-text
+        index, in the same transaction as the index rows."""
         path = self.object_path(sha256)
         created = not path.is_file()
         if created:
@@ -110,13 +154,39 @@ class Store:
                 "problem_id=excluded.problem_id, artifact=excluded.artifact, verified=max(verified, excluded.verified)",
                 (key, problem_id, sha256, manifest_sha256, int(verified), now),
             )
+            if library is not None and verified:
+                self._add_library(sha256, problem_id, manifest_sha256, num_tokens, library)
         return self.lookup_key(key), created
+
+    def add_to_library(self, sha256: str, problem_id: str, manifest_sha256: str, num_tokens: int,
+                       library: dict) -> None:
+        """Add an already stored, verified root artifact to the library (a store made before the library existed)."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._add_library(sha256, problem_id, manifest_sha256, num_tokens, library)
+
+    def _add_library(self, sha256: str, problem_id: str, manifest_sha256: str, num_tokens: int, library: dict) -> None:
+        # Inside the caller's transaction: the library row and its full-text row land together or not at all.
+        cur = self._db.execute(
+            "INSERT OR IGNORE INTO library VALUES (?,?,?,?,?,?,?,?)",
+            (sha256, problem_id, library["problem_key"], manifest_sha256, library["problem"], library["solution"],
+             library.get("answer"), num_tokens))
+        if cur.rowcount:
+            self._db.execute("INSERT INTO library_fts(rowid, problem, solution) VALUES (?,?,?)",
+                             (cur.lastrowid, library["problem"], library["solution"]))
 
     def forget(self, key: str, sha256: str | None) -> None:
         """Undo a put whose ledger entry could not be written: drop the index row, and the object if it was new."""
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("DELETE FROM entries WHERE key = ?", (key,))
+            if sha256 is not None:
+                row = self._db.execute("SELECT rowid, problem, solution FROM library WHERE artifact = ? AND NOT EXISTS "
+                                       "(SELECT 1 FROM entries WHERE artifact = ?)", (sha256, sha256)).fetchone()
+                if row:
+                    self._db.execute("INSERT INTO library_fts(library_fts, rowid, problem, solution) "
+                                     "VALUES ('delete', ?, ?, ?)", row)
+                    self._db.execute("DELETE FROM library WHERE rowid = ?", (row[0],))
             if sha256 is not None:
                 self._db.execute("DELETE FROM artifacts WHERE sha256 = ? AND NOT EXISTS "
                                  "(SELECT 1 FROM entries WHERE artifact = ?)", (sha256, sha256))
@@ -157,6 +227,47 @@ class Store:
             raise ArtifactError(f"artifact {sha256[:16]}... is not in store {self.root} (no {path})")
         return kvg.read_file(path, expected_sha256=sha256)
 
+    def load_chain(self, sha256: str, max_links: int = 256) -> list[tuple[str, kvg.Artifact]]:
+        """An artifact and the parents it continues, root first, each re-hashed; refuses a broken chain (a missing
+        parent, a link that does not start where its parent chain ends)."""
+        links: list[tuple[str, kvg.Artifact]] = []
+        sha: str | None = sha256
+        while sha is not None:
+            if len(links) >= max_links:
+                raise ArtifactError(f"artifact {sha256[:16]}...: chain longer than {max_links} links")
+            _, art = self.load(sha)
+            links.append((sha, art))
+            sha = art.parent
+        links.reverse()
+        check_chain(links, str(self.root))
+        return links
+
+    def library_exact(self, key: str) -> LibraryHit | None:
+        """The verified library entry for a problem key (the newest, if several solutions were deposited)."""
+        row = self._db.execute(_LIB + " WHERE l.problem_key = ? ORDER BY l.rowid DESC LIMIT 1", (key,)).fetchone()
+        return LibraryHit(*row, None) if row else None
+
+    def library_search(self, text: str, manifest_sha256: str, k: int, min_score: float | None = None,
+                       exclude: set[str] | None = None) -> list[LibraryHit]:
+        """The ``k`` verified entries under this compute pin most related to ``text``: FTS5 bm25 over problems and
+        solutions. ``min_score`` keeps hits whose relevance (-bm25, higher is better) is at least that."""
+        query = fts_query(text)
+        if not query or k <= 0:
+            return []
+        rows = self._db.execute(
+            "SELECT l.artifact, l.problem_id, l.problem, l.solution, l.answer, l.num_tokens, bm25(library_fts) "
+            "FROM library_fts JOIN library l ON l.rowid = library_fts.rowid "
+            "WHERE library_fts MATCH ? AND l.manifest_sha256 = ? ORDER BY bm25(library_fts) LIMIT ?",
+            (query, manifest_sha256, k + len(exclude or ()))).fetchall()
+        hits = [LibraryHit(*r) for r in rows if r[0] not in (exclude or set())]
+        if min_score is not None:
+            hits = [h for h in hits if -h.score >= min_score]
+        return hits[:k]
+
+    def library_size(self, manifest_sha256: str | None = None) -> int:
+        q = "SELECT count(*) FROM library" + (" WHERE manifest_sha256 = ?" if manifest_sha256 else "")
+        return self._db.execute(q, (manifest_sha256,) if manifest_sha256 else ()).fetchone()[0]
+
     def entries(self, limit: int | None = None) -> list[Entry]:
         q = _SELECT + " ORDER BY e.rowid" + (f" LIMIT {int(limit)}" if limit else "")
         return [_entry(r) for r in self._db.execute(q)]
@@ -164,8 +275,34 @@ class Store:
     def stats(self) -> dict[str, int]:
         n_obj, n_bytes, n_tok = self._db.execute(
             "SELECT count(*), coalesce(sum(file_bytes),0), coalesce(sum(num_tokens),0) FROM artifacts").fetchone()
-        (n_ent,) = self._db.execute("SELECT count(*) FROM entries").fetchone()
-        return {"objects": n_obj, "entries": n_ent, "file_bytes": n_bytes, "tokens": n_tok}
+        n_ent, n_ver = self._db.execute("SELECT count(*), coalesce(sum(verified),0) FROM entries").fetchone()
+        n_lib, lib_tok = self._db.execute("SELECT count(*), coalesce(sum(num_tokens),0) FROM library").fetchone()
+        return {"objects": n_obj, "entries": n_ent, "verified_entries": n_ver, "file_bytes": n_bytes,
+                "tokens": n_tok, "library_entries": n_lib, "library_tokens": lib_tok}
+
+
+_LIB = "SELECT l.artifact, l.problem_id, l.problem, l.solution, l.answer, l.num_tokens FROM library l"
+_WORD = re.compile(r"\w+", re.UNICODE)
+MAX_QUERY_TERMS = 64
+
+
+def fts_query(text: str) -> str:
+    """An FTS5 query for a problem text: its distinct words (at most MAX_QUERY_TERMS, longest first: the rarer,
+    more telling ones), each quoted, joined by OR; bm25 ranks the matches."""
+    words = sorted({w.lower() for w in _WORD.findall(text) if len(w) > 1}, key=lambda w: (-len(w), w))
+    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words[:MAX_QUERY_TERMS])
+
+
+def check_chain(links: list[tuple[str, "kvg.Artifact"]], source: str) -> None:
+    """Refuse links that do not follow each other: each names the previous one and starts where it ends."""
+    pos = 0
+    for i, (sha, art) in enumerate(links):
+        want_parent = links[i - 1][0] if i else None
+        if art.parent != want_parent or art.start != pos:
+            raise ArtifactError(f"{source}: artifact {sha[:16]}... does not continue its chain (parent "
+                                f"{(art.parent or 'none')[:16]}, start {art.start}; expected parent "
+                                f"{(want_parent or 'none')[:16]}, start {pos})")
+        pos += art.num_tokens
 
 
 _SELECT = (

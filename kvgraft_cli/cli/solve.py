@@ -1,0 +1,129 @@
+"""`kvgraft solve`: answer problems from the library of verified solutions (torch inside the command)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ._common import DRIFT_OPT, JSON_OPT, LEDGER_OPT, MANIFEST_OPT, STORE_OPT, context, field_overrides
+from ._output import err, out, print_json
+
+
+def solve(
+    problems: Path = typer.Argument(..., help="JSON Lines file, one problem per line (same mapping as deposit; a solution field is not needed)."),
+    k: int = typer.Option(1, "--k", min=1, help="How many related solutions to graft (as one chain) when there is no exact hit."),
+    min_score: Optional[float] = typer.Option(None, "--min-score", help="Graft related solutions only when their relevance (-bm25) is at least this."),
+    no_library: bool = typer.Option(False, "--no-library", help="The baseline: the same problems with nothing grafted."),
+    compare: bool = typer.Option(False, "--compare", help="Run the baseline and the library run, and print both with the ratios."),
+    deposit_verified: bool = typer.Option(False, "--deposit-verified", help="Deposit each answer that matches the reference as a verified library entry."),
+    outputs: Optional[Path] = typer.Option(None, "--outputs", "-o", help="Outputs JSONL (default: PROBLEMS stem + .solve.jsonl, or .baseline.jsonl, in the current folder)."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Solve only the first N problems."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing outputs files."),
+    field: list[str] = typer.Option([], "--field", help="Map a role to a field name: ROLE=NAME (id, problem, answer); 'id=' derives ids."),
+    answer_extract: Optional[str] = typer.Option(None, "--answer-extract", help="Read the reference answer: verbatim, boxed or trailer."),
+    manifest: Optional[Path] = MANIFEST_OPT,
+    store: Optional[Path] = STORE_OPT,
+    ledger: Optional[Path] = LEDGER_OPT,
+    allow_drift: bool = DRIFT_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Answer each problem from the library: an exact hit in a handful of decode tokens, else the top-k related
+    solutions grafted as one chain; --no-library for the baseline, --compare for both side by side."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..engine.engine import load_engine
+    from ..library.solve import check_library, check_outputs
+    from ..library.solve import compare as ratios
+    from ..library.solve import solve as run_solve
+
+    ctx = context(manifest, store, ledger, allow_drift, field_overrides(field, answer_extract))
+    # The library run first: its checks (a store with a library) come before any work, and the baseline never
+    # reads the library, so the answers the library run deposits cannot help it.
+    modes = ["library", "baseline"] if compare else (["baseline"] if no_library else ["library"])
+    targets = {mode: _outputs_path(problems, outputs, mode, len(modes) > 1) for mode in modes}
+    for target in targets.values():
+        check_outputs(problems, target, force)
+    if "library" in modes:
+        check_library(ctx)
+    runs = {}
+    progress = Progress(TextColumn("{task.fields[mode]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.description}"), console=err, transient=True,
+                        disable=as_json or not err.is_terminal)
+    with progress:
+        task = progress.add_task("loading model, checking hashes", total=None, mode="solve")
+        engine = load_engine(ctx.manifest, ctx.allow_drift)
+        progress.remove_task(task)
+        for mode in modes:
+            task = progress.add_task("", total=None, mode=mode)
+            runs[mode] = run_solve(
+                ctx, problems, targets[mode], k=k, min_score=min_score, force=force,
+                use_library=mode == "library", deposit_verified=deposit_verified and mode == "library" or
+                (deposit_verified and not compare), limit=limit, engine=engine,
+                on_start=lambda n, t=task: progress.update(t, total=n, completed=0),
+                on_progress=lambda r, t=task: progress.update(t, advance=1, description=f"{r.id} ({r.hit})"))
+    runs = {m: runs[m] for m in ("baseline", "library") if m in runs}
+    result = {m: r.to_json() for m, r in runs.items()}
+    if compare:
+        result["ratios"] = ratios(runs["baseline"], runs["library"])
+    if as_json:
+        print_json(result)
+        return
+    _render(runs, result.get("ratios"))
+
+
+def _outputs_path(problems: Path, outputs: Optional[Path], mode: str, several: bool) -> Path:
+    """Where a run's outputs go: --outputs (with .library/.baseline before the suffix when both run), else
+    PROBLEMS stem + .solve.jsonl / .baseline.jsonl in the current folder."""
+    if outputs is not None:
+        return outputs.with_name(f"{outputs.stem}.{mode}{outputs.suffix or '.jsonl'}") if several else outputs
+    return Path(f"{problems.stem}.{'solve' if mode == 'library' else 'baseline'}.jsonl")
+
+
+def _render(runs: dict, ratios: dict | None) -> None:
+    for mode, run in runs.items():
+        t = Table(title=f"solve {run.problems} ({mode}) -> {run.outputs}", title_justify="left")
+        for col in ("id", "hit", "grafted", "prefill", "decode", "answer", "reference", "ok", "s"):
+            t.add_column(col, justify="right" if col in ("grafted", "prefill", "decode", "s") else "left",
+                         overflow="fold")
+        for r in run.records[:50]:
+            ok = "" if r.correct is None else ("[green]yes[/]" if r.correct else "[red]no[/]")
+            t.add_row(r.id, r.hit, str(r.grafted_tokens), str(r.prefill_tokens), str(r.decode_tokens),
+                      (r.extracted or "")[:40], (r.reference or "")[:40], ok, f"{r.wall_s:.2f}")
+        if len(run.records) > 50:
+            t.caption = f"(first 50 of {len(run.records)} problems; --json for all)"
+        out.print(t)
+    s = Table(title="summary", title_justify="left")
+    s.add_column("")
+    for mode in runs:
+        s.add_column(mode, justify="right")
+    if ratios:
+        s.add_column("ratio", justify="right")  # baseline / library: how many times cheaper
+    tot = {m: r.totals() for m, r in runs.items()}
+
+    def acc(t):
+        if not t["scored"]:
+            return "n/a"
+        return f"{t['correct']}/{t['scored']} = {100 * t['accuracy']:.1f}% [{100 * t['wilson95_low']:.1f}, {100 * t['wilson95_high']:.1f}]"
+
+    rows = [("accuracy (Wilson 95%)", acc, None),
+            ("exact / related hits", lambda t: f"{t['exact_hits']} / {t['related_hits']}", None),
+            ("decode tokens", lambda t: f"{t['decode_tokens']:,}", "decode_tokens"),
+            ("prefill tokens computed", lambda t: f"{t['prefill_tokens']:,}", "prefill_tokens"),
+            ("tokens grafted from the store", lambda t: f"{t['grafted_tokens']:,}", None),
+            ("wall time (s)", lambda t: f"{t['wall_s']:.2f}", "wall_s"),
+            ("CPU time (s)", lambda t: f"{t['cpu_s']:.2f}", "cpu_s"),
+            ("GPU energy (J)", lambda t: "n/a" if t["energy_j"] is None else f"{t['energy_j']:.1f}", "energy_j"),
+            ("verified answers deposited", lambda t: str(t["deposited"]), None)]
+    for label, fmt, key in rows:
+        cells = [fmt(tot[m]) for m in runs]
+        if ratios:
+            v = ratios.get(key) if key else None
+            cells.append("" if key is None else ("n/a" if v is None else f"{v:,.1f}x"))
+        s.add_row(label, *cells)
+    out.print(s)
+    if ratios and ratios.get("decode_tokens"):
+        b, w = tot["baseline"]["decode_tokens"], tot["library"]["decode_tokens"]
+        out.print(f"{w:,} decode tokens instead of {b:,} ({ratios['decode_tokens']:,.1f}x fewer)", markup=False)

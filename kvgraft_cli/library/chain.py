@@ -1,0 +1,79 @@
+"""Several solutions in one context, still exact: chains of artifacts.
+
+A cache prefilled from ``A`` and then ``B`` is not ``A``'s artifact followed by ``B``'s artifact computed on its
+own: ``B`` would sit at the wrong positions and would not have attended to ``A``. A chain link is ``B`` prefilled
+on ``A``'s cache, in place: its artifact names ``A`` as its parent, starts at ``A``'s length and holds only its own
+segment of each full layer (and the window state of each sliding layer). Restoring the chain fills one cache with
+the root's and then each link's layers. Links are content-addressed and indexed by (parent, segment), so a chain
+that recurs is restored from the store without a single prefill token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..artifacts import format as kvg
+from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
+from ..store.local import LibraryHit, Store, check_chain, link_key
+from ..util.hashing import sha256_bytes
+
+
+@dataclass
+class Chain:
+    """A chain's links, root first, each (identity, artifact); what building it cost."""
+
+    links: list[tuple[str, kvg.Artifact]] = field(default_factory=list)
+    prefilled_tokens: int = 0  # tokens prefilled now for links the store did not have
+    new_links: list[tuple[str, str]] = field(default_factory=list)  # (index key, identity) deposited now
+
+    @property
+    def shas(self) -> list[str]:
+        return [sha for sha, _ in self.links]
+
+    @property
+    def artifacts(self) -> list[kvg.Artifact]:
+        return [a for _, a in self.links]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(a.num_tokens for a in self.artifacts)
+
+
+def segment_ids(engine: Engine, hit: LibraryHit) -> list[int]:
+    """A link's tokens: the prefix template rendered for a library entry, without BOS (it continues a context)."""
+    fields = {"id": hit.problem_id, "problem": hit.problem, "solution": hit.solution, "answer": hit.answer or ""}
+    return engine.encode(engine.manifest.data["prompt"]["prefix"].format(**fields))
+
+
+def build_chain(store: Store, engine: Engine, hits: list[LibraryHit], level: int = 3) -> Chain:
+    """The chain of ``hits`` in order (the first is a root artifact from the library), depositing each missing link
+    once. Every artifact read from the store is re-hashed; every link is checked to follow the one before."""
+    chain = Chain()
+    manifest_sha = engine.manifest.compute_sha256
+    for hit in hits:
+        if not chain.links:
+            _, root = store.load(hit.artifact)
+            kvg.check_compatible(root.meta, engine.compatibility(0), hit.artifact)
+            chain.links.append((hit.artifact, root))
+            continue
+        parent = chain.links[-1][0]
+        ids = segment_ids(engine, hit)
+        key = link_key(manifest_sha, parent, token_ids_sha256(ids))
+        existing = store.lookup_key(key)
+        if existing is not None and store.has_object(existing.artifact):
+            _, art = store.load(existing.artifact)
+            chain.links.append((existing.artifact, art))
+            continue
+        start = chain.num_tokens
+        cache, last = engine.prefill(ids, cache=engine.restore_chain(chain.artifacts))
+        payload = kvg.encode(ids, engine.capture(cache, start), engine.artifact_meta(tensor_sha256(last), start, parent))
+        sha = sha256_bytes(payload)
+        store.put(sha, payload, key=key, problem_id=f"{hit.problem_id}@{parent[:12]}", num_tokens=len(ids),
+                  model_sha256=engine.hashes.model_sha256, manifest_sha256=manifest_sha, verified=True, level=level)
+        chain.links.append((sha, kvg.decode(payload, sha, sha)))
+        chain.prefilled_tokens += len(ids)
+        chain.new_links.append((key, sha))
+    check_chain(chain.links, str(store.root))
+    for sha, art in chain.links[1:]:
+        kvg.check_compatible(art.meta, engine.compatibility(art.start), sha)
+    return chain

@@ -1,0 +1,299 @@
+"""``kvgraft solve``: answer problems from the library of verified solutions, count what it saves, grow it.
+
+For each problem: find what the library holds (an exact hit, else the top-k related solutions), graft it at its
+own position (a chain when there are several), run the query template, and greedy-decode under the short answer
+budget (``decode.answer_tokens``) on an exact hit or the full budget (``decode.max_new_tokens``) otherwise,
+stopping at EOS or a ``decode.stop`` string. ``use_library=False`` runs the same problems with nothing grafted:
+the baseline. Each problem gets one ``solve`` ledger entry (its inputs, what was grafted, its output's hash and
+its costs); the outputs file, which `kvgraft score` reads as it is, gets a ``solve-outputs`` entry at the end so
+`kvgraft verify` re-hashes it. With ``deposit_verified`` an answer that matches the problem's reference answer is
+deposited (problem + the model's own solution) as a verified library entry: next time the problem is an exact hit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..engine.engine import Engine, load_engine, tensor_sha256, token_ids_sha256
+from ..errors import InputError
+from ..eval import answers
+from ..eval.problems import Problem, read_problems, verify_solution
+from ..eval.scoring import wilson_interval
+from ..ledger import log as ledger
+from ..runs.context import RunContext
+from ..runs.deposit import DepositReport, deposit_one
+from ..store.local import Store
+from ..util.fsio import atomic_write_bytes
+from ..util.hashing import canonical_json, digest, sha256_bytes, sha256_file
+from .chain import build_chain
+from .retrieval import Found, find
+
+
+@dataclass
+class SolveRecord:
+    """One problem solved: what the library gave, what it cost, what came out."""
+
+    id: str
+    line: int
+    hit: str  # exact | related | none (always none without the library)
+    artifacts: list[str]  # the library entries grafted, in context order
+    chain: list[str]  # the artifacts restored (root, then links)
+    grafted_tokens: int  # tokens restored from the store instead of computed
+    prefill_tokens: int  # tokens computed: new chain links + the query
+    decode_tokens: int
+    budget: int
+    output: str
+    extracted: str | None
+    reference: str | None
+    correct: bool | None
+    wall_s: float
+    cpu_s: float
+    energy_j: float | None = None
+    deposited: str | None = None  # the artifact a verified answer was deposited as
+    ledger_seq: int | None = None
+
+    def output_line(self) -> dict:
+        """The outputs-file record: what `kvgraft score` reads (id, output), what was grafted and how many tokens
+        were decoded. Only what the model and the library decide, so the file's hash replays; costs that depend on
+        the store's state (links already there) or the machine (times, energy) are in the ledger entry and --json."""
+        return {"id": self.id, "output": self.output, "hit": self.hit, "artifacts": self.artifacts,
+                "decode_tokens": self.decode_tokens}
+
+
+@dataclass
+class SolveRun:
+    """One pass over a problems file, with or without the library."""
+
+    mode: str  # library | baseline
+    problems: str
+    outputs: str
+    outputs_sha256: str = ""
+    records: list[SolveRecord] = field(default_factory=list)
+    ledger_seq: int | None = None
+
+    def totals(self) -> dict:
+        r = self.records
+        scored = [x for x in r if x.correct is not None]
+        correct = sum(bool(x.correct) for x in scored)
+        lo, hi = wilson_interval(correct, len(scored))
+        energy = [x.energy_j for x in r if x.energy_j is not None]
+        return {
+            "mode": self.mode, "problems": len(r), "scored": len(scored), "correct": correct,
+            "accuracy": correct / len(scored) if scored else None, "wilson95_low": lo, "wilson95_high": hi,
+            "exact_hits": sum(x.hit == "exact" for x in r), "related_hits": sum(x.hit == "related" for x in r),
+            "decode_tokens": sum(x.decode_tokens for x in r), "prefill_tokens": sum(x.prefill_tokens for x in r),
+            "grafted_tokens": sum(x.grafted_tokens for x in r), "wall_s": sum(x.wall_s for x in r),
+            "cpu_s": sum(x.cpu_s for x in r), "energy_j": sum(energy) if energy else None,
+            "deposited": sum(x.deposited is not None for x in r),
+        }
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode, "problems": self.problems, "outputs": self.outputs,
+                "outputs_sha256": self.outputs_sha256, "ledger_seq": self.ledger_seq, "totals": self.totals(),
+                "records": [asdict(x) for x in self.records]}
+
+
+def compare(baseline: SolveRun, library: SolveRun) -> dict:
+    """Baseline over library for each cost (how many times cheaper the library run was); None where undefined."""
+    b, w = baseline.totals(), library.totals()
+
+    def ratio(key):
+        return b[key] / w[key] if w[key] else None
+
+    return {"decode_tokens": ratio("decode_tokens"), "prefill_tokens": ratio("prefill_tokens"),
+            "wall_s": ratio("wall_s"), "cpu_s": ratio("cpu_s"),
+            "energy_j": ratio("energy_j") if b["energy_j"] is not None and w["energy_j"] else None}
+
+
+def answer_text(continuation: str) -> str:
+    """The outputs-file text of a decoded continuation of the query template (which ends by asking for the
+    answer): the continuation itself when it states its final answer (a boxed answer, "The answer is", an
+    "Answer:" line), else ``Answer: <continuation>``, so `kvgraft score` extracts a bare answer exactly."""
+    text = continuation.strip()
+    return text if answers.extract(text) is not None else f"Answer: {text}"
+
+
+def own_solution(output: str, extracted: str) -> str:
+    """The solution deposited for a verified answer: the model's output, ending with its final answer as
+    "The answer is: X" (the form every deposited solution is verified by)."""
+    text = output.strip()
+    if answers.trailer(text) is not None:
+        return text
+    if text in (extracted, f"Answer: {extracted}"):
+        return f"The answer is: {extracted}"
+    return f"{text}\nThe answer is: {extracted}"
+
+
+def check_outputs(problems_path: Path, outputs_path: Path, force: bool) -> None:
+    """Refuse to overwrite the problems file, or (without ``force``) an outputs file a ledger entry may name."""
+    if Path(outputs_path).resolve() == Path(problems_path).resolve():
+        raise InputError(f"--outputs {outputs_path} is the problems file; it would be overwritten",
+                         "write the outputs elsewhere")
+    if Path(outputs_path).exists() and not force:
+        raise InputError(f"outputs file {outputs_path} exists (an earlier run's ledger entry names its hash)",
+                         "pass --outputs NEW.jsonl, or --force to overwrite it")
+
+
+def check_library(ctx: RunContext) -> None:
+    """Refuse (before any model loads) a store whose library holds nothing under this manifest's compute pin."""
+    with Store(ctx.store, create=False) as store:
+        if store.library_size(ctx.manifest.compute_sha256) == 0:
+            raise InputError(f"the library in {ctx.store} holds no verified solutions for this manifest's compute "
+                             "pin", "deposit some first (`kvgraft deposit FILE.jsonl`), or run --no-library for "
+                             "the baseline")
+
+
+def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 1, min_score: float | None = None,
+          use_library: bool = True, deposit_verified: bool = False, limit: int | None = None,
+          force: bool = False, engine: Engine | None = None, on_start: Callable[[int], None] | None = None,
+          on_progress: Callable[[SolveRecord], None] | None = None) -> SolveRun:
+    """Solve every problem of a JSONL file (see the module docstring). The whole file, the store and the ledger are
+    checked before any work; each problem's ledger entry is written as it finishes."""
+    if k < 1:
+        raise InputError(f"--k must be at least 1, got {k}")
+    m = ctx.manifest
+    problems = read_problems(problems_path, m.data["input"], require_solution=False)
+    if limit is not None:
+        problems = problems[:limit]
+    check_outputs(problems_path, outputs_path, force)
+    decode = m.data["decode"]
+    full_budget = decode["max_new_tokens"]
+    answer_budget = decode.get("answer_tokens", full_budget)
+    stop = decode.get("stop") or []
+    ledger.check_appendable(ctx.ledger)
+    if use_library:
+        check_library(ctx)
+    if engine is None:
+        engine = load_engine(m, ctx.allow_drift)
+    query_ids = [engine.encode(m.data["prompt"]["query"].format(query=p.problem)) for p in problems]
+    limit_pos = engine.max_positions
+    for p, ids in zip(problems, query_ids):  # refuse before any work: a query that cannot fit even alone
+        if limit_pos and len(ids) + full_budget > limit_pos:
+            raise InputError(f"{problems_path}:{p.line}: problem {p.id!r} needs {len(ids)} query tokens + "
+                             f"{full_budget} decode tokens, more than the model's {limit_pos} positions",
+                             "shorten the problem or lower decode.max_new_tokens")
+    run = SolveRun("library" if use_library else "baseline", str(problems_path), str(outputs_path))
+    input_sha = sha256_file(problems_path)
+    problems_file = {"path": ctx.rel(Path(problems_path)), **digest(input_sha)}
+    settings = {"mapping": m.data["input"], "k": k, "min_score": repr(min_score) if min_score is not None else None,
+                "library": use_library,
+                "answer_tokens": answer_budget, "max_new_tokens": full_budget, "stop": stop,
+                "deposit_verified": deposit_verified, "limit": limit}
+    if on_start:
+        on_start(len(problems))
+    store = Store(ctx.store) if use_library or deposit_verified else None
+    try:
+        deposits = DepositReport(str(problems_path), input_sha, str(ctx.store), str(ctx.ledger), m.source)
+        for p, ids in zip(problems, query_ids):
+            rec = _solve_one(ctx, engine, store, p, ids, k, min_score, use_library, answer_budget, full_budget,
+                             stop, limit_pos, problems_file, settings)
+            if deposit_verified and rec.correct:
+                rec.deposited = _deposit_answer(ctx, engine, store, deposits, p, rec)
+            run.records.append(rec)
+            if on_progress:
+                on_progress(rec)
+    finally:
+        if store is not None:
+            store.close()
+    data = b"".join(canonical_json(r.output_line()) + b"\n" for r in run.records)
+    atomic_write_bytes(Path(outputs_path), data)
+    run.outputs_sha256 = sha256_bytes(data)
+    entry = ctx.entry_base(engine)
+    entry.update(inputs={"problems_file": problems_file, "settings": settings},
+                 outputs={"outputs": {"path": ctx.rel(Path(outputs_path)), **digest(run.outputs_sha256)},
+                          "totals": {k2: v for k2, v in run.totals().items() if k2 != "mode"}})
+    entry["mode"] = run.mode
+    run.ledger_seq = ledger.append(ctx.ledger, "solve-outputs", entry)["seq"]
+    return run
+
+
+def _solve_one(ctx: RunContext, engine: Engine, store: Store | None, p: Problem, query: list[int], k: int,
+               min_score: float | None, use_library: bool, answer_budget: int, full_budget: int, stop: list[str],
+               limit_pos: int | None, problems_file: dict, settings: dict) -> SolveRecord:
+    wall0, cpu0, energy0 = time.perf_counter(), time.process_time(), engine.gpu_energy_mj()
+    found = find(store, p.problem, engine.manifest.compute_sha256, k, min_score) if use_library else Found("none")
+    budget = answer_budget if found.kind == "exact" else full_budget
+    # Most relevant last: nearest to the question. Drop the least relevant while the context would not fit.
+    hits = list(reversed(found.hits))
+    while hits and limit_pos and sum(h.num_tokens for h in hits) + len(query) + budget > limit_pos:
+        hits.pop(0)
+    chain = build_chain(store, engine, hits) if hits else None
+    cache = engine.restore_chain(chain.artifacts) if chain else engine.new_cache()
+    logits = engine.forward(cache, query)
+    gen, _ = engine.greedy(cache, logits[-1], budget, stop_at_eos=True, stop=stop)
+    continuation = engine.decode_text(gen, skip_special=True)
+    for s in stop:  # the stop string and anything after it are not part of the answer
+        continuation = continuation.split(s, 1)[0]
+    output = answer_text(continuation)
+    extracted = answers.extract(output)
+    correct = None if p.answer is None else (extracted is not None and answers.answers_match(extracted, p.answer))
+    energy1 = engine.gpu_energy_mj()
+    rec = SolveRecord(
+        p.id, p.line, found.kind if hits else "none", [h.artifact for h in hits], chain.shas if chain else [],
+        chain.num_tokens - chain.prefilled_tokens if chain else 0,
+        (chain.prefilled_tokens if chain else 0) + len(query), len(gen), budget, output, extracted, p.answer,
+        correct, time.perf_counter() - wall0, time.process_time() - cpu0,
+        (energy1 - energy0) / 1000 if energy0 is not None and energy1 is not None else None)
+    entry = ctx.entry_base(engine)
+    entry.update(
+        inputs={"problems_file": problems_file,
+                "record": {**digest(p.record_sha256), "id": p.id, "line": p.line},
+                "query_ids": {**digest(token_ids_sha256(query)), "count": len(query)},
+                "library": {"hit": rec.hit, "artifacts": rec.artifacts, "chain": rec.chain,
+                            "scores": [repr(h.score) for h in hits if h.score is not None],
+                            "new_links": [sha for _, sha in chain.new_links] if chain else []},
+                "settings": settings},
+        outputs={"query_logits": digest(tensor_sha256(logits)),
+                 "generated_ids": {**digest(token_ids_sha256(gen)), "count": len(gen)},
+                 "output": digest(sha256_bytes(output.encode())),
+                 "costs": {"grafted_tokens": rec.grafted_tokens, "prefill_tokens": rec.prefill_tokens,
+                           "decode_tokens": rec.decode_tokens, "wall_s": rec.wall_s, "cpu_s": rec.cpu_s,
+                           "energy_j": rec.energy_j}},
+    )
+    try:
+        rec.ledger_seq = ledger.append(ctx.ledger, "solve", entry)["seq"]
+    except BaseException:
+        for key, sha in (chain.new_links if chain else []):  # nothing new stays in the store unrecorded
+            store.forget(key, sha)
+        raise
+    return rec
+
+
+def _deposit_answer(ctx: RunContext, engine: Engine, store: Store, report: DepositReport, p: Problem,
+                    rec: SolveRecord) -> str | None:
+    """Deposit a verified answer: the problem with the model's own solution, checked by the same verification
+    every deposit passes. Returns the artifact, or None when the check does not pass (never deposited)."""
+    own = Problem(p.line, p.id, p.problem, own_solution(rec.output, rec.extracted or ""), p.answer, p.record_sha256)
+    verdict = verify_solution(own)
+    if verdict.status != "verified":
+        return None
+    settings = {"mapping": ctx.manifest.data["input"], "from": "solve --deposit-verified",
+                "solve_ledger_seq": rec.ledger_seq}
+    result = deposit_one(ctx, engine, store, report, own, verdict, False, 3, settings)
+    return result.artifact
+
+
+def replay_solve(ctx: RunContext, pr, run: dict, get_engine) -> dict:
+    """The prereg runner of a ``solve`` run (runs.replay calls it through the runner table the CLI passes): solve
+    the input again with the recorded settings, writing the outputs where the prereg says (a later score run reads
+    them there), and report the hashes to compare."""
+    from ..runs.replay import file_check, with_mapping
+
+    path, sha = file_check(pr, run["input"])
+    got: dict = {"input_sha256": sha}
+    if sha != run["input_sha256"]:
+        return got
+    s = run["settings"]
+    c = RunContext(with_mapping(ctx.manifest, s["mapping"]), ctx.store, ctx.ledger, ctx.allow_drift)
+    min_score = float(s["min_score"]) if s.get("min_score") is not None else None
+    result = solve(c, path, pr.resolve(run["outputs"]), k=s["k"], min_score=min_score, use_library=s["library"],
+                   deposit_verified=s.get("deposit_verified", False), limit=s.get("limit"), force=True,
+                   engine=get_engine())
+    got["outputs_sha256"] = result.outputs_sha256
+    for r in result.records:
+        got[f"output {r.id}"] = sha256_bytes(r.output.encode())
+        got[f"hit {r.id}"] = r.hit
+    return got

@@ -1,0 +1,76 @@
+"""The library index: verified entries only, exact hits by normalized problem text, bm25 retrieval, FTS rows written
+and removed with their library rows, any problem text safe as a query."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from kvgraft_cli.eval.problems import normalize_key
+from kvgraft_cli.library.retrieval import find
+from kvgraft_cli.store.local import Store, fts_query, problem_key
+
+
+@pytest.fixture
+def store_copy(tmp_path, deposited):
+    ctx, report = deposited
+    shutil.copytree(ctx.store, tmp_path / "store")
+    return ctx, report, tmp_path / "store"
+
+
+def _fts_rows(store: Store) -> int:
+    """Rows of the library, after FTS5's own check that its index matches them exactly (an index row left behind
+    by a deleted entry, or a missing one, raises)."""
+    store._db.execute("INSERT INTO library_fts(library_fts, rank) VALUES ('integrity-check', 1)")
+    return store._db.execute("SELECT count(*) FROM library_fts").fetchone()[0]
+
+
+def test_only_verified_deposits_enter_the_library(store_copy):
+    ctx, report, path = store_copy
+    verified = [r for r in report.results if r.status in ("deposited", "existing") and r.verified]
+    with Store(path) as s:
+        assert s.library_size() == len(verified) == 7
+        assert _fts_rows(s) == 7
+        assert s.library_size(ctx.manifest.compute_sha256) == 7 and s.library_size("0" * 64) == 0
+
+
+def test_exact_hit_ignores_whitespace_and_pin(store_copy, engine):
+    ctx, _, path = store_copy
+    text = "What is 17 + 25?"
+    with Store(path) as s:
+        sample = s._db.execute("SELECT problem, problem_id FROM library WHERE problem_id = 'sum-1'").fetchone()
+        spaced = "  " + sample[0].replace(" ", "   ") + "\n"
+        found = find(s, spaced, ctx.manifest.compute_sha256)
+        assert found.kind == "exact" and found.hits[0].problem_id == "sum-1"
+        assert s.library_exact(problem_key("f" * 64, normalize_key(sample[0]))) is None  # another compute pin
+        del text
+
+
+def test_related_ranks_by_bm25_and_respects_k(store_copy):
+    ctx, _, path = store_copy
+    with Store(path) as s:
+        probe = s._db.execute("SELECT problem FROM library WHERE problem_id = 'gcd-1'").fetchone()[0]
+        hits = s.library_search(probe + " (asked differently)", ctx.manifest.compute_sha256, 3)
+        assert hits and hits[0].problem_id == "gcd-1" and len(hits) <= 3
+        assert [h.score for h in hits] == sorted(h.score for h in hits)  # bm25: lower is better
+        assert s.library_search(probe, ctx.manifest.compute_sha256, 3, min_score=-hits[0].score + 1e-9) == []
+        assert s.library_search("zzzz qqqq", ctx.manifest.compute_sha256, 3) == []
+
+
+@pytest.mark.parametrize("text", ['He said "hi" AND NOT', "x* NEAR(a b) ^ -1 : {}", "((((", "'", "", "日本語 の 問題"])
+def test_any_text_is_a_safe_query(store_copy, text):
+    ctx, _, path = store_copy
+    with Store(path) as s:
+        s.library_search(text, ctx.manifest.compute_sha256, 2)  # never an FTS5 syntax error
+    assert all(part.startswith('"') and part.endswith('"') for part in fts_query(text).split(" OR ") if part)
+
+
+def test_forget_removes_library_and_fts_rows_together(store_copy):
+    ctx, report, path = store_copy
+    r = next(x for x in report.results if x.id == "pow-1")
+    with Store(path) as s:
+        key = s._db.execute("SELECT key FROM entries WHERE artifact = ?", (r.artifact,)).fetchone()[0]
+        s.forget(key, r.artifact)
+        assert s.library_size() == 6 and _fts_rows(s) == 6
+        assert all(h.problem_id != "pow-1" for h in s.library_search("power 2 10 1024", ctx.manifest.compute_sha256, 7))

@@ -251,7 +251,7 @@ class Store:
                        exclude: set[str] | None = None) -> list[LibraryHit]:
         """The ``k`` verified entries under this compute pin most related to ``text``: FTS5 bm25 over problems and
         solutions. ``min_score`` keeps hits whose relevance (-bm25, higher is better) is at least that."""
-        query = fts_query(text)
+        query = fts_query(self._rarest(text))
         if not query or k <= 0:
             return []
         rows = self._db.execute(
@@ -263,6 +263,27 @@ class Store:
         if min_score is not None:
             hits = [h for h in hits if -h.score >= min_score]
         return hits[:k]
+
+    def _rarest(self, text: str) -> list[str]:
+        """The query's most telling words: those in the fewest library documents. Each word's document count is
+        probed with a bounded FTS5 scan (at most COMMON_DOCS rows: a word in more documents counts as common), so
+        the probe costs the same at a thousand entries as at millions. Words are taken rarest first, at most
+        MAX_QUERY_TERMS and, past the first, only while the documents they match stay under MAX_QUERY_DOCS; bm25
+        then ranks just those documents."""
+        words = sorted({w.lower() for w in _WORD.findall(text) if len(w) > 1})[:MAX_PROBED_WORDS]
+        counted = []
+        for w in words:
+            (n,) = self._db.execute("SELECT count(*) FROM (SELECT rowid FROM library_fts WHERE library_fts MATCH ? "
+                                    "LIMIT ?)", (fts_query([w]), COMMON_DOCS)).fetchone()
+            if n:
+                counted.append((n, w))
+        chosen, total = [], 0
+        for n, w in sorted(counted)[:MAX_QUERY_TERMS]:
+            if chosen and (n >= COMMON_DOCS or total + n > MAX_QUERY_DOCS):
+                break
+            chosen.append(w)
+            total += n
+        return chosen
 
     def library_size(self, manifest_sha256: str | None = None) -> int:
         q = "SELECT count(*) FROM library" + (" WHERE manifest_sha256 = ?" if manifest_sha256 else "")
@@ -282,15 +303,19 @@ class Store:
 
 
 _LIB = "SELECT l.artifact, l.problem_id, l.problem, l.solution, l.answer, l.num_tokens FROM library l"
-_WORD = re.compile(r"\w+", re.UNICODE)
-MAX_QUERY_TERMS = 64
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)  # letters and digits, as FTS5's unicode61 tokenizer splits
+MAX_PROBED_WORDS = 200  # distinct words of a query that are looked at (a problem statement has far fewer)
+COMMON_DOCS = 1_000  # a word in at least this many library documents tells little
+MAX_QUERY_TERMS = 16
+MAX_QUERY_DOCS = 5_000
 
 
-def fts_query(text: str) -> str:
-    """An FTS5 query for a problem text: its distinct words (at most MAX_QUERY_TERMS, longest first: the rarer,
-    more telling ones), each quoted, joined by OR; bm25 ranks the matches."""
-    words = sorted({w.lower() for w in _WORD.findall(text) if len(w) > 1}, key=lambda w: (-len(w), w))
-    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words[:MAX_QUERY_TERMS])
+def fts_query(words: list[str] | str) -> str:
+    """An FTS5 query matching any of ``words`` (or of a text's distinct words), each quoted so no text is FTS5
+    syntax, joined by OR; bm25 ranks the matches."""
+    if isinstance(words, str):
+        words = sorted({w.lower() for w in _WORD.findall(words) if len(w) > 1})
+    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
 
 
 def check_chain(links: list[tuple[str, "kvg.Artifact"]], source: str) -> None:

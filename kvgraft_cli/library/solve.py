@@ -221,6 +221,10 @@ def _solve_one(ctx: RunContext, engine: Engine, store: Store | None, p: Problem,
     while hits and limit_pos and sum(h.num_tokens for h in hits) + len(query) + budget > limit_pos:
         hits.pop(0)
     chain = build_chain(store, engine, hits) if hits else None
+    if chain is None:  # nothing grafted: the context starts here, with BOS as every deposited prefix does
+        bos = engine.tokenizer.bos_token_id
+        if engine.manifest.data["prompt"]["add_bos"] and bos is not None:
+            query = [bos] + query
     cache = engine.restore_chain(chain.artifacts) if chain else engine.new_cache()
     logits = engine.forward(cache, query)
     gen, _ = engine.greedy(cache, logits[-1], budget, stop_at_eos=True, stop=stop)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -28,6 +29,9 @@ STORE_OPT = typer.Option(None, "--store", help="Store directory (default: the ma
 LEDGER_OPT = typer.Option(None, "--ledger", help="Ledger file (default: the manifest's paths.ledger).")
 DRIFT_OPT = typer.Option(False, "--allow-drift", help="Proceed when the environment differs from the pin; the ledger records it.")
 JSON_OPT = typer.Option(False, "--json", help="Print a machine-readable JSON result on stdout.")
+# The options every engine command takes, in this order (see engine_options).
+ENGINE_OPTIONS = {"manifest": (Optional[Path], MANIFEST_OPT), "store": (Optional[Path], STORE_OPT),
+                  "ledger": (Optional[Path], LEDGER_OPT), "allow_drift": (bool, DRIFT_OPT), "as_json": (bool, JSON_OPT)}
 ARTIFACT_ARG = typer.Argument(None, help="Artifact hash (or unique prefix), problem id, or .kvg path; default: the latest deposit.")
 
 
@@ -77,3 +81,18 @@ def ledger_path(ledger: Optional[Path], manifest: Optional[Path]) -> Path:
     from ..config.manifest import load_manifest
 
     return Path(load_manifest(manifest).data["paths"]["ledger"])
+
+
+def engine_options(fn):
+    """Give a command the engine options (--manifest/-m, --store, --ledger, --allow-drift, --json) once, here:
+    the function declares them as plain keyword parameters and this puts typer's options in their place."""
+    sig = inspect.signature(fn)
+    missing = set(ENGINE_OPTIONS) - set(sig.parameters)
+    if missing:
+        raise TypeError(f"{fn.__name__} lacks the engine option parameters {sorted(missing)}")
+    params = [p for p in sig.parameters.values() if p.name not in ENGINE_OPTIONS]
+    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+               for name, (kind, option) in ENGINE_OPTIONS.items()]
+    fn.__signature__ = sig.replace(parameters=params)
+    fn.__annotations__ = {**fn.__annotations__, **{name: kind for name, (kind, _) in ENGINE_OPTIONS.items()}}
+    return fn

@@ -8,22 +8,19 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from ._common import DRIFT_OPT, JSON_OPT, LEDGER_OPT, MANIFEST_OPT, STORE_OPT, context, field_overrides
+from ._common import context, engine_options, field_overrides
 from ._output import err, human_bytes, out, print_json
 
 
+@engine_options
 def deposit(
     problems: Path = typer.Argument(..., help="JSON Lines file, one problem per line."),
-    manifest: Optional[Path] = MANIFEST_OPT,
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Deposit only the first N problems."),
     field: list[str] = typer.Option([], "--field", help="Map a role to a field name: ROLE=NAME (id, problem, solution, answer); 'id=' derives ids."),
     answer_extract: Optional[str] = typer.Option(None, "--answer-extract", help="Read the reference answer: verbatim, boxed or trailer."),
     allow_unverified: bool = typer.Option(False, "--allow-unverified", help="Also deposit unverifiable or wrong solutions (marked unverified)."),
     recompute: bool = typer.Option(False, "--recompute", help="Prefill again even when the store has the prefix; fail if the bytes differ."),
-    store: Optional[Path] = STORE_OPT,
-    ledger: Optional[Path] = LEDGER_OPT,
-    allow_drift: bool = DRIFT_OPT,
-    as_json: bool = JSON_OPT,
+    manifest=None, store=None, ledger=None, allow_drift=False, as_json=False,  # engine_options
 ) -> None:
     """Verify, prefill and store each problem's solution as a byte-exact KV artifact; record it in the ledger."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.table import Table
 
 from ..errors import CheckFailed
-from ._common import ARTIFACT_ARG, DRIFT_OPT, JSON_OPT, LEDGER_OPT, MANIFEST_OPT, STORE_OPT, artifact_and_engine
+from ._common import ARTIFACT_ARG, artifact_and_engine, engine_options
 from ._output import err, out, print_json
 
 
+@engine_options
 def graft(
     artifact: Optional[str] = ARTIFACT_ARG,
     query: str = typer.Option("What is the final answer?", "--query", "-q", help="Query text for the manifest's query template."),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", "-n", min=0, help="Tokens to decode (default: the manifest's decode.max_new_tokens)."),
     check: bool = typer.Option(False, "--check", help="Prove byte-exactness against a fresh computation instead of generating."),
     samples: int = typer.Option(50, "--samples", min=1, help="With --check: how many different suffixes."),
-    manifest: Optional[Path] = MANIFEST_OPT,
-    store: Optional[Path] = STORE_OPT,
-    ledger: Optional[Path] = LEDGER_OPT,
-    allow_drift: bool = DRIFT_OPT,
-    as_json: bool = JSON_OPT,
+    manifest=None, store=None, ledger=None, allow_drift=False, as_json=False,  # engine_options
 ) -> None:
     """Restore an artifact at its own position and continue it; with --check, compare against fresh computation."""
     from ..runs.graft import graft_check, graft_generate

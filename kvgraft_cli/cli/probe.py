@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.table import Table
 
 from ..errors import CheckFailed, InputError
-from ._common import ARTIFACT_ARG, DRIFT_OPT, JSON_OPT, LEDGER_OPT, MANIFEST_OPT, STORE_OPT, artifact_and_engine
+from ._common import ARTIFACT_ARG, artifact_and_engine, engine_options
 from ._output import err, out, print_json
 
 
@@ -23,15 +22,12 @@ def _int_list(text: str, what: str) -> list[int]:
     return values
 
 
+@engine_options
 def probe(
     artifact: Optional[str] = ARTIFACT_ARG,
     offsets: str = typer.Option("0,1,2,3,8,64,512", "--offsets", help="Comma-separated positions to graft at (0 = the artifact's own)."),
     samples: int = typer.Option(8, "--samples", min=1, help="Suffixes per offset."),
-    manifest: Optional[Path] = MANIFEST_OPT,
-    store: Optional[Path] = STORE_OPT,
-    ledger: Optional[Path] = LEDGER_OPT,
-    allow_drift: bool = DRIFT_OPT,
-    as_json: bool = JSON_OPT,
+    manifest=None, store=None, ledger=None, allow_drift=False, as_json=False,  # engine_options
 ) -> None:
     """Graft an artifact at other positions (keys re-rotated by the model's rotary embedding) and measure how far
     that is from computing the prefix there. Exit 1 unless offset 0 is the only exact point."""

@@ -8,10 +8,11 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from ._common import DRIFT_OPT, JSON_OPT, LEDGER_OPT, MANIFEST_OPT, STORE_OPT, context, field_overrides
+from ._common import context, engine_options, field_overrides
 from ._output import err, out, print_json
 
 
+@engine_options
 def solve(
     problems: Path = typer.Argument(..., help="JSON Lines file, one problem per line (same mapping as deposit; a solution field is not needed)."),
     k: int = typer.Option(1, "--k", min=1, help="How many related solutions to graft (as one chain) when there is no exact hit."),
@@ -24,11 +25,7 @@ def solve(
     force: bool = typer.Option(False, "--force", help="Overwrite existing outputs files."),
     field: list[str] = typer.Option([], "--field", help="Map a role to a field name: ROLE=NAME (id, problem, answer); 'id=' derives ids."),
     answer_extract: Optional[str] = typer.Option(None, "--answer-extract", help="Read the reference answer: verbatim, boxed or trailer."),
-    manifest: Optional[Path] = MANIFEST_OPT,
-    store: Optional[Path] = STORE_OPT,
-    ledger: Optional[Path] = LEDGER_OPT,
-    allow_drift: bool = DRIFT_OPT,
-    as_json: bool = JSON_OPT,
+    manifest=None, store=None, ledger=None, allow_drift=False, as_json=False,  # engine_options
 ) -> None:
     """Answer each problem from the library: an exact hit in a handful of decode tokens, else the top-k related
     solutions grafted as one chain; --no-library for the baseline, --compare for both side by side."""

@@ -160,7 +160,7 @@ def test_cli_compare_verify_and_stats(tmp_path):
     again = run_cli("solve", str(EXAMPLES), cwd=tmp_path)
     assert again.returncode == 2 and again.stderr.startswith("Error: outputs file problems.solve.jsonl exists")
     human = run_cli("solve", str(EXAMPLES), "--compare", "--force", "--k", "3", cwd=tmp_path, check_rc=0)
-    assert "decode tokens instead of" in human.stdout and "ratio" in human.stdout
+    assert "decode tokens with the library instead of" in human.stdout and "ratio" in human.stdout
     # --force overwrote files that earlier entries name: verify says so (the files differ from their record).
     broken = run_cli("verify", cwd=tmp_path)
     assert broken.returncode == 1 and "problems." in broken.stderr and "does not match" in broken.stderr

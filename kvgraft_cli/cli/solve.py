@@ -122,5 +122,6 @@ def _render(runs: dict, ratios: dict | None) -> None:
         s.add_row(label, *cells)
     out.print(s)
     if ratios and ratios.get("decode_tokens"):
-        b, w = tot["baseline"]["decode_tokens"], tot["library"]["decode_tokens"]
-        out.print(f"{w:,} decode tokens instead of {b:,} ({ratios['decode_tokens']:,.1f}x fewer)", markup=False)
+        b, w, r = tot["baseline"]["decode_tokens"], tot["library"]["decode_tokens"], ratios["decode_tokens"]
+        how = f"{r:,.1f}x fewer" if r >= 1 else f"{1 / r:,.1f}x more: the baseline stopped sooner"
+        out.print(f"{w:,} decode tokens with the library instead of {b:,} without ({how})", markup=False)

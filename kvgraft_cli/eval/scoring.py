@@ -108,7 +108,7 @@ def read_outputs(path: Path, id_field: str, output_field: str) -> list[tuple[int
 def score(outputs_path: Path, answers_path: Path, mapping: dict[str, Any], id_field: str = "id",
           output_field: str = "output") -> ScoreResult:
     """Score an outputs file against the reference answers of a problems file read with the manifest mapping."""
-    refs = {p.id: p.answer for p in read_problems(answers_path, mapping)}
+    refs = {p.id: p.answer for p in read_problems(answers_path, mapping, require_solution=False)}
     records = []
     for line, rid, text in read_outputs(outputs_path, id_field, output_field):
         if rid not in refs:

@@ -37,14 +37,12 @@ def test_only_verified_deposits_enter_the_library(store_copy):
 
 def test_exact_hit_ignores_whitespace_and_pin(store_copy, engine):
     ctx, _, path = store_copy
-    text = "What is 17 + 25?"
     with Store(path) as s:
         sample = s._db.execute("SELECT problem, problem_id FROM library WHERE problem_id = 'sum-1'").fetchone()
         spaced = "  " + sample[0].replace(" ", "   ") + "\n"
         found = find(s, spaced, ctx.manifest.compute_sha256)
         assert found.kind == "exact" and found.hits[0].problem_id == "sum-1"
         assert s.library_exact(problem_key("f" * 64, normalize_key(sample[0]))) is None  # another compute pin
-        del text
 
 
 def test_related_ranks_by_bm25_and_respects_k(store_copy):
@@ -63,7 +61,7 @@ def test_any_text_is_a_safe_query(store_copy, text):
     ctx, _, path = store_copy
     with Store(path) as s:
         s.library_search(text, ctx.manifest.compute_sha256, 2)  # never an FTS5 syntax error
-    assert all(part.startswith('"') and part.endswith('"') for part in fts_query(text).split(" OR ") if part)
+    assert all(part.startswith('"') and part.endswith('"') for part in fts_query(text.split()).split(" OR ") if part)
 
 
 def test_forget_removes_library_and_fts_rows_together(store_copy):

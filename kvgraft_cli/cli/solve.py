@@ -57,8 +57,8 @@ def solve(
             task = progress.add_task("", total=None, mode=mode)
             runs[mode] = run_solve(
                 ctx, problems, targets[mode], k=k, min_score=min_score, force=force,
-                use_library=mode == "library", deposit_verified=deposit_verified and mode == "library" or
-                (deposit_verified and not compare), limit=limit, engine=engine,
+                use_library=mode == "library", deposit_verified=deposit_verified and (mode == "library" or not compare),
+                limit=limit, engine=engine,
                 on_start=lambda n, t=task: progress.update(t, total=n, completed=0),
                 on_progress=lambda r, t=task: progress.update(t, advance=1, description=f"{r.id} ({r.hit})"))
     runs = {m: runs[m] for m in ("baseline", "library") if m in runs}

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..errors import CheckFailed, InputError
 from . import merkle
 from .checkpoint import Checkpoint
 from .log import split_lines
@@ -67,8 +67,6 @@ class LedgerTree:
     def consistent_with(self, size: int, root: bytes) -> bool:
         """Whether the first ``size`` lines extend a tree with ``root`` (the RFC 6962 consistency proof, generated
         from these lines and verified against ``root``: what a party holding only the old root would check)."""
-        from ..errors import CheckFailed
-
         if size > self.size:
             return False
         if size == 0:

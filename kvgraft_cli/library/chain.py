@@ -70,7 +70,7 @@ def build_chain(store: Store, engine: Engine, hits: list[LibraryHit], level: int
         sha = sha256_bytes(payload)
         store.put(sha, payload, key=key, problem_id=f"{hit.problem_id}@{parent[:12]}", num_tokens=len(ids),
                   model_sha256=engine.hashes.model_sha256, manifest_sha256=manifest_sha, verified=True, level=level)
-        chain.links.append((sha, kvg.decode(payload, sha, sha)))
+        chain.links.append((sha, kvg.decode(payload, sha)))  # sha was computed from these bytes just above
         chain.prefilled_tokens += len(ids)
         chain.new_links.append((key, sha))
     check_chain(chain.links, str(store.root))

@@ -220,6 +220,8 @@ def _solve_one(ctx: RunContext, engine: Engine, store: Store | None, p: Problem,
     hits = list(reversed(found.hits))
     while hits and limit_pos and sum(h.num_tokens for h in hits) + len(query) + budget > limit_pos:
         hits.pop(0)
+    kind = found.kind if hits else "none"  # an exact hit too long to graft is a miss, with a miss's budget
+    budget = answer_budget if kind == "exact" else full_budget
     chain = build_chain(store, engine, hits) if hits else None
     if chain is None:  # nothing grafted: the context starts here, with BOS as every deposited prefix does
         bos = engine.tokenizer.bos_token_id
@@ -236,7 +238,7 @@ def _solve_one(ctx: RunContext, engine: Engine, store: Store | None, p: Problem,
     correct = None if p.answer is None else (extracted is not None and answers.answers_match(extracted, p.answer))
     energy1 = engine.gpu_energy_mj()
     rec = SolveRecord(
-        p.id, p.line, found.kind if hits else "none", [h.artifact for h in hits], chain.shas if chain else [],
+        p.id, p.line, kind, [h.artifact for h in hits], chain.shas if chain else [],
         chain.num_tokens - chain.prefilled_tokens if chain else 0,
         (chain.prefilled_tokens if chain else 0) + len(query), len(gen), budget, output, extracted, p.answer,
         correct, time.perf_counter() - wall0, time.process_time() - cpu0,

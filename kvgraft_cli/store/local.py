@@ -247,8 +247,8 @@ class Store:
         row = self._db.execute(_LIB + " WHERE l.problem_key = ? ORDER BY l.rowid DESC LIMIT 1", (key,)).fetchone()
         return LibraryHit(*row, None) if row else None
 
-    def library_search(self, text: str, manifest_sha256: str, k: int, min_score: float | None = None,
-                       exclude: set[str] | None = None) -> list[LibraryHit]:
+    def library_search(self, text: str, manifest_sha256: str, k: int,
+                       min_score: float | None = None) -> list[LibraryHit]:
         """The ``k`` verified entries under this compute pin most related to ``text``: FTS5 bm25 over problems and
         solutions. ``min_score`` keeps hits whose relevance (-bm25, higher is better) is at least that."""
         query = fts_query(self._rarest(text))
@@ -258,8 +258,8 @@ class Store:
             "SELECT l.artifact, l.problem_id, l.problem, l.solution, l.answer, l.num_tokens, bm25(library_fts) "
             "FROM library_fts JOIN library l ON l.rowid = library_fts.rowid "
             "WHERE library_fts MATCH ? AND l.manifest_sha256 = ? ORDER BY bm25(library_fts) LIMIT ?",
-            (query, manifest_sha256, k + len(exclude or ()))).fetchall()
-        hits = [LibraryHit(*r) for r in rows if r[0] not in (exclude or set())]
+            (query, manifest_sha256, k)).fetchall()
+        hits = [LibraryHit(*r) for r in rows]
         if min_score is not None:
             hits = [h for h in hits if -h.score >= min_score]
         return hits[:k]
@@ -310,11 +310,9 @@ MAX_QUERY_TERMS = 16
 MAX_QUERY_DOCS = 5_000
 
 
-def fts_query(words: list[str] | str) -> str:
-    """An FTS5 query matching any of ``words`` (or of a text's distinct words), each quoted so no text is FTS5
-    syntax, joined by OR; bm25 ranks the matches."""
-    if isinstance(words, str):
-        words = sorted({w.lower() for w in _WORD.findall(words) if len(w) > 1})
+def fts_query(words: list[str]) -> str:
+    """An FTS5 query matching any of ``words``, each quoted so no text is FTS5 syntax, joined by OR; bm25 ranks
+    the matches."""
     return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
 
 

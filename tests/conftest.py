@@ -19,6 +19,15 @@ os.environ["MKL_CBWR"] = "COMPATIBLE"
 os.environ["ATEN_CPU_CAPABILITY"] = "default"
 os.environ["ONEDNN_MAX_CPU_ISA"] = "SSE41"
 
+# `kvgraft verify` keeps its cache of verified files in the user's cache folder: tests (and the CLI processes they
+# start, which inherit the environment) use one of their own, never the developer's ~/.cache.
+import atexit as _atexit
+import shutil as _shutil
+import tempfile as _tempfile
+
+os.environ["XDG_CACHE_HOME"] = _tempfile.mkdtemp(prefix="kvgraft-test-cache-")
+_atexit.register(_shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "problems.jsonl"
 SHARED = REPO.parent / "shared"

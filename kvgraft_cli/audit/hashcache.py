@@ -4,12 +4,18 @@ An artifact (``*.kvg``) is identified by the SHA-256 of its *payload*, so it is 
 thread hashes the output (both release the GIL: on two cores the cost is close to the larger of the two, not their
 sum). Any other file is hashed as bytes, exactly as ``sha256sum`` does.
 
-The cache maps (resolved path, size, mtime_ns, inode, how) to the digest computed last time. It cannot notice a
+The cache maps (resolved path, size, mtime_ns, inode) to the digest computed last time. It cannot notice a
 change that keeps size, mtime and inode (deliberate tampering can); ``--full`` ignores it.
+
+``verify`` never writes into the ledger's folder: the cache lives in the user's cache directory
+(``$XDG_CACHE_HOME/kvgraft/verify/``, else ``~/.cache/kvgraft/verify/``), one file per ledger, named by the SHA-256 of
+the ledger's resolved path, so two ledgers never share (or overwrite) one cache file. ``--cache PATH`` picks the
+file, ``--no-cache`` neither reads nor writes one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -19,7 +25,28 @@ from ..errors import ArtifactError
 from ..util.fsio import atomic_write_bytes
 from ..util.hashing import sha256_file
 
-CACHE_NAME = ".kvgraft-verify-cache.json"
+CACHE_NAME = ".kvgraft-verify-cache.json"  # where earlier versions kept it, beside the ledger: no longer read or written
+
+
+def user_cache_dir() -> Path | None:
+    """kvgraft's folder in the user's cache directory: ``$XDG_CACHE_HOME/kvgraft`` when that is an absolute path
+    (the XDG Base Directory rule: a relative one is ignored), else ``~/.cache/kvgraft``; None without a home."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        return Path(xdg) / "kvgraft"
+    try:
+        return Path.home() / ".cache" / "kvgraft"
+    except RuntimeError:  # no HOME and no passwd entry: run without a cache
+        return None
+
+
+def default_cache_path(ledger: Path) -> Path | None:
+    """The verified-file cache of one ledger: ``<user cache dir>/verify/<sha256 of the resolved ledger path>.json``."""
+    base = user_cache_dir()
+    if base is None:
+        return None
+    key = hashlib.sha256(str(Path(ledger).resolve()).encode("utf-8", "surrogateescape")).hexdigest()
+    return base / "verify" / f"{key}.json"
 
 
 def raw_digest(path: Path) -> str:
@@ -34,7 +61,7 @@ def raw_digest(path: Path) -> str:
 
 
 class HashCache:
-    """(path, size, mtime_ns, inode) -> digest, kept in a JSON file beside the ledger."""
+    """(path, size, mtime_ns, inode) -> digest, kept in a JSON file (``path``; None: in memory only)."""
 
     def __init__(self, path: Path | None, enabled: bool = True):
         self.path, self.enabled, self.dirty = path, enabled, False
@@ -51,8 +78,9 @@ class HashCache:
                                 if isinstance(v, list) and len(v) == 4 and isinstance(v[3], str)}
 
     @classmethod
-    def for_dir(cls, directory: Path, enabled: bool = True) -> "HashCache":
-        return cls(Path(directory) / CACHE_NAME, enabled)
+    def for_ledger(cls, ledger: Path, enabled: bool = True) -> "HashCache":
+        """The cache of a ledger in the user's cache directory (never in the ledger's folder)."""
+        return cls(default_cache_path(ledger), enabled)
 
     def get(self, path: Path) -> tuple[str | None, list]:
         st = os.stat(path)
@@ -71,7 +99,7 @@ class HashCache:
             try:
                 atomic_write_bytes(self.path, json.dumps(self.entries, sort_keys=True).encode())
             except OSError:
-                pass  # a read-only folder: verification works, only slower next time
+                pass  # a read-only or missing cache folder: verification works, only slower next time
 
 
 def digest_of(path: Path, cache: HashCache) -> str:

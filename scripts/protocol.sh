@@ -39,8 +39,8 @@ open("manifest.yaml", "w").write("# kvgraft run-manifest: `kvgraft manifest init
 PY
 kvgraft deposit "$library" -m manifest.yaml
 kvgraft solve "$problems" -m manifest.yaml --compare --k "$K" -o outputs.jsonl --force
-kvgraft score outputs.baseline.jsonl --answers "$problems" -m manifest.yaml
-kvgraft score outputs.library.jsonl --answers "$problems" -m manifest.yaml
+kvgraft score outputs.baseline.jsonl --answers "$problems" -m manifest.yaml --records outputs.baseline.scores.jsonl
+kvgraft score outputs.library.jsonl --answers "$problems" -m manifest.yaml --records outputs.library.scores.jsonl
 kvgraft verify -m manifest.yaml
 kvgraft prereg make -m manifest.yaml --target "$TARGET" -o prereg.yaml --force
 kvgraft replay --register prereg.yaml

@@ -30,8 +30,92 @@ MATH_MAP = {"id": None, "problem": "question", "solution": "answer", "answer": "
     ("so \\boxed 7 is it", "7"),
     ("\\boxed{1} and later \\boxed 9", "9"),
 ])
+def test_extract_version_2_is_unchanged(text, want):
+    """Version 2 stays callable, byte for byte, so verify recomputes version-2 scores exactly."""
+    assert answers.extract(text, "2") == want
+
+
+@pytest.mark.parametrize("text,want", [
+    # What version 2 found, version 3 finds too.
+    ("so $\\boxed{42}$.", "42"),
+    ("\\boxed{\\frac{1}{2}} then \\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+    ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
+    ("\\fbox{7}", "7"),
+    ("no box. The answer is: 12", "12"),
+    ("work\nAnswer: x=3", "x=3"),
+    ("nothing here", None),
+    ("\\boxed{unclosed", None),
+    ("The answer is 5.\n\nI hope this helps!", "5"),
+    ("Final Answer: 12\nThis is because...", "12"),
+    ("Answer: 3\nWait, let me recheck.\nAnswer: 5", "5"),
+    ("so \\boxed 7 is it", "7"),
+    ("\\boxed{1} and later \\boxed 9", "9"),
+    # Styles version 2 missed (issue 11).
+    ("**Answer:** 385", "385"),
+    ("**Answer: 117**", "117"),
+    ("Final Answer: The final answer is $33$. I hope it is correct.", "$33$"),
+    ("so answer = 025", "025"),
+    ("the answer is **468**", "468"),
+    ("the answer is **468**.", "468"),
+    ("**Final Answer**: 7", "7"),
+    ("### Final Answer: 9", "9"),
+    ("Final Answer:\n\n12", "12"),
+    ("Therefore, the final answer is $\\boxed{5}$. I hope it is correct.", "5"),
+    ("My answer is 8", "8"),
+])
 def test_extract(text, want):
-    assert answers.extract(text) == want
+    assert answers.extract(text) == want == answers.extract(text, "3")
+
+
+@pytest.mark.parametrize("text,right,wrong", [
+    # An earlier wrong answer, then the final right one: the last statement wins, whatever its style.
+    ("\\boxed{3}. Hmm, that is wrong; the answer is 5.", "5", "3"),
+    ("Answer: 3\nNo wait.\n**Answer:** 5", "5", "3"),
+    ("The answer is 3.\nActually \\boxed{5}", "5", "3"),
+    ("answer = 3\nanswer = 5", "5", "3"),
+    ("Final Answer: The final answer is $3$. I hope it is correct.\n"
+     "Final Answer: The final answer is $5$. I hope it is correct.", "5", "3"),
+    ("**Answer: 3**\n\nLet me redo it.\n\nthe answer is **5**", "5", "3"),
+])
+def test_extract_takes_the_final_answer(text, right, wrong):
+    got = answers.extract(text)
+    assert answers.answers_match(got, right) and not answers.answers_match(got, wrong)
+
+
+@pytest.mark.parametrize("text,wrong", [
+    # Never accepts a wrong answer: text that mentions the reference without stating it extracts something else.
+    ("The answer is not 42.", "42"),
+    ("the answer is 5, not 7", "7"),
+    ("the answer is 5, not 7", "5"),
+    ("the answer is **42**, not **43**", "42"),
+    ("the answer is $5$ if x > 0 and $7$ otherwise", "5"),
+    ("Answer: 12 or 13", "12"),
+    ("so answer = 025 + 1", "25"),
+    ("I computed 42 earlier, so the answer is 41", "42"),
+    ("The answer is: \\frac{1}{2} or \\boxed{3}", "\\frac{1}{2}"),
+    ("the answer is 42.5", "42"),
+    ("x = 5\nanswer == 5", "5"),
+])
+def test_extract_never_accepts_a_wrong_answer(text, wrong):
+    got = answers.extract(text)
+    assert got is None or not answers.answers_match(got, wrong)
+
+
+def test_aime_style_leading_zeros_are_the_same_integer():
+    """Documented choice: "025" (AIME's three digits) equals 25; a decimal keeps its zero."""
+    assert answers.answers_match(answers.extract("so answer = 025"), "25")
+    assert answers.answers_match("025", "025") and not answers.answers_match("0.25", "25")
+
+
+def test_unknown_extractor_version_is_refused():
+    with pytest.raises(ValueError, match="extractor version '1'"):
+        answers.extract("\\boxed{1}", "1")
+
+
+def test_math500_version_3_extracts_what_version_2_did():
+    """Real data: the new styles change nothing on MATH-500's own solutions (all 500 extractions identical)."""
+    rows = [json.loads(line) for line in MATH500.read_text().splitlines()]
+    assert [answers.extract(r["answer"]) for r in rows] == [answers.extract(r["answer"], "2") for r in rows]
 
 
 @pytest.mark.parametrize("a,b", [

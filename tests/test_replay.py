@@ -38,7 +38,7 @@ def test_prereg_from_run_lists_runs_and_expectations(finished_run):
     assert [r["kind"] for r in pr.data["runs"]] == ["deposit", "graft-check", "score"]
     exp = pr.data["targets"]["cpu-portable"]
     assert set(exp["deposit-1"]) == {"input_sha256", "artifact sum-1", "logits sum-1", "artifact frac-1", "logits frac-1"}
-    assert exp["score-1"]["correct"] == 1 and exp["score-1"]["n"] == 2
+    assert exp["score-1"]["correct"] == 1 and exp["score-1"]["n"] == 8  # 6 problems without an output count as wrong
 
 
 def test_register_then_replay_matches_and_references_the_registration(finished_run, tmp_path):

@@ -7,29 +7,43 @@ from typing import Any
 
 from ..engine.determinism import effective_environment
 from ..errors import ProblemFileError
-from ..eval.scoring import ScoreResult, score, write_records
+from ..eval.scoring import ScoreResult, ScoreSettings, score, write_records
 from ..ledger import log as ledger
-from ..util.hashing import digest, sha256_file
+from ..util.hashing import digest, sha256_bytes, sha256_file
 
 
-def score_and_record(ctx, outputs: Path, answers_path: Path, records_path: Path, id_field: str = "id",
-                     output_field: str = "output") -> tuple[ScoreResult, str, dict[str, Any]]:
-    """Score, write the records file, append a ``score`` ledger entry. Returns (result, records sha256, entry)."""
+def default_records_path(store: Path, outputs: Path, records_sha256: str) -> Path:
+    """Where a records file goes without ``--records``: ``<store>/scores/<outputs stem>-<sha256[:12]>.scores.jsonl``.
+    Named by content, so it never overwrites records another ledger entry hashed, and kept out of the outputs
+    file's folder (a source tree, often)."""
+    return Path(store) / "scores" / f"{Path(outputs).stem}-{records_sha256[:12]}.scores.jsonl"
+
+
+def score_and_record(ctx, outputs: Path, answers_path: Path, records_path: Path | None, id_field: str = "id",
+                     output_field: str = "output", settings: ScoreSettings | None = None,
+                     ) -> tuple[ScoreResult, str, dict[str, Any]]:
+    """Score, write the records file, append a ``score`` ledger entry. ``records_path`` None: the default
+    (:func:`default_records_path`). ``settings`` None: the current rules, extractor and exact grader; a replay
+    passes the recorded ones. Returns (result, records sha256, entry)."""
     mapping = ctx.manifest.data["input"]
+    settings = settings or ScoreSettings()
     for p in (outputs, answers_path):
-        if Path(records_path).resolve() == Path(p).resolve():
+        if records_path is not None and Path(records_path).resolve() == Path(p).resolve():
             raise ProblemFileError(f"--records {records_path} is an input file; it would be overwritten",
                                    "write the records elsewhere")
-    result = score(outputs, answers_path, mapping, id_field, output_field)
+    result = score(outputs, answers_path, mapping, id_field, output_field, settings)
     in_hashes = (sha256_file(outputs), sha256_file(answers_path))  # before anything is written
     ledger.check_appendable(ctx.ledger)
+    if records_path is None:
+        records_path = default_records_path(ctx.store, outputs, sha256_bytes(result.records_bytes()))
     rec_sha = write_records(records_path, result)
     entry = ctx.entry_base()
     entry.update(
         environment=effective_environment(ctx.manifest.data["runtime"]),
         inputs={"outputs": {"path": ctx.rel(outputs), **digest(in_hashes[0])},
                 "answers": {"path": ctx.rel(answers_path), **digest(in_hashes[1])},
-                "settings": {"mapping": mapping, "id_field": id_field, "output_field": output_field}},
+                "settings": {"mapping": mapping, "id_field": id_field, "output_field": output_field,
+                             **settings.to_settings()}},
         outputs={"records": {"path": ctx.rel(records_path), **digest(rec_sha)}, "result": result.summary()},
     )
     return result, rec_sha, ledger.append(ctx.ledger, "score", entry)

@@ -17,13 +17,14 @@ from typing import Any
 
 from ..errors import ArtifactError, IntegrityError, ModelMismatch, engine_not_installed
 from ..util.fsio import atomic_write_bytes
-from .payload import compress, decompress  # noqa: F401  (the frame rules live in payload.py)
+from . import payload as _payload
+from .payload import compress, decompress, read_payload  # noqa: F401  (the frame rules live in payload.py)
 from ..util.hashing import sha256_bytes
 
 FORMAT = "kvgraft.kvg"
 FORMAT_VERSION = "1"
 LAYER_KINDS = ("full", "sliding", "empty")
-MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
+MAX_HEADER = _payload.MAX_HEADER  # the largest safetensors header a reader accepts (payload.py, docs/FORMAT.md)
 # Metadata keys every v1 artifact has (values are strings; lists and objects are compact JSON).
 REQUIRED_META = (
     "cumulative_lengths", "dtype", "format", "format_version", "layer_types", "logits_dtype", "logits_sha256",
@@ -130,8 +131,8 @@ def read_header(payload: bytes, source: str = "artifact") -> dict[str, Any]:
         raise IntegrityError(f"{source}: truncated or corrupt safetensors header (length {n})", "re-fetch or re-deposit it")
     try:
         header = json.loads(payload[8 : 8 + n])
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise IntegrityError(f"{source}: corrupt safetensors header ({e})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: nested 100,000 deep
+        raise IntegrityError(f"{source}: corrupt safetensors header ({str(e)[:120]})") from None
     if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict):
         raise ArtifactError(f"{source}: not a kvgraft artifact (no metadata)")
     return header
@@ -171,8 +172,8 @@ def decode(payload: bytes, source: str = "artifact", expected_sha256: str | None
         raise ArtifactError(f"{source}: unreadable tensors ({e})") from None
     try:
         return _assemble(tensors, meta, source)
-    except (KeyError, ValueError, TypeError) as e:
-        raise ArtifactError(f"{source}: inconsistent artifact ({e})") from None
+    except (KeyError, ValueError, TypeError, RecursionError) as e:
+        raise ArtifactError(f"{source}: inconsistent artifact ({str(e)[:200]})") from None
 
 
 def _assemble(tensors: dict, meta: dict[str, str], source: str) -> Artifact:
@@ -193,6 +194,8 @@ def _assemble(tensors: dict, meta: dict[str, str], source: str) -> Artifact:
     ids = tensors.pop("token_ids")
     if ids.dtype != torch.int64 or ids.ndim != 1 or ids.numel() != n_tok:
         raise ValueError("token_ids must be int64 of length num_tokens")
+    if meta["dtype"] not in ST_DTYPES or meta["dtype"] == "int64":
+        raise ValueError(f"unknown dtype {meta['dtype'][:40]!r} (float32, bfloat16 or float16)")
     want_dtype = getattr(torch, meta["dtype"])
     layers = []
     for i, (kind, win, cum) in enumerate(zip(kinds, windows, cums)):
@@ -223,14 +226,11 @@ def write_file(path: Path, payload: bytes, level: int = 3) -> None:
 
 
 def read_file(path: Path, expected_sha256: str | None = None) -> tuple[bytes, Artifact]:
-    """Read, decompress, re-hash and decode a ``.kvg`` file. Returns (payload, artifact)."""
+    """Read, decompress, re-hash and decode a ``.kvg`` file. Returns (payload, artifact). Memory is bounded by the
+    size the payload's own header describes (payload.read_payload), checked before the payload is allocated."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ArtifactError(f"artifact not found: {path}") from None
-    payload = decompress(data, str(path))
-    return payload, decode(payload, str(path), expected_sha256)
+    payload = read_payload(path, expected_sha256)  # frame, header and identity checked there
+    return payload, decode(payload, str(path))
 
 
 def check_compatible(meta: dict[str, str], want: dict[str, str], source: str) -> None:

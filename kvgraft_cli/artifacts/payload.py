@@ -3,24 +3,64 @@ its content size (and carries zstd's checksum); its decompressed bytes are the c
 the artifact's identity. A frame that ends early, declares no size, decompresses to another size, or has bytes
 after it is refused with :class:`IntegrityError` (an :class:`ArtifactError`, exit 1) naming the file.
 
-Two readers share these rules: :func:`decompress` (a whole file in memory, for a graft) and
-:func:`kvg_payload_sha256` (streamed through zstd while a second thread hashes the output, for `kvgraft verify`:
-both release the GIL, so on two cores the cost is close to the larger of the two, not their sum). Torch-free.
+Bounded resources on any input (a 30 KB file can declare, or decompress to, 64 GiB):
+
+- The frame's structure (header, block headers, checksum, end of file) is checked before anything is
+  decompressed, and a frame that declares more than the payload limit is refused at once (:class:`ArtifactError`,
+  exit 2). The limit is ``KVGRAFT_MAX_PAYLOAD`` (bytes, or with a K/M/G/T suffix, binary: ``64G``), default 32 GiB.
+- A payload is a safetensors file, so its first ``8 + N`` bytes (length, then a JSON header of at most
+  :data:`MAX_HEADER` bytes) describe every tensor's dtype, shape and offsets: exactly how long the payload is. Only
+  that header is decompressed first; the frame must declare exactly the size it describes, else the file is refused
+  before the rest is decompressed.
+- Decompression is streamed in chunks of at most :data:`CHUNK` bytes and stops at the first byte past the declared
+  size.
+
+Three readers share these rules: :func:`read_payload` (a ``.kvg`` file into memory, for a graft: the whole payload is
+allocated only after the checks above, and past :data:`EAGER` bytes only after its identity has been re-hashed in a
+streamed pass), :func:`decompress` (bytes held in memory) and :func:`kvg_payload_sha256` (streamed through zstd
+while a second thread hashes the output, for `kvgraft verify`: both release the GIL, so on two cores the cost is
+close to the larger of the two, not their sum; its memory is a few chunks whatever the file declares). Torch-free.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import math
+import os
 import queue
+import re
+import struct
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
-from ..errors import IntegrityError
+from ..errors import ArtifactError, InputError, IntegrityError
 
 CHUNK = 1 << 22
-MAX_PAYLOAD = 1 << 40
+MAX_HEADER = 8 << 20  # a payload's safetensors header; a kvgraft header takes about 250 bytes a layer
+ENV_MAX_PAYLOAD = "KVGRAFT_MAX_PAYLOAD"
+DEFAULT_MAX_PAYLOAD = 32 << 30
+EAGER = 256 << 20  # read_payload re-hashes a larger payload in a streamed pass before it allocates it
+BLOCK_MAX = 1 << 17  # zstd's largest block (RFC 8878 Block_Maximum_Size)
+_FRAME_HEADER_MAX = 18
 _REFETCH = "re-fetch or re-deposit it"
+# Bytes per element of every safetensors dtype (a .kvg uses I64, F32, BF16 and F16; the others only get a size).
+ST_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+            "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def max_payload() -> int:
+    """The largest payload a reader accepts: ``KVGRAFT_MAX_PAYLOAD`` (bytes, or ``64G``-style), default 32 GiB."""
+    raw = os.environ.get(ENV_MAX_PAYLOAD, "").strip()
+    if not raw:
+        return DEFAULT_MAX_PAYLOAD
+    m = re.fullmatch(r"(\d{1,20})\s*([kmgt]?)(?:i?b)?", raw, re.IGNORECASE)
+    if not m or int(m.group(1)) == 0:
+        shown = raw if len(raw) <= 40 else raw[:40] + f"...({len(raw)} chars)"
+        raise InputError(f"{ENV_MAX_PAYLOAD}={shown!r} is not a size",
+                         f"set {ENV_MAX_PAYLOAD} to a number of bytes, optionally with K, M, G or T (binary), e.g. 64G")
+    return int(m.group(1)) << (10 * "_kmgt".index(m.group(2).lower() or "_"))
 
 
 def compress(payload: bytes, level: int = 3) -> bytes:
@@ -30,74 +70,250 @@ def compress(payload: bytes, level: int = 3) -> bytes:
     return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True).compress(payload)
 
 
-def _content_size(head: bytes, source: str, max_size: int) -> int:
-    """The payload size a frame header declares (refused unless it is one it can hold)."""
+def _max_frame_bytes(n: int) -> int:
+    """The most bytes a frame of ``n`` content bytes may take here: zstd's one-shot bound is n + n/256; a streaming
+    writer that ends a block every few dozen bytes adds more, so allow n/8 and 64 KiB. Bounds what is read into
+    memory and how many block headers are walked."""
+    return n + (n >> 3) + (1 << 16)
+
+
+def _frame_size(read_at: Callable[[int, int], bytes], file_size: int, source: str, cap: int) -> int:
+    """Check a frame's structure without decompressing anything (its header, every block header, the checksum, the
+    end of the file) and return the content size it declares, refused above ``cap``."""
     import zstandard
 
+    head = read_at(0, _FRAME_HEADER_MAX)
+    if not head:
+        raise IntegrityError(f"{source}: empty file, not a .kvg frame", _REFETCH)
     try:
         params = zstandard.get_frame_parameters(head)
+        pos = zstandard.frame_header_size(head)
     except zstandard.ZstdError as e:
         raise IntegrityError(f"{source}: truncated or corrupt zstd frame ({e})", _REFETCH) from None
-    if params.content_size <= 0 or params.content_size > max_size:
-        raise IntegrityError(f"{source}: zstd frame has no usable content size")
-    return params.content_size
-
-
-def _check_end(dobj, produced: int, size: int, source: str) -> None:
-    """After the last input byte: the frame is complete, gave its declared size, and nothing follows it."""
-    if not dobj.eof or produced != size:
+    size = params.content_size
+    if size in (zstandard.CONTENTSIZE_UNKNOWN, zstandard.CONTENTSIZE_ERROR) or size <= 0:
+        raise IntegrityError(f"{source}: zstd frame has no usable content size (a .kvg frame declares it)")
+    if size > cap:
+        raise ArtifactError(f"{source}: zstd frame declares a payload of {size:,} bytes, more than this reader's "
+                            f"limit of {cap:,} bytes", f"if the artifact is genuine, raise {ENV_MAX_PAYLOAD} "
+                            "(bytes, or e.g. 64G)")
+    if file_size > _max_frame_bytes(size):
+        raise IntegrityError(f"{source}: {file_size:,} bytes is more than any zstd frame of {size:,} bytes takes",
+                             _REFETCH)
+    while True:  # the blocks: 3-byte headers (last flag, type, size), then their bytes
+        b = read_at(pos, 3)
+        if len(b) < 3:
+            raise IntegrityError(f"{source}: truncated zstd frame", _REFETCH)
+        v = int.from_bytes(b, "little")
+        kind, n = (v >> 1) & 3, v >> 3
+        if kind == 3 or n > BLOCK_MAX:
+            raise IntegrityError(f"{source}: corrupt zstd frame (block at byte {pos})", _REFETCH)
+        pos += 3 + (1 if kind == 1 else n)
+        if v & 1:
+            break
+        if pos >= file_size:
+            raise IntegrityError(f"{source}: truncated zstd frame", _REFETCH)
+    pos += 4 if params.has_checksum else 0
+    if pos > file_size:
         raise IntegrityError(f"{source}: truncated zstd frame", _REFETCH)
-    if dobj.unused_data:
+    if pos < file_size:
         raise IntegrityError(f"{source}: bytes after the zstd frame (a .kvg file is exactly one frame)")
+    return size
 
 
-def decompress(data: bytes, source: str, max_size: int = MAX_PAYLOAD) -> bytes:
-    """The payload of a whole ``.kvg`` file held in memory."""
+def described_size(header: bytes, source: str) -> int:
+    """The payload length a safetensors header (the ``N`` JSON bytes after the 8-byte length) describes:
+    ``8 + N`` plus its tensors' bytes, which must be contiguous from offset 0. IntegrityError if it describes none."""
+    def corrupt(why: str) -> IntegrityError:
+        return IntegrityError(f"{source}: corrupt safetensors header ({why})", _REFETCH)
+
+    try:
+        parsed = json.loads(header)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise corrupt(str(e)[:120]) from None
+    if not isinstance(parsed, dict):
+        raise corrupt("not a JSON object")
+    spans = []
+    for name, t in parsed.items():
+        if name == "__metadata__":
+            continue
+        shape, offsets = (t.get("shape"), t.get("data_offsets")) if isinstance(t, dict) else (None, None)
+        if not (isinstance(t, dict) and t.get("dtype") in ST_SIZES and isinstance(shape, list)
+                and all(type(d) is int and d >= 0 for d in shape) and isinstance(offsets, list) and len(offsets) == 2
+                and all(type(o) is int and o >= 0 for o in offsets)):
+            raise corrupt(f"tensor {name[:60]!r} lacks a dtype, shape or offsets")
+        if offsets[1] - offsets[0] != math.prod(shape) * ST_SIZES[t["dtype"]]:
+            raise corrupt(f"tensor {name[:60]!r}: offsets disagree with dtype and shape")
+        spans.append(offsets)
+    end = 0
+    for begin, stop in sorted(spans):
+        if begin != end:
+            raise corrupt("tensor data has gaps or overlaps")
+        end = stop
+    return 8 + len(header) + end
+
+
+def _checked(chunks: Iterator[bytes], size: int, source: str, strict: bool) -> Iterator[bytes]:
+    """Pass decompressed chunks on, refusing the first byte past ``size`` and a payload whose safetensors header
+    describes another size (the header is held back until it is checked). Without ``strict`` a payload that does not
+    begin with a safetensors header is passed on as opaque bytes (the frame rules alone apply)."""
+    produced, head, need = 0, bytearray(), None  # need: 8 + N once the length is read
+    for out in chunks:
+        produced += len(out)
+        if produced > size:
+            raise IntegrityError(f"{source}: zstd frame decompresses to more than the {size:,} bytes it declares",
+                                 _REFETCH)
+        if head is not None:
+            head += out
+            if need is None and len(head) >= 8:
+                (n,) = struct.unpack("<Q", head[:8])
+                if 2 <= n <= MAX_HEADER and 8 + n <= size:  # the smallest JSON object is "{}"
+                    need = 8 + n
+                elif strict:
+                    raise IntegrityError(f"{source}: truncated or corrupt safetensors header (length {n})", _REFETCH)
+                else:
+                    need = 0  # not a safetensors payload: opaque bytes
+            if need is None or len(head) < need:
+                continue
+            if need:
+                try:
+                    described = described_size(bytes(head[8:need]), source)
+                except IntegrityError:
+                    if strict:
+                        raise
+                    described = size
+                if described != size:
+                    raise IntegrityError(f"{source}: zstd frame declares {size:,} bytes, its payload's header "
+                                         f"describes {described:,}", _REFETCH)
+            out, head = bytes(head), None
+        yield out
+    if produced != size:
+        raise IntegrityError(f"{source}: truncated zstd frame", _REFETCH)
+    if head is not None:
+        if strict:
+            raise IntegrityError(f"{source}: truncated payload ({size} bytes)", _REFETCH)
+        yield bytes(head)
+
+
+def _stream(f, source: str) -> Iterator[bytes]:
+    """The frame's decompressed bytes in chunks of at most CHUNK (zstd checks its checksum at the end)."""
     import zstandard
 
-    size = _content_size(data, source, max_size)
-    dobj = zstandard.ZstdDecompressor().decompressobj()
     try:
-        out = dobj.decompress(data)
+        yield from zstandard.ZstdDecompressor().read_to_iter(f, read_size=CHUNK, write_size=CHUNK)
     except zstandard.ZstdError as e:
         raise IntegrityError(f"{source}: truncated or corrupt zstd frame ({e})", _REFETCH) from None
-    _check_end(dobj, len(out), size, source)
+
+
+def _one_shot(data: bytes, size: int, source: str) -> bytes:
+    """Decompress a frame already checked by _frame_size: zstd allocates the declared size and not a byte more."""
+    import zstandard
+
+    try:
+        out = zstandard.ZstdDecompressor().decompress(data)
+    except zstandard.ZstdError as e:
+        raise IntegrityError(f"{source}: truncated or corrupt zstd frame ({e})", _REFETCH) from None
+    if len(out) != size:
+        raise IntegrityError(f"{source}: truncated zstd frame", _REFETCH)
     return out
 
 
-def iter_payload(path: Path, max_size: int = MAX_PAYLOAD) -> Iterator[bytes]:
-    """The payload of a ``.kvg`` file in chunks, read and decompressed a block at a time."""
-    import zstandard
+def _check_header_only(chunks: Iterator[bytes]) -> None:
+    """Run the checks of _checked up to the payload's header (its first chunk), then stop decompressing."""
+    for _ in chunks:
+        break
 
+
+def decompress(data: bytes, source: str, max_size: int | None = None, strict: bool = False) -> bytes:
+    """The payload of a whole ``.kvg`` file held in memory (``strict``: it must be a safetensors payload)."""
+    import io
+
+    cap = max_payload() if max_size is None else max_size
+    size = _frame_size(lambda o, n: data[o:o + n], len(data), source, cap)
+    _check_header_only(_checked(_stream(io.BytesIO(data), source), size, source, strict))
+    return _one_shot(data, size, source)
+
+
+def identity_mismatch(source: str, got: str, expected: str) -> IntegrityError:
+    """The error for a payload whose SHA-256 is not the identity it is stored or named under."""
+    return IntegrityError(
+        f"{source}: content hash {got[:16]}... does not match its identity {expected[:16]}... (tampered or corrupt)",
+        "delete it and re-deposit, or re-import it from a good copy",
+    )
+
+
+def _open(path: Path):
+    try:
+        return open(path, "rb", buffering=0)
+    except FileNotFoundError:
+        raise ArtifactError(f"artifact not found: {path}") from None
+    except IsADirectoryError:
+        raise ArtifactError(f"{path} is a directory, expected a .kvg file") from None
+    except OSError as e:
+        raise ArtifactError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def read_payload(path: Path, expected_sha256: str | None = None, max_size: int | None = None) -> bytes:
+    """A ``.kvg`` file's payload in memory, its frame and safetensors header checked first (see the module
+    docstring); with ``expected_sha256`` its identity is checked too, in a streamed pass before the payload is
+    allocated when it is larger than EAGER."""
     source = str(path)
-    dobj = zstandard.ZstdDecompressor().decompressobj()
-    size = produced = None
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK), b""):
-            if size is None:
-                size, produced = _content_size(block, source, max_size), 0
-            try:
-                out = dobj.decompress(block)
-            except zstandard.ZstdError as e:
-                raise IntegrityError(f"{source}: truncated or corrupt zstd frame ({e})", _REFETCH) from None
-            if out:
-                produced += len(out)
-                yield out
-    if size is None:
-        raise IntegrityError(f"{source}: empty file, not a .kvg frame", _REFETCH)
-    _check_end(dobj, produced, size, source)
+    cap = max_payload() if max_size is None else max_size
+    with _open(Path(path)) as f:
+        def read_at(offset: int, n: int) -> bytes:
+            f.seek(offset)
+            return f.read(n)
+
+        size = _frame_size(read_at, os.fstat(f.fileno()).st_size, source, cap)
+        f.seek(0)
+        chunks = _checked(_stream(f, source), size, source, strict=True)
+        streamed = expected_sha256 is not None and size > EAGER
+        if streamed:
+            h = hashlib.sha256()
+            for chunk in chunks:
+                h.update(chunk)
+            if h.hexdigest() != expected_sha256:
+                raise identity_mismatch(source, h.hexdigest(), expected_sha256)
+        else:
+            _check_header_only(chunks)
+        f.seek(0)
+        data = f.read()
+    payload = _one_shot(data, size, source)
+    del data
+    if expected_sha256 is not None and not streamed:
+        got = hashlib.sha256(payload).hexdigest()
+        if got != expected_sha256:
+            raise identity_mismatch(source, got, expected_sha256)
+    return payload
+
+
+def iter_payload(path: Path, max_size: int | None = None, strict: bool = False) -> Iterator[bytes]:
+    """The payload of a ``.kvg`` file in chunks of at most CHUNK bytes, read and decompressed a block at a time."""
+    source = str(path)
+    cap = max_payload() if max_size is None else max_size
+    with _open(Path(path)) as f:
+        def read_at(offset: int, n: int) -> bytes:
+            f.seek(offset)
+            return f.read(n)
+
+        size = _frame_size(read_at, os.fstat(f.fileno()).st_size, source, cap)
+        f.seek(0)
+        yield from _checked(_stream(f, source), size, source, strict)
 
 
 def kvg_payload_sha256(path: Path) -> str:
     """SHA-256 of a ``.kvg`` file's payload (its identity), decompressing and hashing in parallel.
     Raises IntegrityError for a frame that breaks the rules above (even one whose data is whole but whose checksum
-    is cut off)."""
+    is cut off), ArtifactError for one larger than the payload limit."""
     h = hashlib.sha256()
     chunks: queue.Queue = queue.Queue(maxsize=4)
+    stop = threading.Event()
 
     def produce() -> None:
         try:
             for out in iter_payload(path):
+                if stop.is_set():
+                    return
                 chunks.put(out)
             chunks.put(b"")
         except Exception as e:  # handed to the consumer, which re-raises it
@@ -105,13 +321,20 @@ def kvg_payload_sha256(path: Path) -> str:
 
     worker = threading.Thread(target=produce, daemon=True)
     worker.start()
-    while True:
-        chunk = chunks.get()
-        if isinstance(chunk, Exception):
-            worker.join()
-            raise chunk
-        if not chunk:
-            break
-        h.update(chunk)
-    worker.join()
+    try:
+        while True:
+            chunk = chunks.get()
+            if isinstance(chunk, Exception):
+                raise chunk
+            if not chunk:
+                break
+            h.update(chunk)
+    finally:
+        stop.set()
+        while worker.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                chunks.get_nowait()
+            except queue.Empty:
+                pass
+            worker.join(0.01)
     return h.hexdigest()

@@ -57,10 +57,31 @@ def data_dir() -> Path:
     return Path(str(resources.files("kvgraft_cli") / "data"))
 
 
+def clip(value: Any, limit: int = 200) -> str:
+    """``value`` as text for an error message, cut to ``limit`` characters (``...…(N chars)``): a message quotes
+    what it refuses, never megabytes of it."""
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}…({len(text):,} chars)"
+
+
+def builtin_models() -> list[str]:
+    """The names ``builtin:NAME`` may take: the model directories shipped in the package's data folder."""
+    return sorted(p.name for p in data_dir().iterdir() if p.is_dir() and (p / "config.json").is_file())
+
+
+def builtin_model_dir(name: str) -> Path:
+    """The package's model directory ``builtin:NAME`` names; only a known name (never a path: ``builtin:../..``)."""
+    known = builtin_models()
+    if name not in known:
+        raise ManifestError(f"unknown builtin model {BUILTIN_PREFIX}{clip(name, 80)}",
+                            f"builtin models: {', '.join(BUILTIN_PREFIX + k for k in known)}; or give a local path")
+    return data_dir() / name
+
+
 def resolve_model_path(path: str, base_dir: Path) -> Path:
-    """Resolve a manifest's model.path: ``builtin:NAME`` or a path relative to the manifest's folder."""
+    """Resolve a manifest's model.path: ``builtin:NAME`` (a known name) or a path relative to the manifest's folder."""
     if path.startswith(BUILTIN_PREFIX):
-        return data_dir() / path[len(BUILTIN_PREFIX):]
+        return builtin_model_dir(path[len(BUILTIN_PREFIX):])
     p = Path(path).expanduser()
     return p if p.is_absolute() else (base_dir / p)
 
@@ -86,8 +107,31 @@ def compute_pin(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+MAX_YAML_DEPTH = 32  # a manifest nests 4 levels, a prereg 6
+MAX_YAML_CHARS = 4 << 20  # a manifest is about 2 KB, a prereg of 500 solved problems about 100 KB
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently), anchors and aliases (a 2 KB
+    file of nested aliases expands to gigabytes: a "billion laughs"), and nesting deeper than MAX_YAML_DEPTH."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            what = "alias *" if isinstance(event, yaml.AliasEvent) else "anchor &"
+            raise yaml.composer.ComposerError(
+                None, None, f"YAML {what}{clip(event.anchor, 40)} is not allowed here (anchors and aliases are "
+                "refused: write the value out)", event.start_mark)
+        if self._depth >= MAX_YAML_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
+                                              event.start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -96,7 +140,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark
+                None, None, f"duplicate key {clip(repr(key), 80)} (first on line {seen[key] + 1})", key_node.start_mark
             )
         seen[key] = key_node.start_mark.line
     return loader.construct_mapping(node, deep=deep)
@@ -136,22 +180,35 @@ def validate_data(data: Any, source: str, text: str | None = None) -> list[str]:
     """Every problem in a parsed manifest, one line each, with its dotted path (and line when ``text`` is given)."""
     import jsonschema
 
-    root = yaml.compose(text, Loader=yaml.SafeLoader) if text is not None else None
+    root = yaml.compose(text, Loader=_StrictLoader) if text is not None else None
     problems: list[tuple[str, int | None, str]] = []
     validator = jsonschema.Draft202012Validator(schema())
     for err in validator.iter_errors(data):
         path = list(err.absolute_path)
         if err.validator == "additionalProperties" and isinstance(err.instance, dict):
             allowed = set(err.schema.get("properties", {}))
-            for key in sorted(set(err.instance) - allowed):
-                problems.append((_dotted(path + [key]), _line_of(root, path + [key]),
+            for key in sorted(set(err.instance) - allowed, key=str):
+                problems.append((clip(_dotted(path + [key]), 120), _line_of(root, path + [key]),
                                  f"unknown key (allowed: {', '.join(sorted(allowed))})"))
             continue
-        problems.append((_dotted(path), _line_of(root, path), err.message))
+        problems.append((clip(_dotted(path), 120), _line_of(root, path), clip(err.message)))
     if isinstance(data, dict):
-        problems += [(p, _line_of(root, p.split(".")), m) for p, m in _template_problems(data)]
+        problems += [(p, _line_of(root, p.split(".")), clip(m))
+                     for p, m in _template_problems(data) + _model_problems(data)]
     problems.sort(key=lambda t: (t[1] or 0, t[0]))
     return [f"{source}:{line}: {path}: {msg}" if line else f"{source}: {path}: {msg}" for path, line, msg in problems]
+
+
+def _model_problems(data: dict) -> list[tuple[str, str]]:
+    """model.path ``builtin:NAME`` must name a model the package ships (never a path out of it)."""
+    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    path = model.get("path")
+    if isinstance(path, str) and path.startswith(BUILTIN_PREFIX):
+        known = builtin_models()
+        if path[len(BUILTIN_PREFIX):] not in known:
+            return [("model.path", f"unknown builtin model {clip(path, 80)} (builtin models: "
+                                   f"{', '.join(BUILTIN_PREFIX + k for k in known)})")]
+    return []
 
 
 def _template_problems(data: dict) -> list[tuple[str, str]]:
@@ -175,19 +232,26 @@ def _template_problems(data: dict) -> list[tuple[str, str]]:
 
 
 def parse_text(text: str, source: str) -> Any:
-    """Parse manifest YAML, turning syntax errors into a ManifestError that names file and line."""
+    """Parse manifest YAML, turning syntax errors into a ManifestError that names file and line. Anchors, aliases,
+    nesting deeper than MAX_YAML_DEPTH and files over MAX_YAML_CHARS are refused (PyYAML takes ~100 bytes of memory
+    per byte of YAML)."""
+    if len(text) > MAX_YAML_CHARS:
+        raise ManifestError(f"{source}: {len(text):,} characters, more than a kvgraft YAML file may have "
+                            f"({MAX_YAML_CHARS:,})", "is this the right file?")
     try:
         return yaml.load(text, Loader=_StrictLoader)
+    except RecursionError:
+        raise ManifestError(f"{source}: YAML nested too deeply", "a kvgraft file nests a few levels") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         context = ""
         if e.context and e.context_mark and mark and e.context_mark.line != mark.line:
             context = f" ({e.context} started on line {e.context_mark.line + 1})"
-        raise ManifestError(f"{where}: malformed YAML: {e.problem or e}{context}",
+        raise ManifestError(f"{where}: malformed YAML: {clip(e.problem or e)}{context}",
                             "fix the YAML syntax at that line") from None
     except yaml.YAMLError as e:
-        raise ManifestError(f"{source}: malformed YAML: {e}") from None
+        raise ManifestError(f"{source}: malformed YAML: {clip(str(e))}") from None
 
 
 def load_manifest(path: str | Path | None = None) -> Manifest:
@@ -201,6 +265,9 @@ def load_manifest(path: str | Path | None = None) -> Manifest:
             raise ManifestError(f"{p} is a directory, expected a manifest YAML file")
         if not p.is_file():
             raise ManifestError(f"manifest not found: {p}", "pass an existing YAML file, or omit --manifest for the default")
+        if p.stat().st_size > 4 * MAX_YAML_CHARS:  # refused by parse_text anyway; not read into memory first
+            raise ManifestError(f"{p}: {p.stat().st_size:,} bytes, more than a kvgraft YAML file may have",
+                                "is this the right file?")
         raw, source, base = p.read_bytes(), str(p), p.resolve().parent
     try:
         text = raw.decode("utf-8")
@@ -231,7 +298,8 @@ def with_overrides(m: Manifest, overrides: dict[str, Any]) -> Manifest:
         node[last] = value
     problems = validate_data(data, m.source + " (with command-line overrides)")
     if problems:
-        raise ManifestError("; ".join(problems), "check the command-line options")
+        raise ManifestError("; ".join(problems[:3]) + (" ..." if len(problems) > 3 else ""),
+                            "check the command-line options", problems)
     return Manifest(data=data, source=m.source, file_sha256=m.file_sha256, base_dir=m.base_dir)
 
 
@@ -302,7 +370,7 @@ def manifest_for_model_dir(model_dir: str | Path, output: Path | None, **setting
     from .modelhash import hash_model_dir
 
     if str(model_dir).startswith(BUILTIN_PREFIX):
-        model_path, real = str(model_dir), data_dir() / str(model_dir)[len(BUILTIN_PREFIX):]
+        model_path, real = str(model_dir), builtin_model_dir(str(model_dir)[len(BUILTIN_PREFIX):])
     else:
         real = Path(model_dir).resolve()
         base = Path(output).resolve().parent if output else Path.cwd()

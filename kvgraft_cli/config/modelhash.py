@@ -28,6 +28,11 @@ TOKENIZER_FILES = (
     "chat_template.json",
 )
 CONFIG_FILES = ("config.json",)
+# The most characters a text may have per position of the model before kvgraft refuses it untokenized (engine.encode,
+# eval.problems.check_lengths): generous, since text averages 3-5 characters a token (code and math 2-4; a byte-level
+# tokenizer 1 or less) and only runs of spaces or dashes reach tens of characters in a single token. Tokenizing is
+# then bounded: about 225 bytes of memory per character with a byte-level tokenizer, far less with a real one.
+CHARS_PER_TOKEN = 32
 PICKLE_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 

@@ -29,7 +29,10 @@ class Drift:
         return bool(self.items)
 
     def describe(self) -> str:
-        return "; ".join(f"{d['field']}: pinned {d['pinned']!r}, effective {d['effective']!r}" for d in self.items)
+        from ..config.manifest import clip
+
+        return "; ".join(f"{clip(d['field'], 80)}: pinned {clip(repr(d['pinned']), 120)}, effective "
+                         f"{clip(repr(d['effective']), 120)}" for d in self.items)
 
     def enforce(self, allow: bool, source: str) -> None:
         """Raise DriftError unless ``allow``; with ``allow`` the caller records the items in the ledger."""

@@ -16,8 +16,14 @@ from . import determinism
 from ..artifacts.format import LayerState
 from .determinism import Drift
 from ..errors import InputError, UnsupportedModel
-from ..config.manifest import Manifest
-from ..config.modelhash import ModelHashes, hash_model_dir
+from ..config.manifest import Manifest, clip
+from ..config.modelhash import CHARS_PER_TOKEN, ModelHashes, hash_model_dir
+
+# Architectures whose cache is not kvgraft's (refused by config.json's model_type before the weights load): their
+# forward rejects a DynamicCache, or keeps state a DynamicCache cannot hold.
+UNSUPPORTED_MODEL_TYPES = {
+    "minimax": "MiniMax keeps lightning (linear) attention state in its own MiniMaxCache and rejects a DynamicCache",
+}
 
 
 def tensor_sha256(t) -> str:
@@ -49,16 +55,29 @@ class Engine:
     layout: list[tuple[str, int | None]] = field(default_factory=list)  # (kind, sliding window) per cache layer
 
     # -- tokens -------------------------------------------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` without special tokens."""
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+    def encode(self, text: str, where: str | None = None) -> list[int]:
+        """Token ids of ``text`` without special tokens. Bounded for any input: a text longer than the model's
+        positions times CHARS_PER_TOKEN is refused before tokenizing (InputError naming ``where``), and the ids are
+        truncated at max_positions + 1 (a text that long fits nowhere: every position check refuses it)."""
+        limit = self.max_positions
+        if not limit:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        check_text_length(text, limit, where)
+        return list(self.tokenizer(text, add_special_tokens=False, truncation=True,
+                                   max_length=limit + 1)["input_ids"])
 
-    def prefix_ids(self, text: str) -> list[int]:
-        """Token ids of a rendered prefix, with BOS when the manifest asks for it."""
-        ids = self.encode(text)
+    def prefix_ids(self, text: str, where: str | None = None) -> list[int]:
+        """Token ids of a rendered prefix, with BOS when the manifest asks for it; InputError (naming ``where``, e.g.
+        ``problems.jsonl:7``) for a prefix longer than the model's positions, before any forward."""
+        ids = self.encode(text, where or "prefix")
         bos = self.tokenizer.bos_token_id
         if self.manifest.data["prompt"]["add_bos"] and bos is not None:
             ids = [bos] + ids
+        limit = self.max_positions
+        if limit and len(ids) > limit:
+            raise InputError(f"{where or 'prefix'}: the prefix has more than the model's {limit:,} positions "
+                             f"({'at least ' if len(ids) > limit + 1 else ''}{len(ids):,} tokens)",
+                             "shorten the problem or solution")
         return ids
 
     def decode_text(self, ids: list[int], skip_special: bool = False) -> str:
@@ -289,6 +308,7 @@ def load_engine(manifest: Manifest, allow_drift: bool = False, drift: Drift | No
         if have != want:
             drift.add(f"model.{key}", want, have)
     drift.enforce(allow_drift, manifest.source)
+    check_model_type(model_dir)
 
     import torch
     import transformers
@@ -311,8 +331,43 @@ def load_engine(manifest: Manifest, allow_drift: bool = False, drift: Drift | No
 
 
 def _probe_layout(engine: Engine) -> list[tuple[str, int | None]]:
-    """Which layers hold KV and of what kind, read from a one-token forward (refuses unsupported cache layers)."""
+    """Which layers hold KV and of what kind, read from a one-token forward (refuses unsupported cache layers, and
+    a model whose forward rejects a DynamicCache, naming it)."""
     cache = engine.new_cache()
     probe = engine.tokenizer.bos_token_id
-    engine.forward(cache, [probe if probe is not None else 0], last_only=True)
+    try:
+        engine.forward(cache, [probe if probe is not None else 0], last_only=True)
+    except (ValueError, TypeError, AttributeError, NotImplementedError, KeyError, IndexError) as e:
+        model_type = getattr(engine.model.config, "model_type", None) or "?"
+        raise UnsupportedModel(
+            f"model type {clip(model_type, 60)} ({type(engine.model).__name__}) fails a one-token forward on "
+            f"kvgraft's DynamicCache: {type(e).__name__}: {clip(str(e))}",
+            "kvgraft deposits models whose cache is made of DynamicLayer / DynamicSlidingWindowLayer (models with a "
+            "cache class of their own, linear or recurrent attention, are not supported)") from None
     return [(st.kind, st.sliding_window) for st in engine.capture(cache)]
+
+
+def check_model_type(model_dir) -> None:
+    """Refuse, by config.json's model_type and before any weight loads, an architecture kvgraft cannot deposit."""
+    import json
+    from pathlib import Path
+
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return  # the model load reports an unreadable config
+    configs = [cfg, cfg.get("text_config")] if isinstance(cfg, dict) else []
+    types = {c.get("model_type") for c in configs if isinstance(c, dict)}
+    for t in sorted(x for x in types if isinstance(x, str)):
+        if t in UNSUPPORTED_MODEL_TYPES:
+            raise UnsupportedModel(f"{model_dir}: model type {t!r} is not supported: {UNSUPPORTED_MODEL_TYPES[t]}",
+                                   "use a model whose cache is made of DynamicLayer / DynamicSlidingWindowLayer")
+
+
+def check_text_length(text: str, positions: int, where: str | None = None) -> None:
+    """Refuse, before tokenizing, a text that cannot fit ``positions`` tokens even at CHARS_PER_TOKEN characters a
+    token (config/modelhash.py documents the bound): a 50 MB text would otherwise take gigabytes to tokenize."""
+    if len(text) > positions * CHARS_PER_TOKEN:
+        raise InputError(f"{where or 'text'}: {len(text):,} characters cannot fit the model's {positions:,} positions "
+                         f"(kvgraft refuses texts over {CHARS_PER_TOKEN} characters a position: "
+                         f"{positions * CHARS_PER_TOKEN:,})", "shorten or split the text")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from . import answers
+from ..config.modelhash import CHARS_PER_TOKEN
 from ..errors import ProblemFileError
 from ..util.hashing import sha256_bytes, sha256_json
 
@@ -64,8 +65,12 @@ def read_problems(path: Path, mapping: dict[str, Any], require_solution: bool = 
         where = f"{path}:{n}"
         try:
             rec = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ProblemFileError(f"{where}: malformed JSON ({e})", "each line must be one JSON object") from None
+        except (UnicodeDecodeError, ValueError) as e:  # ValueError: JSONDecodeError, or an int of 5,000 digits
+            raise ProblemFileError(f"{where}: malformed JSON ({_clip(str(e))})",
+                                   "each line must be one JSON object") from None
+        except RecursionError:
+            raise ProblemFileError(f"{where}: JSON nested too deeply",
+                                   "each line must be one flat JSON object") from None
         if not isinstance(rec, dict):
             raise ProblemFileError(f"{where}: expected a JSON object, got {type(rec).__name__}")
         problem = _text(rec, mapping["problem"], where, "problem")
@@ -73,7 +78,7 @@ def read_problems(path: Path, mapping: dict[str, Any], require_solution: bool = 
         solution = _text(rec, mapping["solution"], where, "solution") if require_solution or has_solution else ""
         pid = _id(rec, mapping["id"], where, problem)
         if pid in seen:
-            raise ProblemFileError(f"{where}: duplicate id {pid!r} (first on line {seen[pid]})", "ids must be unique")
+            raise ProblemFileError(f"{where}: duplicate id {_clip(repr(pid), 80)} (first on line {seen[pid]})", "ids must be unique")
         seen[pid] = n
         ref = None
         if mapping["answer"] is not None and rec.get(mapping["answer"]) is not None:
@@ -82,16 +87,37 @@ def read_problems(path: Path, mapping: dict[str, Any], require_solution: bool = 
         try:
             rec_hash = sha256_json(rec)
         except Exception as e:  # numbers JCS cannot represent (NaN, huge ints)
-            raise ProblemFileError(f"{where}: record cannot be canonicalized ({e})") from None
+            raise ProblemFileError(f"{where}: record cannot be canonicalized ({_clip(str(e))})") from None
         out.append(Problem(n, pid, problem, solution, ref, rec_hash))
     if not out:
         raise ProblemFileError(f"{path}: no problems (empty file)")
     return out
 
 
+def check_lengths(problems: list[Problem], path: Path, positions: int | None,
+                  fields: tuple[str, ...] = ("problem", "solution")) -> None:
+    """Refuse, before anything is tokenized, a problem whose ``fields`` hold more characters than the model's
+    ``positions`` could ever fit (CHARS_PER_TOKEN a position, config/modelhash.py): ProblemFileError naming the line.
+    ``positions``: the model's limit (config.modelhash.context_window); None checks nothing."""
+    if not positions:
+        return
+    limit = positions * CHARS_PER_TOKEN
+    for p in problems:
+        n = sum(len(getattr(p, f)) for f in fields)
+        if n > limit:
+            raise ProblemFileError(
+                f"{path}:{p.line}: problem {_clip(repr(p.id), 60)}: {n:,} characters of {' and '.join(fields)} "
+                f"cannot fit the model's {positions:,} positions (kvgraft refuses over {CHARS_PER_TOKEN} characters a position: "
+                f"{limit:,})", "shorten or split it")
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}…({len(text):,} chars)"
+
+
 def _text(rec: dict, field: str, where: str, role: str) -> str:
     if field not in rec:
-        have = ", ".join(sorted(rec)[:8])
+        have = _clip(", ".join(_clip(k, 40) for k in sorted(rec)[:8]))
         raise ProblemFileError(
             f"{where}: missing field {field!r} (the {role}); the record has: {have}",
             f"map the {role} field with --field {role}=NAME or in the manifest's input section",

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..artifacts import format as kvg
 from ..ledger import log as ledger
 from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
+from ..errors import InputError, KvgraftError
 from ..util.hashing import digest, sha256_bytes
 from .context import RunContext
 from ..store.local import Store, check_chain
@@ -38,6 +39,11 @@ class Loaded:
     artifact: kvg.Artifact
     source: str
     chain: list[tuple[str, kvg.Artifact]] = field(default_factory=list)
+    # How the identity was checked: "store" (read from the store under its identity, re-hashed), "file name" (a
+    # .kvg file named <identity>.kvg, re-hashed), "store object" (a .kvg file under another name whose payload hash
+    # the store also holds), "file" (a .kvg file under another name: the identity is the file's own payload hash,
+    # checked against nothing recorded).
+    identity: str = "store"
 
     def __post_init__(self) -> None:
         if not self.chain:
@@ -61,17 +67,29 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
         expected = stem if re.fullmatch(r"[0-9a-f]{64}", stem) else None
         payload, art = kvg.read_file(Path(ref), expected_sha256=expected)
         sha = sha256_bytes(payload)
+        del payload
+        identity = "file name" if expected else _identity_in_store(ctx, sha)
         if art.parent is None:
-            return Loaded(sha, art, ref)
+            return Loaded(sha, art, ref, identity=identity)
         with Store(ctx.store, create=False) as store:  # a link's parents come from the store
             parents = store.load_chain(art.parent)
         chain = parents + [(sha, art)]
         check_chain(chain, ref)
-        return Loaded(sha, art, ref, chain)
+        return Loaded(sha, art, ref, chain, identity=identity)
     with Store(ctx.store, create=False) as store:
         sha = store.resolve(ref, ctx.manifest.compute_sha256)
         chain = store.load_chain(sha)
         return Loaded(sha, chain[-1][1], str(store.object_path(sha)), chain)
+
+
+def _identity_in_store(ctx: RunContext, sha: str) -> str:
+    """For a .kvg file not named by its identity: "store object" when the store holds an object of the same
+    payload hash (the file is a copy of a recorded artifact), else "file" (nothing recorded names it)."""
+    try:
+        with Store(ctx.store, create=False) as store:
+            return "store object" if store.has_object(sha) else "file"
+    except KvgraftError:  # no store here: nothing to check it against
+        return "file"
 
 
 def fit_artifact(loaded: Loaded | str | None, ctx: RunContext, engine: Engine) -> Loaded:
@@ -103,13 +121,18 @@ class GraftResult:
     generated_ids: list[int]
     text: str
     ledger_seq: int
+    identity: str = "store"  # how its identity was checked (Loaded.identity); "file": against nothing recorded
 
 
 def graft_generate(ctx: RunContext, engine: Engine, ref: Loaded | str | None, query: str,
                    max_new_tokens: int) -> GraftResult:
     """Restore the artifact, run the rendered query, greedy-decode up to ``max_new_tokens`` (stops at EOS)."""
     loaded = fit_artifact(ref, ctx, engine)
-    suffix = engine.encode(ctx.manifest.data["prompt"]["query"].format(query=query))
+    suffix = engine.encode(ctx.manifest.data["prompt"]["query"].format(query=query), where="--query")
+    limit = engine.max_positions
+    if limit and len(loaded.token_ids) + len(suffix) > limit:
+        raise InputError(f"--query: {len(loaded.token_ids):,} prefix tokens + {len(suffix):,} query tokens exceed the "
+                         f"model's {limit:,} positions", "shorten the query")
     cache = engine.restore_chain(loaded.artifacts)
     logits = engine.forward(cache, suffix)
     gen, steps = engine.greedy(cache, logits[-1], max_new_tokens, stop_at_eos=True)
@@ -120,7 +143,8 @@ def graft_generate(ctx: RunContext, engine: Engine, ref: Loaded | str | None, qu
                  "decode_logits": digest(tensor_sha256(steps))},
     )
     written = ledger.append(ctx.ledger, "graft", entry)
-    return GraftResult(loaded.sha256, len(loaded.token_ids), query, gen, engine.decode_text(gen), written["seq"])
+    return GraftResult(loaded.sha256, len(loaded.token_ids), query, gen, engine.decode_text(gen), written["seq"],
+                       loaded.identity)
 
 
 @dataclass
@@ -150,6 +174,7 @@ class CheckReport:
     samples: list[SampleResult] = field(default_factory=list)
     ledger_seq: int | None = None
     fresh_logits_sha256: str = ""  # SHA-256 over the per-sample fresh logits hashes (what a replay compares)
+    identity: str = "store"  # how the artifact's identity was checked (Loaded.identity); not in the ledger entry
 
     @property
     def n(self) -> int:
@@ -182,7 +207,7 @@ class CheckReport:
                 "ledger_seq": self.ledger_seq}
 
     def to_json(self) -> dict:
-        return {**self.summary(), "fresh_logits_sha256": self.fresh_logits_sha256,
+        return {**self.summary(), "identity": self.identity, "fresh_logits_sha256": self.fresh_logits_sha256,
                 "per_sample": [asdict(s) for s in self.samples]}
 
 
@@ -223,7 +248,7 @@ def graft_check(ctx: RunContext, engine: Engine, ref: Loaded | str | None, sampl
     report = CheckReport(loaded.sha256, len(prefix), ctx.manifest.data["prefill"],
                          deposit_reproduced=sha256_bytes(reproduced_payload) == loaded.sha256,
                          logits_reproduced=tensor_sha256(last) == art.meta["logits_sha256"],
-                         single_pass_max_abs_diff=0.0)
+                         single_pass_max_abs_diff=0.0, identity=loaded.identity)
     del fresh_cache, reproduced_payload
     fresh_hashes, suffix_hashes = [], []
     for i, text in enumerate(check_suffixes(ctx.manifest.data["runtime"]["seed"], samples)):

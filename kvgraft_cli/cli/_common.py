@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import inspect
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -28,13 +30,24 @@ MANIFEST_OPT = typer.Option(None, "--manifest", "-m", help="Run-manifest YAML (d
 STORE_OPT = typer.Option(None, "--store", help="Store directory (default: the manifest's paths.store).")
 LEDGER_OPT = typer.Option(None, "--ledger", help="Ledger file (default: the manifest's paths.ledger).")
 DRIFT_OPT = typer.Option(False, "--allow-drift", help="Proceed when the environment differs from the pin; the ledger records it.")
+# The largest count an option takes: what a ledger line's JSON holds exactly (I-JSON, 2**53 - 1); threads as the
+# manifest caps them.
+MAX_COUNT = 2**53 - 1
+MAX_THREADS = 65536
+
+
+def at_most_max_count(value: Optional[int]) -> Optional[int]:
+    """Option callback: refuse a count past MAX_COUNT as a usage error (a range in the help would read badly)."""
+    if value is not None and value > MAX_COUNT:
+        raise typer.BadParameter(f"{value} is more than {MAX_COUNT} (2**53 - 1, the largest count a ledger line "
+                                 "holds exactly)")
+    return value
 JSON_OPT = typer.Option(False, "--json", help="Print a machine-readable JSON result on stdout.")
 # The options every engine command takes, in this order (see engine_options).
 ENGINE_OPTIONS = {"manifest": (Optional[Path], MANIFEST_OPT), "store": (Optional[Path], STORE_OPT),
                   "ledger": (Optional[Path], LEDGER_OPT), "allow_drift": (bool, DRIFT_OPT), "as_json": (bool, JSON_OPT)}
-ARTIFACT_ARG = typer.Argument(None, help="Artifact hash (or unique prefix), problem id, or .kvg path; default: the latest deposit.")
-
-
+ARTIFACT_ARG = typer.Argument(None, metavar="REF", help="Artifact hash or a unique prefix of it (at least 6 hex "
+                              "characters), problem id, or .kvg path; default: the latest deposit.")
 def context(manifest: Optional[Path], store: Optional[Path], ledger: Optional[Path], allow_drift: bool,
             overrides: dict[str, Any] | None = None):
     """The RunContext of a command: the manifest (with command-line overrides) and the store and ledger paths."""
@@ -62,6 +75,22 @@ def field_overrides(fields: list[str], answer_extract: Optional[str]) -> dict[st
     return result
 
 
+@contextmanager
+def engine_start():
+    """Around loading torch, transformers and a model: no cyclic garbage collection while hundreds of thousands of
+    long-lived objects are created (each collection would scan them all again: about 0.5 s of a graft's start-up),
+    then those objects are frozen out of later collections (they live as long as the process anyway)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
 def artifact_and_engine(manifest: Optional[Path], store: Optional[Path], ledger: Optional[Path], allow_drift: bool,
                         artifact: Optional[str]):
     """What graft and probe start with: (RunContext, the opened artifact, the loaded engine), in the safe order."""
@@ -70,8 +99,9 @@ def artifact_and_engine(manifest: Optional[Path], store: Optional[Path], ledger:
 
     ctx = context(manifest, store, ledger, allow_drift)
     drift = pin_environment(ctx.manifest)  # kernel flags first: reading the artifact imports torch
-    loaded = open_artifact(ctx, artifact)  # re-hashed here, before the (slow) model load
-    return ctx, loaded, load_engine(ctx.manifest, ctx.allow_drift, drift)
+    with engine_start():
+        loaded = open_artifact(ctx, artifact)  # re-hashed here, before the (slow) model load
+        return ctx, loaded, load_engine(ctx.manifest, ctx.allow_drift, drift)
 
 
 def ledger_path(ledger: Optional[Path], manifest: Optional[Path]) -> Path:

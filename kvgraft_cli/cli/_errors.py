@@ -17,7 +17,7 @@ import typer
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from ..errors import KvgraftError
-from ._output import err
+from ._output import err, printable
 
 
 def _line(message: str, hint: str | None) -> str:
@@ -28,7 +28,8 @@ def _line(message: str, hint: str | None) -> str:
 
 
 def _say(text: str) -> None:
-    err.print(text, soft_wrap=True, markup=False)
+    # One line, whatever a message quotes from a file: control characters and line breaks are escaped.
+    err.print(printable(text, newlines=False), soft_wrap=True, markup=False)
 
 
 def render(exc: BaseException) -> int:

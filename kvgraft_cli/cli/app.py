@@ -2,19 +2,22 @@
 
 Each top-level command is a plain function in a module named after it; each group (manifest, store, ledger, prereg)
 is a module with its own ``app``. Commands import torch inside their body, so ``kvgraft --help``, ``verify``,
-``ledger`` and ``score`` never load it.
+``inspect``, ``ledger`` and ``score`` never load it (tests/test_cli_ux.py checks it).
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import typer
 
-from . import deposit, graft, ledger, manifest, matrix, model_hash, prereg, probe, replay, score, solve, store, verify
+from . import (deposit, graft, inspect, ledger, manifest, matrix, model_hash, prereg, probe, replay, score, solve,
+               store, verify)
 from ._errors import render
+from ._help import Command, Group
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Deposit a frozen model's KV cache as byte-exact artifacts, graft them back, keep a ledger.")
 
 COMMANDS = {
@@ -25,6 +28,7 @@ COMMANDS = {
     "replay": replay.replay,
     "score": score.score,
     "verify": verify.verify,
+    "inspect": inspect.inspect,
     "solve": solve.solve,
     "model-hash": model_hash.model_hash,
 }
@@ -35,7 +39,7 @@ GROUPS = {
     "prereg": prereg.app,
 }
 for _name, _fn in COMMANDS.items():
-    app.command(_name)(_fn)
+    app.command(_name, cls=Command)(_fn)
 for _name, _group in GROUPS.items():
     app.add_typer(_group, name=_name)
 
@@ -48,4 +52,8 @@ def main() -> None:
         if isinstance(e, SystemExit):
             raise
         code = render(e)
+    if "torch" in sys.modules:
+        # Skip the interpreter's last collection over torch's and transformers' objects at exit (about 1 s here);
+        # every file is closed and every ledger line written by now.
+        gc.freeze()
     sys.exit(code if isinstance(code, int) else 0)

@@ -6,16 +6,15 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
-from ._common import context, engine_options, field_overrides
-from ._output import err, human_bytes, out, print_json
+from ._common import at_most_max_count, context, engine_options, field_overrides
+from ._output import cell, err, human_bytes, out, print_json, printable, short, table
 
 
 @engine_options
 def deposit(
     problems: Path = typer.Argument(..., help="JSON Lines file, one problem per line."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Deposit only the first N problems."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, callback=at_most_max_count, help="Deposit only the first N problems."),
     field: list[str] = typer.Option([], "--field", help="Map a role to a field name: ROLE=NAME (id, problem, solution, answer); 'id=' derives ids."),
     answer_extract: Optional[str] = typer.Option(None, "--answer-extract", help="Read the reference answer: verbatim, boxed or trailer."),
     allow_unverified: bool = typer.Option(False, "--allow-unverified", help="Also deposit unverifiable or wrong solutions (marked unverified)."),
@@ -46,20 +45,19 @@ def deposit(
     if as_json:
         print_json(report.to_json())
         return
-    table = Table(title=f"deposit {problems}", title_justify="left")
-    for col in ("id", "line", "status", "tokens", "bytes", "artifact", "note"):
-        table.add_column(col, justify="right" if col in ("line", "tokens", "bytes") else "left")
+    t = table(f"deposit {problems}", ("id", "line", "status", "tokens", "bytes", "artifact", "note"),
+              right=("line", "tokens", "bytes"))
     for r in report.results:
         style = {"deposited": "green", "existing": "cyan", "skipped": "yellow"}[r.status]
         note = r.reason if r.status == "skipped" else ("verified" if r.verified else "UNVERIFIED: " + r.reason)
-        table.add_row(r.id, str(r.line), f"[{style}]{r.status}[/]", str(r.num_tokens or ""),
-                      human_bytes(r.file_bytes) if r.file_bytes else "", (r.artifact or "")[:12], note)
-    out.print(table)
-    t = report.totals()
-    summary = Table(show_header=True, title="summary", title_justify="left")
-    for col in ("problems", "deposited", "already stored", "skipped", "tokens", "bytes written"):
-        summary.add_column(col, justify="right")
-    summary.add_row(str(t["problems"]), str(t["deposited"]), str(t["existing"]), str(t["skipped"]),
-                    str(t["tokens"]), human_bytes(t["bytes"]))
+        t.add_row(cell(r.id), str(r.line), f"[{style}]{r.status}[/]", str(r.num_tokens or ""),
+                  human_bytes(r.file_bytes) if r.file_bytes else "", short(r.artifact), cell(note))
+    out.print(t)
+    tot = report.totals()
+    summary = table("summary", ("problems", "deposited", "already stored", "skipped", "tokens", "bytes written"),
+                    right=("problems", "deposited", "already stored", "skipped", "tokens", "bytes written"))
+    summary.add_row(str(tot["problems"]), str(tot["deposited"]), str(tot["existing"]), str(tot["skipped"]),
+                    str(tot["tokens"]), human_bytes(tot["bytes"]))
     out.print(summary)
-    out.print(f"store: {ctx.store}   ledger: {ctx.ledger}   manifest: {ctx.manifest.source}")
+    out.print(printable(f"store: {ctx.store}   ledger: {ctx.ledger}   manifest: {ctx.manifest.source}", False),
+              markup=False, soft_wrap=True)

@@ -5,20 +5,19 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from ..errors import CheckFailed
-from ._common import ARTIFACT_ARG, artifact_and_engine, engine_options
-from ._output import err, out, print_json
+from ._common import ARTIFACT_ARG, artifact_and_engine, at_most_max_count, engine_options
+from ._output import err, out, print_json, printable, short, table
 
 
 @engine_options
 def graft(
     artifact: Optional[str] = ARTIFACT_ARG,
     query: str = typer.Option("What is the final answer?", "--query", "-q", help="Query text for the manifest's query template."),
-    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", "-n", min=0, help="Tokens to decode (default: the manifest's decode.max_new_tokens)."),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", "-n", min=0, callback=at_most_max_count, help="Tokens to decode (default: the manifest's decode.max_new_tokens)."),
     check: bool = typer.Option(False, "--check", help="Prove byte-exactness against a fresh computation instead of generating."),
-    samples: int = typer.Option(50, "--samples", min=1, help="With --check: how many different suffixes."),
+    samples: int = typer.Option(50, "--samples", min=1, callback=at_most_max_count, help="With --check: how many different suffixes."),
     manifest=None, store=None, ledger=None, allow_drift=False, as_json=False,  # engine_options
 ) -> None:
     """Restore an artifact at its own position and continue it; with --check, compare against fresh computation."""
@@ -29,11 +28,14 @@ def graft(
     if not check:
         r = graft_generate(ctx, engine, loaded, query, n_new)
         if as_json:
-            print_json({"artifact": r.artifact, "prefix_tokens": r.prefix_tokens, "query": r.query,
-                         "generated_ids": r.generated_ids, "text": r.text, "ledger_seq": r.ledger_seq})
+            print_json({"artifact": r.artifact, "identity": r.identity, "prefix_tokens": r.prefix_tokens,
+                        "query": r.query, "generated_ids": r.generated_ids, "text": r.text, "ledger_seq": r.ledger_seq})
         else:
-            err.print(f"artifact {r.artifact[:16]}... ({r.prefix_tokens} prefix tokens) + query {r.query!r}")
-            out.print(r.text, markup=False)
+            _identity_note(r.identity)
+            err.print(f"artifact {r.artifact} ({r.prefix_tokens} prefix tokens) + query {printable(r.query, False)!r}",
+                      markup=False, soft_wrap=True)
+            # The model's text, with control characters escaped (the random default model emits them).
+            out.print(printable(r.text), markup=False, soft_wrap=True)
         return
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -45,22 +47,28 @@ def graft(
     if as_json:
         print_json(report.to_json())
     else:
+        _identity_note(report.identity)
         _render_check(report)
     if not report.passed:
         raise CheckFailed(f"graft is not byte-exact: {report.sha_equal}/{report.n} samples SHA-equal, "
                           f"largest KL {report.max_kl:.3g}, deposit reproduced: {report.deposit_reproduced}")
 
 
+def _identity_note(identity: str) -> None:
+    if identity == "file":
+        err.print("note: this .kvg file is not named by its hash and the store does not hold it: its identity is its "
+                  "own payload hash, checked against nothing recorded", markup=False, soft_wrap=True)
+
+
 def _render_check(report) -> None:
-    table = Table(title=f"graft --check {report.artifact[:16]}... ({report.prefix_tokens} prefix tokens, "
-                        f"schedule {report.schedule['schedule']})", title_justify="left")
-    for col in ("sample", "suffix tokens", "logits SHA-256 (fresh)", "equal", "KL", "argmax", "decode"):
-        table.add_column(col)
+    t = table(f"graft --check {report.artifact} ({report.prefix_tokens} prefix tokens, "
+              f"schedule {report.schedule['schedule']})",
+              ("sample", "suffix tokens", "logits SHA-256 (fresh)", "equal", "KL", "argmax", "decode"))
     for s in report.samples:
         mark = "[green]yes[/]" if s.sha_equal else "[red]NO[/]"
-        table.add_row(str(s.index), str(s.suffix_tokens), s.fresh_sha256[:16], mark, f"{s.max_kl:.3g}",
-                      f"{100 * s.argmax_agreement:.0f}%", "same" if s.generated_equal else "[red]differs[/]")
-    out.print(table)
+        t.add_row(str(s.index), str(s.suffix_tokens), short(s.fresh_sha256), mark, f"{s.max_kl:.3g}",
+                  f"{100 * s.argmax_agreement:.0f}%", "same" if s.generated_equal else "[red]differs[/]")
+    out.print(t)
     ok = "[green]PASS[/]" if report.passed else "[red]FAIL[/]"
     out.print(f"{ok}  {report.sha_equal}/{report.n} samples SHA-equal, largest KL {report.max_kl}, "
               f"argmax agreement {100 * report.argmax_agreement:.1f}%, deposit reproduced: "

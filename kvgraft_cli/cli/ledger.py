@@ -1,22 +1,186 @@
-"""`kvgraft ledger checkpoint|keygen|repair|diff|prove` (torch-free)."""
+"""`kvgraft ledger log|checkpoint|keygen|repair|diff|prove` (torch-free)."""
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
-from rich.table import Table
 
 from ..errors import InputError
-from ._common import JSON_OPT, MANIFEST_OPT, ledger_path
-from ._output import err, out, print_json
+from ._common import JSON_OPT, MANIFEST_OPT, at_most_max_count, ledger_path
+from ._help import Command, Group
+from ._output import cell, err, out, print_json, printable, short, table
 
-app = typer.Typer(no_args_is_help=True, help="Checkpoint, sign, diff, prove and repair a ledger.")
+app = typer.Typer(cls=Group, no_args_is_help=True, help="List, checkpoint, sign, diff, prove and repair a ledger.")
+LEDGER_ARG = typer.Argument(None, help="Ledger file (default: the manifest's paths.ledger).")
 
 
-@app.command("checkpoint")
+@app.command("log", cls=Command)
+def log(
+    ledger: Optional[Path] = LEDGER_ARG,
+    kind: list[str] = typer.Option([], "--kind", help="Only entries of this kind (repeatable): deposit, graft, "
+                                   "graft-check, probe, score, solve, solve-outputs, register, replay."),
+    from_seq: int = typer.Option(0, "--from-seq", "--since-seq", min=0, callback=at_most_max_count, help="Only entries from this seq on "
+                                 "(0-based, the number `prereg make --from-seq` takes)."),
+    manifest: Optional[str] = typer.Option(None, "--manifest", "-m", help="Only entries run under this manifest: "
+                                           "a manifest file (its ledger is then the default), a hash prefix of its "
+                                           "file or compute pin (>= 6 hex), or its recorded path or source "
+                                           "(e.g. builtin:default.yaml)."),
+    last: Optional[int] = typer.Option(None, "--last", min=1, callback=at_most_max_count, help="Only the last N entries that match."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """One row per entry: seq, kind, time, manifest, what it did, and its key outputs (artifact, logits, records,
+    outputs hashes). Hashes are in full when the output is redirected (16-hex prefixes on a terminal); --json has
+    every row as an object. Does not verify anything: that is `kvgraft verify`."""
+    from ..ledger.log import split_lines
+
+    match, manifest_file = _manifest_filter(manifest)
+    path = ledger_path(ledger, manifest_file)
+    if not path.is_file():
+        raise InputError(f"ledger not found: {path}", "pass the ledger file, or run a command that writes one")
+    lines, tail = split_lines(path.read_bytes())
+    rows = []
+    for i, raw in enumerate(lines):
+        if i < from_seq:
+            continue
+        try:
+            e = json.loads(raw)
+        except ValueError:
+            e = None
+        if not isinstance(e, dict):
+            rows.append({"seq": i, "line": i + 1, "kind": None, "time": None, "manifest": None,
+                         "summary": "not a JSON object: run `kvgraft verify`", "outputs": {}})
+            continue
+        if kind and e.get("kind") not in kind:
+            continue
+        if match is not None and not match(e.get("manifest")):
+            continue
+        rows.append(_row(i, e))
+    if last is not None:
+        rows = rows[-last:]
+    if as_json:
+        print_json({"ledger": str(path), "lines": len(lines), "torn_tail_bytes": len(tail), "entries": rows})
+        return
+    _render_rows(rows, f"{path}: {len(rows)} of {len(lines)} entries")
+    if tail:
+        err.print(printable(f"{path}: the last line is torn ({len(tail)} bytes after the last newline); "
+                            f"`kvgraft ledger repair {path}` removes it", False), markup=False, soft_wrap=True)
+
+
+def _manifest_filter(value: Optional[str]):
+    """(a predicate on an entry's ``manifest`` object or None, the manifest file whose paths.ledger is the default)."""
+    if value is None:
+        return None, None
+    from ..config.manifest import BUILTIN_PREFIX
+
+    if Path(value).is_file():
+        from ..config.manifest import load_manifest
+
+        sha = load_manifest(Path(value)).file_sha256
+        return (lambda m: isinstance(m, dict) and m.get("sha256") == sha), Path(value)
+    if re.fullmatch(r"[0-9a-f]{6,64}", value):
+        return (lambda m: isinstance(m, dict) and any(str(m.get(k, "")).startswith(value)
+                                                      for k in ("sha256", "compute_sha256"))), None
+    if value.startswith(BUILTIN_PREFIX) or "/" in value or "\\" in value or value.endswith((".yaml", ".yml")):
+        return (lambda m: isinstance(m, dict) and value in (m.get("source"), m.get("path"))), None
+    raise InputError(f"--manifest {value!r}: not a manifest file, a hash prefix of at least 6 hex characters, or a "
+                     "recorded path or source", "e.g. --manifest manifests/math500.yaml or --manifest 1a4160")
+
+
+def _get(d: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+# The digests `ledger log` shows per kind: what a reader copies to look further (an artifact to inspect or graft,
+# a records or outputs file to check, a prereg to replay).
+KEY_DIGESTS = {
+    "deposit": [("outputs", "artifact"), ("outputs", "logits")],
+    "graft": [("inputs", "artifact"), ("outputs", "generated_ids")],
+    "graft-check": [("inputs", "artifact"), ("outputs", "fresh_logits")],
+    "probe": [("inputs", "artifact"), ("outputs", "reference_logits")],
+    "score": [("outputs", "records")],
+    "solve": [("outputs", "output"), ("outputs", "generated_ids")],
+    "solve-outputs": [("outputs", "outputs")],
+    "register": [("inputs", "prereg")],
+    "replay": [("inputs", "prereg")],
+}
+
+
+def _row(i: int, e: dict) -> dict:
+    """What `ledger log` shows of one entry (and prints with --json)."""
+    m = e.get("manifest")
+    manifest = None
+    if isinstance(m, dict):
+        manifest = {"ref": m.get("path") or m.get("source"), "sha256": m.get("sha256"),
+                    "compute_sha256": m.get("compute_sha256")}
+    outputs: dict[str, str] = {}
+    wanted = KEY_DIGESTS.get(e.get("kind"))
+    if wanted is None:  # a kind this kvgraft does not know: every output digest
+        wanted = [("outputs", k) for k in (e.get("outputs") or {})] if isinstance(e.get("outputs"), dict) else []
+    for where, key in wanted:
+        sha = _get(e, where, key, "sha256")
+        if isinstance(sha, str):
+            outputs[key] = sha
+    try:
+        summary = _summary(e)
+    except (TypeError, ValueError, KeyError, AttributeError):
+        summary = ""
+    return {"seq": e.get("seq", i), "line": i + 1, "kind": e.get("kind"), "time": e.get("time"),
+            "manifest": manifest, "summary": summary, "outputs": outputs}
+
+
+def _summary(e: dict) -> str:
+    """One phrase saying what an entry did, by kind."""
+    k, res = e.get("kind"), _get(e, "outputs", "result") or {}
+    if k == "deposit":
+        verified = _get(e, "verification", "status")
+        return f"{_get(e, 'inputs', 'record', 'id')}: {e.get('status', '')}" + (f", {verified}" if verified else "")
+    if k == "graft-check":
+        return (f"{'PASS' if res.get('passed') else 'FAIL'} {res.get('sha_equal')}/{res.get('samples')} SHA-equal, "
+                f"{res.get('prefix_tokens')} prefix tokens")
+    if k == "graft":
+        ids = _get(e, "outputs", "generated_ids", "ids")
+        return f"{len(ids)} tokens generated" if isinstance(ids, list) else ""
+    if k == "probe":
+        return f"exact offsets {res.get('exact_offsets')}" if "exact_offsets" in res else ""
+    if k == "score":
+        n = res.get("n", res.get("problems"))
+        return f"{res.get('correct')}/{n} correct" if n is not None else ""
+    if k == "solve":
+        return (f"{_get(e, 'inputs', 'record', 'id')}: {_get(e, 'inputs', 'library', 'hit')} hit, "
+                f"{_get(e, 'outputs', 'generated_ids', 'count')} tokens")
+    if k == "solve-outputs":
+        t = _get(e, "outputs", "totals") or {}
+        return f"{e.get('mode', '')}: {t.get('correct')}/{t.get('scored')} correct of {t.get('problems')} problems"
+    if k == "register":
+        return f"prereg {_get(e, 'inputs', 'name')} ({_get(e, 'inputs', 'prereg', 'path')})"
+    if k == "replay":
+        o = e.get("outputs") or {}
+        return (f"{'PASS' if o.get('passed') else 'FAIL'} {o.get('matched')} matched, {o.get('mismatched')} "
+                f"mismatched (target {_get(e, 'inputs', 'target')})")
+    return ""
+
+
+def _render_rows(rows: list[dict], title: str) -> None:
+    t = table(title, ("seq", "kind", "time (UTC)", "manifest", "what", "outputs"), right=("seq",))
+    for r in rows:
+        m = r["manifest"]
+        when = r["time"][:19].replace("T", " ") if isinstance(r["time"], str) else ""
+        t.add_row(str(r["seq"]), cell(r["kind"]), cell(when),
+                  cell(f"{m['ref']} {short(m['sha256'])}" if m else ""), cell(r["summary"]),
+                  cell("; ".join(f"{k} {short(v)}" for k, v in r["outputs"].items())))
+    out.print(t)
+
+
+@app.command("checkpoint", cls=Command)
 def checkpoint(
     ledger: Optional[Path] = typer.Argument(None, help="Ledger file (default: the manifest's paths.ledger)."),
     origin: str = typer.Option("kvgraft-ledger", "--origin", help="The log's name (first line of the checkpoint)."),
@@ -34,11 +198,11 @@ def checkpoint(
         sys.stdout.write(text)
     else:
         write_checkpoint(output, text)
-        err.print(f"wrote {output}: {origin} @ {cp.size} lines, root {cp.root.hex()[:16]}..."
-                  + (" (signed)" if key else ""))
+        err.print(printable(f"wrote {output}: {origin} @ {cp.size} lines, root {cp.root.hex()}"
+                            + (" (signed)" if key else ""), False), markup=False, soft_wrap=True)
 
 
-@app.command("keygen")
+@app.command("keygen", cls=Command)
 def keygen(
     name: str = typer.Argument(..., help="Key name (no spaces or '+'), e.g. the log's origin."),
     output: Path = typer.Option(Path("."), "--dir", help="Folder for NAME.key (private, mode 600) and NAME.pub."),
@@ -57,7 +221,7 @@ def keygen(
     sys.stdout.write(verifier + "\n")
 
 
-@app.command("repair")
+@app.command("repair", cls=Command)
 def repair(
     ledger: Optional[Path] = typer.Argument(None, help="Ledger file (default: the manifest's paths.ledger)."),
     manifest: Optional[Path] = MANIFEST_OPT,
@@ -73,7 +237,7 @@ def repair(
         out.print(f"{path}: no torn line; nothing changed", markup=False)
 
 
-@app.command("diff")
+@app.command("diff", cls=Command)
 def diff(
     base: Path = typer.Argument(..., help="The older ledger file."),
     ledger: Optional[Path] = typer.Argument(None, help="The newer ledger (default: the manifest's paths.ledger)."),
@@ -91,21 +255,15 @@ def diff(
     if as_json:
         print_json({"base": str(base), "ledger": str(path), "appended": new})
         return
-    t = Table(title=f"{len(new)} entries appended to {base}", title_justify="left")
-    for col in ("seq", "kind", "time", "outputs"):
-        t.add_column(col, overflow="fold")
-    for e in new:
-        outs = ", ".join(f"{k} {v['sha256'][:12]}" for k, v in (e.get("outputs") or {}).items()
-                         if isinstance(v, dict) and "sha256" in v)
-        t.add_row(str(e.get("seq")), str(e.get("kind")), str(e.get("time")), outs)
-    out.print(t)
+    rows = [_row(e.get("seq", 0) if isinstance(e.get("seq"), int) else 0, e) for e in new]
+    _render_rows(rows, f"{len(new)} entries appended to {base}")
 
 
-@app.command("prove")
+@app.command("prove", cls=Command)
 def prove(
-    line: int = typer.Argument(..., min=1, help="1-based line of the entry to prove."),
+    line: int = typer.Argument(..., min=1, callback=at_most_max_count, help="1-based line of the entry to prove."),
     ledger: Optional[Path] = typer.Argument(None, help="Ledger file (default: the manifest's paths.ledger)."),
-    size: Optional[int] = typer.Option(None, "--size", min=1, help="Prove against the tree of the first SIZE lines (e.g. a checkpoint's size)."),
+    size: Optional[int] = typer.Option(None, "--size", min=1, callback=at_most_max_count, help="Prove against the tree of the first SIZE lines (e.g. a checkpoint's size)."),
     manifest: Optional[Path] = MANIFEST_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:

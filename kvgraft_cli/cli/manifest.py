@@ -9,13 +9,14 @@ from typing import Optional
 import typer
 
 from ..errors import InputError
-from ._common import Attn, Device, Dtype, Profile, JSON_OPT
+from ._common import Attn, Device, Dtype, JSON_OPT, MAX_THREADS, Profile
+from ._help import Command, Group
 from ._output import err, out, print_json
 
-app = typer.Typer(no_args_is_help=True, help="Validate, write and show run-manifests.")
+app = typer.Typer(cls=Group, no_args_is_help=True, help="Validate, write and show run-manifests.")
 
 
-@app.command("validate")
+@app.command("validate", cls=Command)
 def validate(
     path: Optional[Path] = typer.Argument(None, help="Manifest YAML (default: the embedded one)."),
     as_json: bool = JSON_OPT,
@@ -42,7 +43,7 @@ def validate(
                   soft_wrap=True)
 
 
-@app.command("init")
+@app.command("init", cls=Command)
 def init(
     model_dir: Path = typer.Argument(..., help="Local model directory (Hugging Face layout, safetensors)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
@@ -50,7 +51,7 @@ def init(
     device: Device = typer.Option(Device.cpu, "--device"),
     dtype: Dtype = typer.Option(Dtype.float32, "--dtype"),
     attn: Attn = typer.Option(Attn.eager, "--attn", help="Attention implementation."),
-    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Pin this many threads (default: the profile's)."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, max=MAX_THREADS, help="Pin this many threads (default: the profile's)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
 ) -> None:
     """Write a pinned manifest for a local model directory (model and tokenizer hashes computed here)."""
@@ -74,7 +75,7 @@ def init(
     err.print(f"wrote {output} (model {hashes.model_sha256[:16]}..., profile {profile.value})")
 
 
-@app.command("show")
+@app.command("show", cls=Command)
 def show(
     path: Optional[Path] = typer.Argument(None, help="Manifest YAML (default: the embedded one)."),
     as_json: bool = JSON_OPT,

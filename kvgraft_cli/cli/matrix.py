@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from ..errors import CheckFailed
-from ._common import JSON_OPT, Attn, Device, Dtype, Profile, SdpaBackend
-from ._output import err, out, print_json
+from ._common import (JSON_OPT, MAX_THREADS, Attn, Device, Dtype, Profile, SdpaBackend,
+                      at_most_max_count)
+from ._output import cell, err, out, print_json, short, table
 
 
 def matrix(
@@ -20,8 +20,8 @@ def matrix(
     device: Device = typer.Option(Device.cpu, "--device"),
     attn: Attn = typer.Option(Attn.eager, "--attn", help="Attention implementation."),
     sdpa_backend: Optional[SdpaBackend] = typer.Option(None, "--sdpa-backend", help="With --attn sdpa (default math)."),
-    samples: int = typer.Option(50, "--samples", min=1, help="Samples per cell."),
-    threads: Optional[int] = typer.Option(None, "--threads", min=1, help="Pin this many threads (default: the profile's)."),
+    samples: int = typer.Option(50, "--samples", min=1, callback=at_most_max_count, help="Samples per cell."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1, max=MAX_THREADS, help="Pin this many threads (default: the profile's)."),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Where the tiny models are written (default: a temporary folder)."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the README's table (one row per architecture)."),
     as_json: bool = JSON_OPT,
@@ -51,16 +51,16 @@ def matrix(
     elif markdown:
         out.print(markdown_table(cells), markup=False, soft_wrap=True)
     else:
-        t = Table(title=f"graft vs fresh, {samples} samples per cell ({device.value}, {attn.value})", title_justify="left")
-        for c in ("architecture", "dtype", "profile", "SHA-equal", "max KL", "argmax", "fingerprint", "s"):
-            t.add_column(c, justify="right" if c in ("SHA-equal", "max KL", "argmax", "s") else "left")
+        t = table(f"graft vs fresh, {samples} samples per cell ({device.value}, {attn.value})",
+                  ("architecture", "dtype", "profile", "SHA-equal", "max KL", "argmax", "fingerprint", "s"),
+                  right=("SHA-equal", "max KL", "argmax", "s"))
         for c in cells:
             if c.unsupported:
-                t.add_row(c.arch, c.dtype, c.profile, "[yellow]unsupported[/]", c.unsupported, "", "", "")
+                t.add_row(c.arch, c.dtype, c.profile, "[yellow]unsupported[/]", cell(c.unsupported), "", "", "")
                 continue
             mark = "green" if c.exact else "red"
             t.add_row(c.arch, c.dtype, c.profile, f"[{mark}]{c.sha_equal}/{c.samples}[/]", f"{c.max_kl:.3g}",
-                      f"{100 * c.argmax_agreement:.1f}%", c.fingerprint[:16], f"{c.seconds:.1f}")
+                      f"{100 * c.argmax_agreement:.1f}%", short(c.fingerprint), f"{c.seconds:.1f}")
         out.print(t)
     bad = [c for c in cells if c.unsupported is None and not c.exact]
     if bad:

@@ -8,19 +8,20 @@ from typing import Optional
 import typer
 
 from ..errors import InputError
-from ._common import MANIFEST_OPT, context
+from ._common import MANIFEST_OPT, at_most_max_count, context
+from ._help import Command, Group
 from ._output import out
 
-app = typer.Typer(no_args_is_help=True, help="Make pre-registrations from finished runs.")
+app = typer.Typer(cls=Group, no_args_is_help=True, help="Make pre-registrations from finished runs.")
 
 
-@app.command("make")
+@app.command("make", cls=Command)
 def make(
     ledger: Optional[Path] = typer.Argument(None, help="Ledger of the finished run (default: the manifest's paths.ledger)."),
     target: str = typer.Option(..., "--target", help="Name of the target these hashes were produced on, e.g. cpu-portable."),
     output: Path = typer.Option(..., "--output", "-o", help="Prereg YAML to write."),
     name: Optional[str] = typer.Option(None, "--name", help="The prereg's name."),
-    from_seq: int = typer.Option(0, "--from-seq", min=0, help="Use entries from this 0-based line on."),
+    from_seq: int = typer.Option(0, "--from-seq", min=0, callback=at_most_max_count, help="Use entries from this 0-based line on."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
     manifest: Optional[Path] = MANIFEST_OPT,
 ) -> None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from ..errors import CheckFailed, InputError
-from ._common import ARTIFACT_ARG, artifact_and_engine, engine_options
-from ._output import err, out, print_json
+from ._common import ARTIFACT_ARG, artifact_and_engine, at_most_max_count, engine_options
+from ._output import err, out, print_json, printable, table
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -26,7 +25,7 @@ def _int_list(text: str, what: str) -> list[int]:
 def probe(
     artifact: Optional[str] = ARTIFACT_ARG,
     offsets: str = typer.Option("0,1,2,3,8,64,512", "--offsets", help="Comma-separated positions to graft at (0 = the artifact's own)."),
-    samples: int = typer.Option(8, "--samples", min=1, help="Suffixes per offset."),
+    samples: int = typer.Option(8, "--samples", min=1, callback=at_most_max_count, help="Suffixes per offset."),
     manifest=None, store=None, ledger=None, allow_drift=False, as_json=False,  # engine_options
 ) -> None:
     """Graft an artifact at other positions (keys re-rotated by the model's rotary embedding) and measure how far
@@ -41,14 +40,12 @@ def probe(
     if as_json:
         print_json(report.to_json())
     else:
-        title = (f"probe {report.artifact[:16]}... ({report.prefix_tokens} prefix tokens, {report.positions} "
+        title = (f"probe {report.artifact} ({report.prefix_tokens} prefix tokens, {report.positions} "
                  f"positions, moved by: {report.method})")
-        t = Table(title=title, title_justify="left")
         cols = ["offset", "SHA-equal", "max |diff|", "max KL", "argmax"]
         if report.positions == "rotary":
             cols += ["unmoved max |diff|", "unmoved argmax"]
-        for c in cols:
-            t.add_column(c, justify="right")
+        t = table(title, cols, right=cols)
         for r in report.offsets:
             mark = "green" if r.exact else "yellow"
             row = [str(r.offset), f"[{mark}]{r.sha_equal}/{r.samples}[/]", f"{r.max_abs_diff:.3g}",
@@ -57,7 +54,7 @@ def probe(
                 row += [f"{r.unmoved_max_abs_diff:.3g}", f"{100 * r.unmoved_argmax_agreement:.1f}%"]
             t.add_row(*row)
         out.print(t)
-        out.print(report.note, markup=False)
+        out.print(printable(report.note), markup=False)
         verdict = "[green]offset 0 is the only exact point[/]" if report.own_position_unique else \
             f"[red]exact offsets: {report.exact_offsets}[/]"
         out.print(f"{verdict}; ledger line {report.ledger_seq + 1}")

@@ -6,15 +6,15 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
 from ..errors import CheckFailed
 from ._common import DRIFT_OPT, JSON_OPT, LEDGER_OPT, STORE_OPT
-from ._output import err, out, print_json
+from ._output import cell, err, out, print_json, printable, short, table
 
 
 def replay(
-    prereg: Path = typer.Argument(..., help="Pre-registration YAML."),
+    prereg: Path = typer.Argument(..., help="Pre-registration YAML. It names its manifest and pins that file's "
+                                  "hash, so replay takes no --manifest: the prereg's manifest is the one it runs."),
     register: bool = typer.Option(False, "--register", help="Only register the prereg (append its hash to the ledger)."),
     target: Optional[str] = typer.Option(None, "--target", help="Which target's expected hashes to compare with."),
     store: Optional[Path] = STORE_OPT,
@@ -22,7 +22,9 @@ def replay(
     allow_drift: bool = DRIFT_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Register a prereg, or replay a registered one and compare every hash (exit 1 on any mismatch)."""
+    """Register a prereg, or replay a registered one and compare every hash (exit 1 on any mismatch). The manifest
+    is the one the prereg names (its hash pinned), so there is no --manifest; --store and --ledger default to that
+    manifest's paths."""
     from ..runs.context import RunContext
     from ..runs.replay import find_registration, load_prereg, prereg_manifest
     from ..runs.replay import register as do_register
@@ -35,14 +37,15 @@ def replay(
     if register:
         found = find_registration(ctx.ledger, pr.sha256)
         if found:
-            err.print(f"{prereg} is already registered in {ctx.ledger} (line {found[0] + 1}); nothing appended")
+            err.print(printable(f"{prereg} is already registered in {ctx.ledger} (line {found[0] + 1}); nothing "
+                                "appended", False), markup=False, soft_wrap=True)
             return
         e = do_register(ctx, pr)
         if as_json:
             print_json({"registered": str(prereg), "sha256": pr.sha256, "ledger_seq": e["seq"]})
         else:
-            out.print(f"registered {prereg} (sha256 {pr.sha256[:16]}...) in {ctx.ledger} at line {e['seq'] + 1}",
-                      markup=False)
+            out.print(printable(f"registered {prereg} (sha256 {pr.sha256}) in {ctx.ledger} at line {e['seq'] + 1}",
+                                False), markup=False, soft_wrap=True)
         return
     with err.status("replaying") as status:
         # The runner table: this layer's runs, plus the library's solve (runs.replay never imports the library).
@@ -51,13 +54,12 @@ def replay(
     if as_json:
         print_json(report.to_json())
     else:
-        t = Table(title=f"replay {prereg} (target {report.target}, registered at line {report.registration_seq + 1})",
-                  title_justify="left")
-        for col in ("run", "what", "expected", "actual", "match"):
-            t.add_column(col, overflow="fold")
+        t = table(f"replay {prereg} (target {report.target}, registered at line {report.registration_seq + 1})",
+                  ("run", "what", "expected", "actual", "match"))
         for c in report.comparisons:
-            short = (lambda v: v[:16] if isinstance(v, str) and len(v) == 64 else str(v))
-            t.add_row(c.run, c.what, short(c.expected), short(c.actual), "[green]yes[/]" if c.match else "[red]NO[/]")
+            value = (lambda v: short(v) if isinstance(v, str) and len(v) == 64 else cell(v))
+            t.add_row(cell(c.run), cell(c.what), value(c.expected), value(c.actual),
+                      "[green]yes[/]" if c.match else "[red]NO[/]")
         out.print(t)
         n_bad = sum(not c.match for c in report.comparisons)
         out.print(f"{'[green]PASS[/]' if report.passed else '[red]FAIL[/]'}  {len(report.comparisons) - n_bad} "

@@ -6,22 +6,21 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
-from ._common import context, engine_options, field_overrides
-from ._output import err, out, print_json
+from ._common import at_most_max_count, context, engine_options, engine_start, field_overrides
+from ._output import cell, err, out, print_json, table
 
 
 @engine_options
 def solve(
     problems: Path = typer.Argument(..., help="JSON Lines file, one problem per line (same mapping as deposit; a solution field is not needed)."),
-    k: int = typer.Option(1, "--k", min=1, help="How many related solutions to graft (as one chain) when there is no exact hit."),
+    k: int = typer.Option(1, "--k", min=1, callback=at_most_max_count, help="How many related solutions to graft (as one chain) when there is no exact hit."),
     min_score: Optional[float] = typer.Option(None, "--min-score", help="Graft related solutions only when their relevance (-bm25) is at least this."),
     no_library: bool = typer.Option(False, "--no-library", help="The baseline: the same problems with nothing grafted."),
     compare: bool = typer.Option(False, "--compare", help="Run the baseline and the library run, and print both with the ratios."),
     deposit_verified: bool = typer.Option(False, "--deposit-verified", help="Deposit each answer that matches the reference as a verified library entry."),
     outputs: Optional[Path] = typer.Option(None, "--outputs", "-o", help="Outputs JSONL (default: PROBLEMS stem + .solve.jsonl, or .baseline.jsonl, in the current folder)."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Solve only the first N problems."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, callback=at_most_max_count, help="Solve only the first N problems."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing outputs files."),
     field: list[str] = typer.Option([], "--field", help="Map a role to a field name: ROLE=NAME (id, problem, answer); 'id=' derives ids."),
     answer_extract: Optional[str] = typer.Option(None, "--answer-extract", help="Read the reference answer: verbatim, boxed or trailer."),
@@ -51,7 +50,8 @@ def solve(
                         disable=as_json or not err.is_terminal)
     with progress:
         task = progress.add_task("loading model, checking hashes", total=None, mode="solve")
-        engine = load_engine(ctx.manifest, ctx.allow_drift)
+        with engine_start():
+            engine = load_engine(ctx.manifest, ctx.allow_drift)
         progress.remove_task(task)
         for mode in modes:
             task = progress.add_task("", total=None, mode=mode)
@@ -81,23 +81,19 @@ def _outputs_path(problems: Path, outputs: Optional[Path], mode: str, several: b
 
 def _render(runs: dict, ratios: dict | None) -> None:
     for mode, run in runs.items():
-        t = Table(title=f"solve {run.problems} ({mode}) -> {run.outputs}", title_justify="left")
-        for col in ("id", "hit", "grafted", "prefill", "decode", "answer", "reference", "ok", "s"):
-            t.add_column(col, justify="right" if col in ("grafted", "prefill", "decode", "s") else "left",
-                         overflow="fold")
+        t = table(f"solve {run.problems} ({mode}) -> {run.outputs}",
+                  ("id", "hit", "grafted", "prefill", "decode", "answer", "reference", "ok", "s"),
+                  right=("grafted", "prefill", "decode", "s"))
         for r in run.records[:50]:
             ok = "" if r.correct is None else ("[green]yes[/]" if r.correct else "[red]no[/]")
-            t.add_row(r.id, r.hit, str(r.grafted_tokens), str(r.prefill_tokens), str(r.decode_tokens),
-                      (r.extracted or "")[:40], (r.reference or "")[:40], ok, f"{r.wall_s:.2f}")
+            # The answer is the model's text: escaped (control characters, rich markup) by cell().
+            t.add_row(cell(r.id), r.hit, str(r.grafted_tokens), str(r.prefill_tokens), str(r.decode_tokens),
+                      cell((r.extracted or "")[:40]), cell((r.reference or "")[:40]), ok, f"{r.wall_s:.2f}")
         if len(run.records) > 50:
             t.caption = f"(first 50 of {len(run.records)} problems; --json for all)"
         out.print(t)
-    s = Table(title="summary", title_justify="left")
-    s.add_column("")
-    for mode in runs:
-        s.add_column(mode, justify="right")
-    if ratios:
-        s.add_column("ratio", justify="right")  # baseline / library: how many times cheaper
+    # ratio = baseline / library: how many times cheaper
+    s = table("summary", ["", *runs, *(["ratio"] if ratios else [])], right=[*runs, "ratio"])
     tot = {m: r.totals() for m, r in runs.items()}
 
     def acc(t):

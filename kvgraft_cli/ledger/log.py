@@ -12,7 +12,7 @@ import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import CheckFailed, LedgerError
 from ..util.fsio import fsync_dir
@@ -21,10 +21,70 @@ from ..util.hashing import canonical_json, sha256_bytes
 TAIL_READ = 1 << 16
 
 
-def _lock(path: Path):
-    from filelock import FileLock
+LOCK_TIMEOUT = 120.0
 
-    return FileLock(str(path) + ".lock", timeout=120)
+
+class _Lock:
+    """The append lock: an exclusive advisory lock (``flock``) on the ledger file itself, so appenders in any number
+    of processes serialize and no ``.lock`` file is left beside the ledger. Opening it creates the ledger if it does
+    not exist yet (an append is about to); a ledger whose first append then fails is the empty ledger, never a
+    missing line. Where ``fcntl`` is missing (Windows) it is a ``filelock`` lock on ``<ledger>.lock``."""
+
+    def __init__(self, path: Path, timeout: float = LOCK_TIMEOUT):
+        self.path, self.timeout = Path(path), timeout
+        self._fd: int | None = None
+        self._fallback = None
+
+    def __enter__(self) -> "_Lock":
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover (Windows)
+            from filelock import FileLock
+
+            self._fallback = FileLock(str(self.path) + ".lock", timeout=self.timeout)
+            self._fallback.acquire()
+            return self
+        import time
+
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise LedgerError(f"cannot open ledger {self.path}: {os.strerror(e.errno) if e.errno else e}",
+                              "check that the ledger path is a writable file") from None
+        try:
+            deadline = time.monotonic() + self.timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise LedgerError(f"{self.path}: another process has held the ledger's append lock for "
+                                          f"{self.timeout:.0f} s", "wait for it to finish, or look for a stuck "
+                                          "kvgraft process") from None
+                    time.sleep(0.02)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fallback is not None:  # pragma: no cover (Windows)
+            self._fallback.release()
+            return
+        if self._fd is not None:
+            import fcntl
+
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+
+def _lock(path: Path) -> _Lock:
+    return _Lock(path)
 
 
 def _last_line(path: Path) -> tuple[int, bytes | None]:
@@ -37,8 +97,8 @@ def _last_line(path: Path) -> tuple[int, bytes | None]:
         if f.read(1) != b"\n":
             raise LedgerError(
                 f"{path}: the last line is torn (no newline at the end: a writer was interrupted)",
-                "look at the file's last line; nothing is appended after a torn line until the partial line "
-                "(everything after the last newline) is removed",
+                f"nothing is appended after a torn line; `kvgraft ledger repair {path}` removes the partial line "
+                "(only the bytes after the last newline), then run again",
             )
         # Read backwards until the newline before the last line.
         pos, tail = size, b""
@@ -80,12 +140,18 @@ def without_floats(value: Any) -> Any:
     return value
 
 
-def append(path: Path, kind: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Append one entry (``body`` plus seq, prev, kind, time) and return it as written."""
+def append(path: Path, kind: str, body: dict[str, Any],
+           finalize: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Append one entry (``body`` plus seq, prev, kind, time) and return it as written.
+
+    ``finalize`` runs under the append lock just before the line is written and may set fields that depend on what
+    earlier lines recorded (a deposit's ``deposited``/``existing``): no other appender runs in between."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _lock(path):
         n, last = _last_line(path)
+        if finalize is not None:
+            finalize(body)
         entry = without_floats(body)
         entry.update(
             seq=n,
@@ -94,14 +160,20 @@ def append(path: Path, kind: str, body: dict[str, Any]) -> dict[str, Any]:
             time=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
         )
         line = canonical_json(entry) + b"\n"
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            written = os.write(fd, line)
-            if written != len(line):
-                raise LedgerError(f"{path}: short write ({written} of {len(line)} bytes)")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                written = os.write(fd, line)
+                if written != len(line):
+                    raise LedgerError(f"{path}: short write ({written} of {len(line)} bytes)",
+                                      f"the last line is now torn: `kvgraft ledger repair {path}` removes it")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise LedgerError(f"cannot append to ledger {path}: {os.strerror(e.errno) if e.errno else e}",
+                              "check free space and permissions; if a partial line was written, "
+                              f"`kvgraft ledger repair {path}` removes it") from e
         if n == 0:
             fsync_dir(path.parent)
     return entry

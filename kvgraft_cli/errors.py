@@ -69,6 +69,10 @@ class DeviceError(InputError):
     """The manifest asks for a device this machine does not have."""
 
 
+class StoreError(InputError):
+    """A store that cannot be opened or written (read-only, disk full, permissions); nothing is left half-written."""
+
+
 class LedgerError(InputError):
     """A ledger that cannot be appended to (torn last line, unreadable)."""
 

@@ -63,12 +63,3 @@ def test_any_text_is_a_safe_query(store_copy, text):
         s.library_search(text, ctx.manifest.compute_sha256, 2)  # never an FTS5 syntax error
     assert all(part.startswith('"') and part.endswith('"') for part in fts_query(text.split()).split(" OR ") if part)
 
-
-def test_forget_removes_library_and_fts_rows_together(store_copy):
-    ctx, report, path = store_copy
-    r = next(x for x in report.results if x.id == "pow-1")
-    with Store(path) as s:
-        key = s._db.execute("SELECT key FROM entries WHERE artifact = ?", (r.artifact,)).fetchone()[0]
-        s.forget(key, r.artifact)
-        assert s.library_size() == 6 and _fts_rows(s) == 6
-        assert all(h.problem_id != "pow-1" for h in s.library_search("power 2 10 1024", ctx.manifest.compute_sha256, 7))

@@ -61,6 +61,10 @@ class VerifyReport:
     since: dict[str, Any] | None = None
     require_files: bool = False
     scores_checked: int = 0
+    # Scores whose verdicts could not be recomputed here: {line, reason}. From records: the aggregate was recomputed
+    # from the records file (counted in scores_checked too); not recomputable: nothing was.
+    scores_from_records: list[dict[str, Any]] = field(default_factory=list)
+    scores_not_recomputable: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def mismatched(self) -> list[FileCheck]:
@@ -73,6 +77,13 @@ class VerifyReport:
     @property
     def passed(self) -> bool:
         return not self.findings and not self.mismatched and not (self.require_files and self.missing)
+
+    def warnings(self) -> list[str]:
+        """What passed without being checked: referenced files that are not here (a failure with --require-files)."""
+        if self.missing and not self.require_files:
+            return [f"{len(self.missing)} of {len(self.files)} referenced files are missing here, so their hashes "
+                    "were not checked (--require-files makes this a failure)"]
+        return []
 
     def first_problem(self) -> str | None:
         """One sentence naming the first bad line and what is wrong with it."""
@@ -90,11 +101,12 @@ class VerifyReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "ledger": self.ledger, "entries": self.entries, "root": self.root, "passed": self.passed,
-            "first_problem": self.first_problem(),
+            "first_problem": self.first_problem(), "warnings": self.warnings(),
             "findings": [asdict(f) for f in self.findings],
             "files": {"checked": len(self.files), "ok": sum(f.status == "ok" for f in self.files),
                       "missing": [asdict(f) for f in self.missing], "mismatched": [asdict(f) for f in self.mismatched]},
             "checkpoint": self.checkpoint, "since": self.since, "scores_checked": self.scores_checked,
+            "scores_from_records": self.scores_from_records, "scores_not_recomputable": self.scores_not_recomputable,
         }
 
 
@@ -187,8 +199,13 @@ def check_line(raw: bytes, index: int, prev_line: bytes | None) -> tuple[dict | 
 
 def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str] | None = None,
                   since: Path | None = None, rehash: bool = True, full: bool = False,
-                  require_files: bool = False) -> VerifyReport:
-    """Verify a ledger file; see the module docstring. Raises InputError only for unusable input files."""
+                  require_files: bool = False, cache: Path | bool | None = None,
+                  origin: str | None = None) -> VerifyReport:
+    """Verify a ledger file; see the module docstring. Raises InputError only for unusable input files.
+
+    ``cache``: where the verified-file cache lives. None: the user's cache directory (hashcache.default_cache_path),
+    never the ledger's folder; a path: that file; False: no cache (nothing read or written). ``origin``: the log
+    identity the checkpoint must name (its first line); None: any."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -214,11 +231,11 @@ def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str]
     report.entries = len(lines)
     report.root = tree.root().hex()
     if checkpoint is not None:
-        report.checkpoint = _check_checkpoint(report, Path(checkpoint), tree, keys or [])
+        report.checkpoint = _check_checkpoint(report, Path(checkpoint), tree, keys or [], origin)
     if since is not None:
         report.since = _check_since(report, Path(since), tree)
     if rehash:
-        _rehash(report, entries, path.parent, full)
+        _rehash(report, entries, path.parent, full, _open_cache(path, cache, full))
         verified = {(f.line, f.path) for f in report.files if f.status == "ok"}
         for i, entry in enumerate(entries):
             if entry is not None and entry.get("kind") == "score":
@@ -228,8 +245,10 @@ def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str]
 
 def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
                  verified: set[tuple[int, str]]) -> None:
-    """Recompute a recorded score: from its outputs and answers files when present (records and aggregate must
-    come out the same), else from its records file alone (the aggregate must)."""
+    """Recompute a recorded score by the score rules, extractor version and grader it records (eval.scoring): from
+    its outputs and answers files when present (records and aggregate must come out the same), else from its records
+    file alone (the aggregate must; counted in ``scores_from_records`` with the reason). A score that neither can
+    recompute is counted in ``scores_not_recomputable`` with the reason, never passed in silence."""
     from ..eval import scoring
 
     def present(d):
@@ -238,43 +257,75 @@ def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
             return base_dir / d["path"]
         return None
 
+    def absent(what: str, d) -> str:
+        path = d.get("path") if isinstance(d, dict) else None
+        if not isinstance(path, str):
+            return f"it records no {what} file"
+        state = next((f.status for f in report.files if f.line == line and f.path == path), None)
+        return f"its {what} file {path} " + {"missing": "is missing", "mismatch": "does not match its sha256"}.get(
+            state, "was not checked")
+
     ins, outs = entry.get("inputs") or {}, entry.get("outputs") or {}
     if not isinstance(ins, dict) or not isinstance(outs, dict) or not isinstance(outs.get("result"), dict):
         report.findings.append(Finding(line, "score", "score entry without an outputs.result object"))
         return
     recorded = dict(outs["result"])
+    settings = ins.get("settings") if isinstance(ins.get("settings"), dict) else {}
+    how = scoring.ScoreSettings.from_recorded(settings, recorded)
     outputs_path, answers_path = present(ins.get("outputs")), present(ins.get("answers"))
-    settings = ins.get("settings") or {}
-    from ..eval.answers import EXTRACTOR_VERSION
-
-    # Outputs are re-extracted only by the extractor version that scored them; for another version the records
-    # file (which holds each extraction) is the evidence, and the aggregate is recomputed from it.
-    same_extractor = recorded.get("extractor_version") == EXTRACTOR_VERSION
-    if outputs_path and answers_path and "mapping" in settings and same_extractor:
+    if not outputs_path or not answers_path:
+        why = " and ".join(absent(w, ins.get(w)) for w, p in (("outputs", outputs_path), ("answers", answers_path))
+                           if not p)
+    elif "mapping" not in settings:
+        why = "its settings record no input mapping"
+    else:
+        why = how.unavailable()
+    if why is None:
         try:
             result = scoring.score(outputs_path, answers_path, settings["mapping"], settings.get("id_field", "id"),
-                                   settings.get("output_field", "output"))
+                                   settings.get("output_field", "output"), how)
         except InputError as e:
             report.findings.append(Finding(line, "score", f"cannot recompute the score: {e.message}"))
             return
-        if hashlib.sha256(result.records_bytes()).hexdigest() != (outs.get("records") or {}).get("sha256"):
-            report.findings.append(Finding(line, "score", "recomputed per-sample records differ from the recorded ones"))
-        if result.summary() != recorded:
-            report.findings.append(Finding(line, "score", f"recomputed score {result.summary()['correct']}/"
-                                           f"{result.summary()['n']} differs from the recorded "
-                                           f"{recorded.get('correct')}/{recorded.get('n')}"))
+        rec_sha = hashlib.sha256(result.records_bytes()).hexdigest()
+        # grader_libs says which library versions graded; other versions here are no difference in the score
+        # itself, but they are named when the verdicts differ.
+        got = result.summary()
+        libs = (recorded.pop("grader_libs", None), got.pop("grader_libs", None))
+        if rec_sha != (outs.get("records") or {}).get("sha256"):
+            why = (f"; graded with {json.dumps(libs[0], sort_keys=True)}, recomputed with "
+                   f"{json.dumps(libs[1], sort_keys=True)}" if libs[0] != libs[1] else "")
+            report.findings.append(Finding(line, "score", "recomputed per-sample records differ from the recorded "
+                                           f"ones (recomputed sha256 {rec_sha}{why})"))
+        diff = _score_differences(recorded, got)
+        if diff:
+            report.findings.append(Finding(line, "score", f"the recomputed score differs from the recorded one: {diff}"))
         report.scores_checked += 1
         return
     records_path = present(outs.get("records"))
     if records_path:
-        recorded.pop("unscored_problems", None)
-        if scoring.summary_from_records(records_path.read_bytes()) != recorded:
-            report.findings.append(Finding(line, "score", "the score recomputed from the records file differs "
-                                           "from the recorded one"))
+        got = scoring.summary_from_records(records_path.read_bytes(), how)
+        diff = _score_differences({k: v for k, v in recorded.items() if k not in scoring.NOT_FROM_RECORDS}, got)
+        if diff:
+            report.findings.append(Finding(line, "score", "the score recomputed from the records file differs from "
+                                           f"the recorded one: {diff}"))
         report.scores_checked += 1
+        report.scores_from_records.append({"line": line, "reason": why})
+        return
+    report.scores_not_recomputable.append({"line": line, "reason": f"{why}, and {absent('records', outs.get('records'))}"})
 
 
-def _check_checkpoint(report: VerifyReport, cp_path: Path, tree: LedgerTree, keys: list[str]) -> dict:
+def _score_differences(recorded: dict, recomputed: dict) -> str:
+    """What differs between a recorded and a recomputed score, the recorded values verbatim (JSON)."""
+    def show(d: dict, k: str) -> str:
+        return json.dumps(d[k], ensure_ascii=False) if k in d else "absent"
+
+    keys = sorted(k for k in set(recorded) | set(recomputed) if recorded.get(k, ...) != recomputed.get(k, ...))
+    return "; ".join(f"{k} recorded {show(recorded, k)}, recomputed {show(recomputed, k)}" for k in keys)
+
+
+def _check_checkpoint(report: VerifyReport, cp_path: Path, tree: LedgerTree, keys: list[str],
+                      origin: str | None = None) -> dict:
     from ..ledger.checkpoint import Checkpoint, load_key, read_checkpoint, verify_note
     from ..errors import CheckFailed
 
@@ -282,6 +333,9 @@ def _check_checkpoint(report: VerifyReport, cp_path: Path, tree: LedgerTree, key
     cp = Checkpoint.parse(text)
     out: dict[str, Any] = {"path": str(cp_path), "origin": cp.origin, "size": cp.size, "root": cp.root.hex(),
                            "root_matches": False, "signed_by": []}
+    if origin is not None and cp.origin != origin:
+        report.findings.append(Finding(None, "checkpoint", f"the checkpoint names the log {cp.origin!r}, not "
+                                       f"{origin!r} (a checkpoint of another log)"))
     if cp.size > tree.size:
         report.findings.append(Finding(None, "checkpoint", f"checkpoint covers {cp.size} lines, the ledger has "
                                        f"only {tree.size} (lines were removed)"))
@@ -354,8 +408,18 @@ def _check_since(report: VerifyReport, base: Path, tree: LedgerTree) -> dict:
     return out
 
 
-def _rehash(report: VerifyReport, entries: list[dict | None], base_dir: Path, full: bool) -> None:
-    cache = HashCache.for_dir(base_dir, enabled=not full)
+def _open_cache(ledger: Path, cache: Path | bool | None, full: bool) -> HashCache:
+    if cache is False:
+        return HashCache(None, enabled=False)
+    if cache is None or cache is True:
+        return HashCache.for_ledger(ledger, enabled=not full)
+    if Path(cache).is_dir():
+        raise InputError(f"--cache {cache} is a directory", "name the cache file, e.g. --cache verify-cache.json")
+    return HashCache(Path(cache), enabled=not full)
+
+
+def _rehash(report: VerifyReport, entries: list[dict | None], base_dir: Path, full: bool,
+            cache: HashCache) -> None:
     this_run: dict[Path, str] = {}  # a file many entries name (the problems file) is hashed once per run
     for i, entry in enumerate(entries):
         if entry is None:
@@ -383,7 +447,10 @@ def _referenced_files(entry: dict) -> list[tuple[str, dict]]:
     if isinstance(m, dict) and isinstance(m.get("path"), str) and isinstance(m.get("sha256"), str):
         out.append(("manifest", m))
     for section in ("inputs", "outputs"):
-        for name, d in (entry.get(section) or {}).items():
+        members = entry.get(section)
+        if not isinstance(members, dict):  # a schema finding already; no crash on "inputs": [1]
+            continue
+        for name, d in members.items():
             if isinstance(d, dict) and isinstance(d.get("path"), str) and isinstance(d.get("sha256"), str):
                 out.append((f"{section}.{name}", d))
     return out

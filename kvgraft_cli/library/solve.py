@@ -20,7 +20,9 @@ from typing import Callable
 from ..engine.engine import Engine, load_engine, tensor_sha256, token_ids_sha256
 from ..errors import InputError
 from ..eval import answers
-from ..eval.problems import Problem, read_problems, verify_solution
+from ..config.manifest import clip
+from ..config.modelhash import context_window
+from ..eval.problems import Problem, check_lengths, read_problems, verify_solution
 from ..eval.scoring import wilson_interval
 from ..ledger import log as ledger
 from ..runs.context import RunContext
@@ -158,6 +160,8 @@ def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 
     problems = read_problems(problems_path, m.data["input"], require_solution=False)
     if limit is not None:
         problems = problems[:limit]
+    # A text no position limit could fit is refused by its length, before anything is tokenized or loaded.
+    check_lengths(problems, problems_path, context_window(m.model_dir), fields=("problem",))
     check_outputs(problems_path, outputs_path, force)
     decode = m.data["decode"]
     full_budget = decode["max_new_tokens"]
@@ -168,12 +172,15 @@ def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 
         check_library(ctx)
     if engine is None:
         engine = load_engine(m, ctx.allow_drift)
-    query_ids = [engine.encode(m.data["prompt"]["query"].format(query=p.problem)) for p in problems]
+    # Bounded for any input: characters checked first, ids truncated past the model's positions (engine.encode).
+    query_ids = [engine.encode(m.data["prompt"]["query"].format(query=p.problem), where=f"{problems_path}:{p.line}")
+                 for p in problems]
     limit_pos = engine.max_positions
     for p, ids in zip(problems, query_ids):  # refuse before any work: a query that cannot fit even alone
         if limit_pos and len(ids) + full_budget > limit_pos:
-            raise InputError(f"{problems_path}:{p.line}: problem {p.id!r} needs {len(ids)} query tokens + "
-                             f"{full_budget} decode tokens, more than the model's {limit_pos} positions",
+            at_least = "at least " if len(ids) > limit_pos else ""
+            raise InputError(f"{problems_path}:{p.line}: problem {clip(repr(p.id), 80)} needs {at_least}{len(ids)} "
+                             f"query tokens + {full_budget} decode tokens, more than the model's {limit_pos} positions",
                              "shorten the problem or lower decode.max_new_tokens")
     run = SolveRun("library" if use_library else "baseline", str(problems_path), str(outputs_path))
     input_sha = sha256_file(problems_path)
@@ -259,12 +266,11 @@ def _solve_one(ctx: RunContext, engine: Engine, store: Store | None, p: Problem,
                            "decode_tokens": rec.decode_tokens, "wall_s": rec.wall_s, "cpu_s": rec.cpu_s,
                            "energy_j": rec.energy_j}},
     )
-    try:
-        rec.ledger_seq = ledger.append(ctx.ledger, "solve", entry)["seq"]
-    except BaseException:
-        for key, sha in (chain.new_links if chain else []):  # nothing new stays in the store unrecorded
-            store.forget(key, sha)
-        raise
+    # A failed append leaves new links in the store, unrecorded: another run may already graft them (see
+    # store.local); `kvgraft store gc` is the only deleter.
+    rec.ledger_seq = ledger.append(ctx.ledger, "solve", entry)["seq"]
+    if chain is not None:
+        store.mark_recorded(chain.shas)
     return rec
 
 

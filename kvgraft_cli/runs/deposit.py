@@ -11,7 +11,8 @@ from ..ledger import log as ledger
 from ..engine.engine import Engine, load_engine, tensor_sha256, token_ids_sha256
 from ..errors import CheckFailed
 from ..util.hashing import digest, sha256_bytes, sha256_file
-from ..eval.problems import Problem, normalize_key, read_problems, verify_solution
+from ..config.modelhash import context_window
+from ..eval.problems import Problem, check_lengths, normalize_key, read_problems, verify_solution
 from .context import RunContext
 from ..store.local import Store, prefix_key, problem_key
 
@@ -72,6 +73,8 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
     problems = read_problems(problems_path, ctx.manifest.data["input"])
     if limit is not None:
         problems = problems[:limit]
+    # A text no position limit could fit is refused by its length, before anything is tokenized or loaded.
+    check_lengths(problems, problems_path, context_window(ctx.manifest.model_dir))
     report = DepositReport(str(problems_path), sha256_file(problems_path), str(ctx.store), str(ctx.ledger),
                            ctx.manifest.source)
     plan: list[tuple[Problem, object]] = []
@@ -90,9 +93,12 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
     settings = {"mapping": ctx.manifest.data["input"], "limit": limit, "allow_unverified": allow_unverified}
     if on_start:
         on_start(len(plan))
+    template = ctx.manifest.data["prompt"]["prefix"]
+    # Every prefix is tokenized (and one the model cannot hold refused) before the store is created.
+    prefixes = [engine.prefix_ids(render_prefix(template, p), where=f"{problems_path}:{p.line}") for p, _ in plan]
     with Store(ctx.store) as store:
-        for p, verdict in plan:
-            r = deposit_one(ctx, engine, store, report, p, verdict, recompute, level, settings)
+        for (p, verdict), ids in zip(plan, prefixes):
+            r = deposit_one(ctx, engine, store, report, p, verdict, recompute, level, settings, ids)
             report.results.append(r)
             if on_progress:
                 on_progress(r)
@@ -101,10 +107,12 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
 
 
 def deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositReport, p: Problem, verdict,
-                recompute: bool, level: int, settings: dict) -> DepositResult:
-    """Prefill, store and record one problem (``report`` names the input file); the ledger entry or nothing."""
+                recompute: bool, level: int, settings: dict, ids: list[int] | None = None) -> DepositResult:
+    """Prefill, store and record one problem (``report`` names the input file; ``ids``: its prefix's token ids,
+    when already made); the ledger entry or nothing."""
     m = ctx.manifest
-    ids = engine.prefix_ids(render_prefix(m.data["prompt"]["prefix"], p))
+    if ids is None:
+        ids = engine.prefix_ids(render_prefix(m.data["prompt"]["prefix"], p), where=f"{report.input}:{p.line}")
     ids_sha = token_ids_sha256(ids)
     key = prefix_key(m.compute_sha256, ids_sha)
     verified = verdict.status == "verified"
@@ -113,10 +121,9 @@ def deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositRe
                "solution": p.solution, "answer": p.answer}
     existing = store.lookup_key(key)
     if existing and store.has_object(existing.artifact) and not recompute:
-        # Already deposited under this pin: re-hash the stored object rather than trusting the index.
+        # Already stored under this pin: re-hash the stored object rather than trusting the index.
         _, art = store.load(existing.artifact)
-        sha, logits_sha, status = existing.artifact, art.meta["logits_sha256"], "existing"
-        payload_len, rollback = None, (None, None)
+        sha, logits_sha, payload_len = existing.artifact, art.meta["logits_sha256"], None
         if verified:
             store.add_to_library(sha, p.id, m.compute_sha256, len(ids), library)
     else:
@@ -130,15 +137,10 @@ def deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositRe
                 "for the same prefix and pin: this environment does not reproduce the deposit",
                 "check the kernel flags and versions against the manifest",
             )
-        status = "existing" if existing else "deposited"
         payload_len = len(payload)
-        had_entry = existing is not None
-        existing, created = store.put(sha, payload, key=key, problem_id=p.id, num_tokens=len(ids),
-                                      model_sha256=engine.hashes.model_sha256, manifest_sha256=m.compute_sha256,
-                                      verified=verified, level=level, library=library)
-        if not created:
-            status = "existing"
-        rollback = (None if had_entry else existing.key, sha if created else None)
+        store.put(sha, payload, key=key, problem_id=p.id, num_tokens=len(ids),
+                  model_sha256=engine.hashes.model_sha256, manifest_sha256=m.compute_sha256,
+                  verified=verified, level=level, library=library)
     entry = ctx.entry_base(engine)
     entry.update(
         inputs={
@@ -153,16 +155,18 @@ def deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositRe
         },
         verification={"status": verdict.status, "reason": verdict.reason, "extracted": verdict.extracted,
                       "reference": p.answer},
-        status=status,
     )
     if payload_len is not None:
         entry["outputs"]["artifact"]["payload_bytes"] = payload_len
-    try:
-        written = ledger.append(ctx.ledger, "deposit", entry)
-    except BaseException:
-        key_to_drop, sha_to_drop = rollback
-        if key_to_drop is not None:  # nothing new stays in the store without its ledger entry
-            store.forget(key_to_drop, sha_to_drop)
-        raise
-    return DepositResult(p.id, p.line, status, verdict.reason, verified, sha, len(ids),
+
+    def first_record(e: dict) -> None:
+        # Decided under the ledger's append lock: the first line to record an artifact says "deposited", whoever
+        # wrote the object (a run whose append failed leaves its object for the next run to record).
+        e["status"] = "existing" if store.is_recorded(sha) else "deposited"
+
+    # If the append fails, the object and index rows stay (unrecorded): another run may already name this
+    # artifact in its own ledger line, so deleting it could leave that line pointing at nothing.
+    written = ledger.append(ctx.ledger, "deposit", entry, finalize=first_record)
+    store.mark_recorded([sha])
+    return DepositResult(p.id, p.line, written["status"], verdict.reason, verified, sha, len(ids),
                          store.object_path(sha).stat().st_size, logits_sha, written["seq"])

@@ -21,7 +21,8 @@ from typing import Any, Callable
 from ..ledger import log as ledger_mod
 from ..errors import InputError, KvgraftError
 from ..util.hashing import digest, sha256_bytes, sha256_file
-from ..config.manifest import BUILTIN_PREFIX, DEFAULT_MANIFEST, Manifest, dump_yaml, load_manifest, parse_text, with_overrides
+from ..config.manifest import (BUILTIN_PREFIX, DEFAULT_MANIFEST, MAX_YAML_CHARS, Manifest, clip, dump_yaml, load_manifest,
+                               parse_text, with_overrides)
 from .context import RunContext
 
 KINDS = ("deposit", "graft-check", "score", "solve", "solve-outputs")
@@ -50,6 +51,9 @@ def load_prereg(path: Path) -> Prereg:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"prereg not found: {path}")
+    if path.stat().st_size > 4 * MAX_YAML_CHARS:  # parse_text refuses it anyway; not read into memory first
+        raise InputError(f"{path}: {path.stat().st_size:,} bytes, more than a prereg may have",
+                         "is this the right file?")
     raw = path.read_bytes()
     data = parse_text(raw.decode("utf-8", errors="replace"), str(path))
     check_prereg(data, str(path))
@@ -60,13 +64,13 @@ def check_prereg(data: Any, source: str) -> None:
     """Raise InputError listing what is wrong with a prereg's content (schema, duplicate ids, unknown run ids)."""
     import jsonschema
 
-    problems = [f"{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message[:160]}"
+    problems = [f"{clip('.'.join(map(str, e.absolute_path)) or '(top level)', 120)}: {clip(e.message, 160)}"
                 for e in jsonschema.Draft202012Validator(_schema()).iter_errors(data)]
     if not problems:
         ids = [r["id"] for r in data["runs"]]
-        problems += [f"runs: duplicate id {i!r}" for i in sorted({i for i in ids if ids.count(i) > 1})]
+        problems += [f"runs: duplicate id {clip(i, 80)}" for i in sorted({i for i in ids if ids.count(i) > 1})]
         for t, exp in data["targets"].items():
-            problems += [f"targets.{t}.{r}: no run with that id" for r in exp if r not in ids]
+            problems += [f"targets.{clip(t, 80)}.{clip(r, 80)}: no run with that id" for r in exp if r not in ids]
     if problems:
         raise InputError(f"{source}: " + "; ".join(problems[:5]) + (" ..." if len(problems) > 5 else ""),
                          "see kvgraft_cli/schemas/prereg.schema.json")
@@ -240,7 +244,11 @@ def _run_score(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str, 
     c = RunContext(with_mapping(ctx.manifest, s["mapping"]), ctx.store, ctx.ledger, ctx.allow_drift)
     # One records file per prereg and run: a later prereg never overwrites the records an earlier entry hashed.
     records = ctx.store / "replay" / f"{pr.sha256[:16]}-{run['id']}.scores.jsonl"
-    result, rec_sha, _ = score_and_record(c, outputs, answers, records, s["id_field"], s["output_field"])
+    # The score rules, extractor and grader the registered run used (a prereg without them: rules 1, extractor 2).
+    from ..eval.scoring import ScoreSettings
+
+    result, rec_sha, _ = score_and_record(c, outputs, answers, records, s["id_field"], s["output_field"],
+                                          ScoreSettings.from_recorded(s))
     return {**got, "records": rec_sha, "n": result.n, "correct": result.correct}
 
 
@@ -263,7 +271,9 @@ def prereg_from_ledger(ledger_path: Path, target: str, out_path: Path, name: str
 
     manifests = {(e["manifest"].get("path") or e["manifest"]["source"], e["manifest"]["sha256"]) for e in entries}
     if len(manifests) != 1:
-        raise InputError(f"{ledger_path}: the entries use {len(manifests)} manifests", "pick a range with --from-seq")
+        raise InputError(f"{ledger_path}: the entries use {len(manifests)} manifests",
+                         f"pick a range with --from-seq: `kvgraft ledger log {ledger_path}` lists each entry's seq "
+                         "and manifest")
     (mref, msha), = manifests
     runs: dict[str, dict] = {}
     exp: dict[str, dict] = {}

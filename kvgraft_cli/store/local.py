@@ -4,18 +4,27 @@ The index maps a prefix key (compute pin + token ids) and a problem id to an art
 sizes. SQLite keeps lookups logarithmic at millions of entries and makes each index update one atomic transaction;
 an object is written (atomically) before the index row that names it, so a crash leaves at most an unindexed,
 complete object, never an index row pointing at a half-written file.
+
+Nothing a writer puts in the store is ever deleted by another writer's failure. A run whose ledger append fails
+leaves its (complete, verified) object and index rows in place, marked as not yet recorded; a concurrent run may
+already have named that artifact in its own ledger line, so deleting it would leave a ledger line pointing at
+nothing. The next run that records the artifact writes it as ``deposited``. Only ``kvgraft store gc`` deletes,
+and only what no index row and no given ledger line names (objects written by a crash before their index row, and
+temporary files), after a grace period that protects a writer still at work.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from ..artifacts import format as kvg
-from ..errors import ArtifactError, InputError
+from ..errors import ArtifactError, InputError, StoreError
 from ..util.hashing import sha256_json
 
 SCHEMA = """
@@ -26,7 +35,8 @@ CREATE TABLE IF NOT EXISTS artifacts (
     num_tokens INTEGER NOT NULL,
     model_sha256 TEXT NOT NULL,
     manifest_sha256 TEXT NOT NULL,
-    created TEXT NOT NULL
+    created TEXT NOT NULL,
+    recorded INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS entries (
     key TEXT PRIMARY KEY,
@@ -54,7 +64,9 @@ CREATE VIRTUAL TABLE IF NOT EXISTS library_fts USING fts5(problem, solution, con
 # The library is the verified part of the store that `kvgraft solve` reads: one row per verified root artifact,
 # with its problem and solution text. library_fts is an external-content FTS5 index over those rows, written in the
 # same transaction as the row itself (no triggers: a reader never sees one without the other).
+# artifacts.recorded: 1 once a ledger line has recorded the artifact (0: stored by a run whose append failed).
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
+MIN_PREFIX = 6  # the shortest artifact hash prefix resolve() accepts
 
 
 @dataclass(frozen=True)
@@ -108,9 +120,20 @@ class Store:
             raise InputError(f"store path {self.root} exists and is not a directory")
         if not create and not (self.root / "index.sqlite").is_file():
             raise InputError(f"no store at {self.root}", "run `kvgraft deposit FILE.jsonl` first, or pass --store")
-        (self.root / "objects").mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
-        self._db.executescript(SCHEMA)
+        with _store_errors(self.root, "open"):
+            (self.root / "objects").mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
+            self._db.executescript(SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(artifacts)")}
+            self._tracks_recording = "recorded" in columns
+        if not self._tracks_recording and create:
+            # A store from before `recorded`: its artifacts were all recorded (failed runs deleted theirs). A store
+            # this process cannot write stays as it is, and reads as all recorded.
+            try:
+                self._db.execute("ALTER TABLE artifacts ADD COLUMN recorded INTEGER NOT NULL DEFAULT 1")
+                self._tracks_recording = True
+            except sqlite3.OperationalError:
+                pass
 
     def close(self) -> None:
         self._db.close()
@@ -140,28 +163,46 @@ class Store:
         index, in the same transaction as the index rows."""
         path = self.object_path(sha256)
         created = not path.is_file()
-        if created:
-            kvg.write_file(path, payload, level)
-        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        with self._db:  # one transaction: both rows or neither
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute(
-                "INSERT OR IGNORE INTO artifacts VALUES (?,?,?,?,?,?,?)",
-                (sha256, path.stat().st_size, len(payload), num_tokens, model_sha256, manifest_sha256, now),
-            )
-            self._db.execute(
-                "INSERT INTO entries VALUES (?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET "
-                "problem_id=excluded.problem_id, artifact=excluded.artifact, verified=max(verified, excluded.verified)",
-                (key, problem_id, sha256, manifest_sha256, int(verified), now),
-            )
-            if library is not None and verified:
-                self._add_library(sha256, problem_id, manifest_sha256, num_tokens, library)
+        with _store_errors(self.root, "write to"):
+            if created:
+                kvg.write_file(path, payload, level)
+            now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            with self._db:  # one transaction: both rows or neither
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute(
+                    "INSERT OR IGNORE INTO artifacts (sha256, file_bytes, payload_bytes, num_tokens, model_sha256, "
+                    "manifest_sha256, created, recorded) VALUES (?,?,?,?,?,?,?,0)",
+                    (sha256, path.stat().st_size, len(payload), num_tokens, model_sha256, manifest_sha256, now),
+                )
+                self._db.execute(
+                    "INSERT INTO entries VALUES (?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET problem_id="
+                    "excluded.problem_id, artifact=excluded.artifact, verified=max(verified, excluded.verified)",
+                    (key, problem_id, sha256, manifest_sha256, int(verified), now),
+                )
+                if library is not None and verified:
+                    self._add_library(sha256, problem_id, manifest_sha256, num_tokens, library)
         return self.lookup_key(key), created
+
+    def is_recorded(self, sha256: str) -> bool:
+        """Whether a ledger line has recorded this artifact (False: stored by a run whose ledger append failed)."""
+        if not self._tracks_recording:
+            return True
+        row = self._db.execute("SELECT recorded FROM artifacts WHERE sha256 = ?", (sha256,)).fetchone()
+        return bool(row and row[0])
+
+    def mark_recorded(self, sha256s: list[str]) -> None:
+        """Note that a ledger line now records these artifacts."""
+        sha256s = [s for s in sha256s if not self.is_recorded(s)]  # a reader of a read-only store writes nothing
+        if not sha256s:
+            return
+        with _store_errors(self.root, "write to"), self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany("UPDATE artifacts SET recorded = 1 WHERE sha256 = ?", [(s,) for s in sha256s])
 
     def add_to_library(self, sha256: str, problem_id: str, manifest_sha256: str, num_tokens: int,
                        library: dict) -> None:
         """Add an already stored, verified root artifact to the library (a store made before the library existed)."""
-        with self._db:
+        with _store_errors(self.root, "write to"), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._add_library(sha256, problem_id, manifest_sha256, num_tokens, library)
 
@@ -175,23 +216,50 @@ class Store:
             self._db.execute("INSERT INTO library_fts(rowid, problem, solution) VALUES (?,?,?)",
                              (cur.lastrowid, library["problem"], library["solution"]))
 
-    def forget(self, key: str, sha256: str | None) -> None:
-        """Undo a put whose ledger entry could not be written: drop the index row, and the object if it was new."""
-        with self._db:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("DELETE FROM entries WHERE key = ?", (key,))
-            if sha256 is not None:
-                row = self._db.execute("SELECT rowid, problem, solution FROM library WHERE artifact = ? AND NOT EXISTS "
-                                       "(SELECT 1 FROM entries WHERE artifact = ?)", (sha256, sha256)).fetchone()
-                if row:
-                    self._db.execute("INSERT INTO library_fts(library_fts, rowid, problem, solution) "
-                                     "VALUES ('delete', ?, ?, ?)", row)
-                    self._db.execute("DELETE FROM library WHERE rowid = ?", (row[0],))
-            if sha256 is not None:
-                self._db.execute("DELETE FROM artifacts WHERE sha256 = ? AND NOT EXISTS "
-                                 "(SELECT 1 FROM entries WHERE artifact = ?)", (sha256, sha256))
-        if sha256 is not None:
-            self.object_path(sha256).unlink(missing_ok=True)
+    def garbage(self, keep: set[str], grace_s: float = 3600.0) -> "Garbage":
+        """What ``kvgraft store gc`` may delete: temporary files left by an interrupted write, and objects that no
+        index row names and whose hash is not in ``keep`` (the digests the ledgers name), each untouched for at
+        least ``grace_s`` seconds (a writer at work writes its object before its index row)."""
+        found = Garbage()
+        cutoff = time.time() - grace_s
+        indexed = {row[0] for row in self._db.execute("SELECT sha256 FROM artifacts")}
+        for sub in sorted((self.root / "objects").iterdir()):
+            if not sub.is_dir():
+                continue
+            for f in sorted(sub.iterdir()):
+                try:
+                    st = f.lstat()
+                except FileNotFoundError:  # removed meanwhile
+                    continue
+                if st.st_mtime > cutoff:
+                    continue
+                if f.name.endswith(".tmp"):
+                    found.temporary.append((f, st.st_size))
+                elif f.suffix == ".kvg" and HEX64.match(f.stem):
+                    if f.stem in indexed:
+                        continue
+                    if f.stem in keep:
+                        found.kept.append(f.stem)
+                    else:
+                        found.unindexed.append((f, st.st_size))
+        return found
+
+    def collect(self, garbage: "Garbage") -> int:
+        """Delete what :meth:`garbage` found, re-checking each object under the index's write lock (a run may have
+        indexed it since); returns the bytes freed."""
+        freed = 0
+        with _store_errors(self.root, "clean"):
+            for f, size in garbage.temporary:
+                f.unlink(missing_ok=True)
+                freed += size
+            with self._db:
+                self._db.execute("BEGIN IMMEDIATE")  # no put can index an object while we look
+                for f, size in garbage.unindexed:
+                    if self._db.execute("SELECT 1 FROM artifacts WHERE sha256 = ?", (f.stem,)).fetchone():
+                        continue
+                    f.unlink(missing_ok=True)
+                    freed += size
+        return freed
 
     def resolve(self, ref: str | None, manifest_sha256: str | None = None) -> str:
         """The artifact identity a reference names: full hash, unique hash prefix (>= 6 hex), or problem id.
@@ -211,12 +279,15 @@ class Store:
         ).fetchall()
         if rows:
             return rows[0][0]
-        if re.fullmatch(r"[0-9a-f]{6,63}", ref):
+        if re.fullmatch(r"[0-9a-f]{%d,63}" % MIN_PREFIX, ref):
             hits = [r[0] for r in db.execute("SELECT sha256 FROM artifacts WHERE sha256 LIKE ? LIMIT 3", (ref + "%",))]
             if len(hits) == 1:
                 return hits[0]
             if len(hits) > 1:
                 raise InputError(f"artifact prefix {ref} is ambiguous ({', '.join(h[:12] for h in hits)}, ...)", "give more hex digits")
+        if re.fullmatch(r"[0-9a-f]{1,%d}" % (MIN_PREFIX - 1), ref):
+            raise InputError(f"artifact hash prefix {ref!r} is too short (need >= {MIN_PREFIX} hex characters)",
+                             "give more of the hash; `kvgraft store list` shows them")
         raise InputError(f"no artifact {ref!r} in store {self.root} (neither a problem id nor an artifact hash)",
                          "list what is there with `kvgraft store list`")
 
@@ -332,6 +403,38 @@ _SELECT = (
     "SELECT e.key, e.problem_id, e.artifact, e.manifest_sha256, e.verified, a.num_tokens, a.file_bytes "
     "FROM entries e JOIN artifacts a ON a.sha256 = e.artifact"
 )
+
+
+@dataclass
+class Garbage:
+    """What the store holds that nothing names: temporary files and unindexed objects (path, bytes), and the
+    unindexed objects kept because a ledger names them."""
+
+    temporary: list[tuple[Path, int]] = field(default_factory=list)
+    unindexed: list[tuple[Path, int]] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+
+    @property
+    def bytes(self) -> int:
+        return sum(n for _, n in self.temporary) + sum(n for _, n in self.unindexed)
+
+
+class _store_errors:
+    """Turn the operating system's and SQLite's refusals (read-only, disk full, permissions) into one StoreError."""
+
+    def __init__(self, root: Path, doing: str):
+        self.root, self.doing = root, doing
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, exc, tb):
+        if isinstance(exc, (OSError, sqlite3.Error)):
+            reason = os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else str(exc)
+            raise StoreError(f"cannot {self.doing} store {self.root}: {reason}",
+                             "check free space and permissions; a failed write leaves nothing half-written, and "
+                             "`kvgraft store gc` removes what it left unindexed") from exc
+        return False
 
 
 def _entry(row) -> Entry:

@@ -228,13 +228,16 @@ def _kvg(payload: bytes) -> bytes:
 
 
 def test_inspect_a_chain_link_and_refusals(deposited, tmp_path):
-    import zstandard
+    from kvgraft_cli.artifacts.payload import read_payload
 
     src = _artifacts(deposited)[0]
-    payload = zstandard.ZstdDecompressor().decompress(src.read_bytes())
+    payload = bytes(read_payload(src))
     (n,) = struct.unpack("<Q", payload[:8])
     header = json.loads(payload[8:8 + n])
-    header["__metadata__"].update(parent_sha256="ab" * 32, start_position="100")
+    meta = header["__metadata__"]
+    # A consistent link: sliding layers have seen its start's tokens too (full layers keep only its own).
+    seen = [c if c is None else c + 100 for c in json.loads(meta["cumulative_lengths"])]
+    meta.update(parent_sha256="ab" * 32, start_position="100", cumulative_lengths=json.dumps(seen, separators=(",", ":")))
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     link = tmp_path / "link.kvg"

@@ -426,7 +426,7 @@ def test_numbers_a_pin_cannot_hold_are_refused(tmp_path, field, value):
 def test_unknown_dtype_in_a_crafted_header_is_an_input_error(tmp_path):
     path = tmp_path / "crafted.kvg"
     path.write_bytes(kvg.compress(kvg_payload(dtype="nonexistent")))
-    with pytest.raises(ArtifactError, match="unknown dtype 'nonexistent'") as e:
+    with pytest.raises(ArtifactError, match="dtype 'nonexistent' is not one kvgraft writes") as e:
         kvg.read_file(path)
     assert e.value.exit_code == 2
     rc, err, _, _ = measured_cli("graft", str(path), "--store", "s", cwd=tmp_path)
@@ -548,3 +548,29 @@ def test_counts_past_what_a_ledger_holds_are_usage_errors(tmp_path, args):
     r = run_cli(*args, "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path, check_rc=2)
     assert "more than 9007199254740991" in r.stderr
     assert not (tmp_path / "s").exists() and not (tmp_path / "l.jsonl").exists()
+
+
+def test_an_inconsistent_header_is_refused_before_its_size_is_allocated(tmp_path):
+    """A 2 MB file whose header describes 1 GiB of token ids while its metadata says 3 tokens: graft's reader and
+    inspect refuse it from the header (kvgraft_cli/artifacts/layout.py), in bounded memory, exit 2 — graft used to
+    decompress the whole gigabyte first."""
+    head, _ = kvg_head(3)
+    header = json.loads(head[8:])
+    n_ids = (1 << 30) // 8
+    header["token_ids"] = {"dtype": "I64", "shape": [n_ids], "data_offsets": [0, 8 * n_ids]}
+    for name, t in header.items():
+        if name.startswith("layers."):
+            t["data_offsets"] = [o + 8 * n_ids - 24 for o in t["data_offsets"]]
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    head = struct.pack("<Q", len(text)) + text
+    size = 8 + len(text) + 8 * n_ids + 2 * 4 * 3 * 2
+    path = tmp_path / "bomb.kvg"
+    path.write_bytes(zstd_frame(head, size - len(head), size))
+    assert path.stat().st_size < 3 << 20
+    with pytest.raises(ArtifactError, match="token_ids must be int64 of length num_tokens"):
+        kvg.read_file(path)
+    for args in (("graft", str(path), "--store", "s", "--ledger", "l.jsonl"), ("inspect", str(path))):
+        rc, err, mib, _ = measured_cli(*args, cwd=tmp_path)
+        assert rc == 2 and "token_ids must be int64" in " ".join(err), err
+        assert mib < 600, mib  # the CLI and torch themselves; never the described gigabyte

@@ -26,7 +26,7 @@ from kvgraft_cli.ledger import log
 
 stored, other_done = Path(sys.argv[1]), Path(sys.argv[2])
 
-def append(path, kind, body, finalize=None):
+def append(path, kind, body, **hooks):
     stored.touch()
     deadline = time.time() + 300
     while not other_done.exists() and time.time() < deadline:
@@ -44,7 +44,7 @@ CRASHING_APPEND = """
 import os, sys
 from kvgraft_cli.ledger import log
 
-def append(path, kind, body, finalize=None):
+def append(path, kind, body, **hooks):
     os._exit(137)
 
 log.append = append
@@ -288,3 +288,54 @@ def test_verify_origin_pins_the_checkpoints_log(tmp_path):
     r = run_cli(*common, "--origin", "kvgraft.example/other-ledger", cwd=tmp_path, check_rc=1)
     assert "names the log 'kvgraft.example/reference-ledger', not 'kvgraft.example/other-ledger'" in r.stderr
     run_cli("verify", "l.jsonl", "--origin", "x", cwd=tmp_path, check_rc=2)
+
+
+def test_an_artifact_no_ledger_line_recorded_is_not_served_until_one_does(tmp_path):
+    _one_problem(tmp_path)
+    a = _python(CRASHING_APPEND, "deposit", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path)
+    a.communicate(timeout=300)
+    assert a.returncode == 137
+    r = run_cli("store", "stats", "--store", "s", "--json", cwd=tmp_path, check_rc=0)
+    assert json.loads(r.stdout)["unrecorded"] == 1
+    r = run_cli("solve", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", "-o", "o.jsonl", "--json",
+                cwd=tmp_path, check_rc=0)
+    assert json.loads(r.stdout)["library"]["records"][0]["hit"] != "exact"
+    run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path, check_rc=0)
+    r = run_cli("solve", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", "-o", "o.jsonl", "--force", "--json",
+                cwd=tmp_path, check_rc=0)
+    assert json.loads(r.stdout)["library"]["records"][0]["hit"] == "exact"
+    assert json.loads(run_cli("store", "stats", "--store", "s", "--json", cwd=tmp_path).stdout)["unrecorded"] == 0
+
+
+def test_store_gc_refuses_a_ledger_it_cannot_read_and_skips_what_is_not_a_file(tmp_path):
+    _one_problem(tmp_path)
+    run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path, check_rc=0)
+    odd = tmp_path / "s" / "objects" / "ab" / "x.kvg.tmp"
+    odd.mkdir(parents=True)
+    _old(odd)
+    r = run_cli("store", "gc", "--store", "s", "--ledger", "nonexistent.jsonl", cwd=tmp_path, check_rc=2)
+    assert "ledger not found: nonexistent.jsonl" in r.stderr
+    r = run_cli("store", "gc", "--store", "s", "--ledger", "l.jsonl", "--json", cwd=tmp_path, check_rc=0)
+    assert json.loads(r.stdout)["temporary"] == [] and odd.is_dir()
+
+
+def test_hostile_json_in_ledgers_outputs_and_records_is_a_finding_or_input_error(tmp_path):
+    deep = "[" * 100_000 + "]" * 100_000
+    good = (REPO / "ledger" / "reference.jsonl").read_text().splitlines()[:3]
+    (tmp_path / "deep.jsonl").write_text("\n".join(good + [deep]) + "\n")
+    r = run_cli("verify", "deep.jsonl", "--no-files", "--json", cwd=tmp_path, check_rc=1)
+    assert json.loads(r.stdout)["first_problem"].startswith("line 4: not JSON (JSON nested too deeply)")
+    (tmp_path / "big.jsonl").write_text("\n".join(good + ['{"seq": ' + "9" * 5000 + "}"]) + "\n")
+    r = run_cli("verify", "big.jsonl", "--no-files", "--json", cwd=tmp_path, check_rc=1)
+    assert json.loads(r.stdout)["first_problem"].startswith("line 4: not JSON")
+    for args in (("ledger", "log", "deep.jsonl"), ("prereg", "make", "deep.jsonl", "--target", "t", "-o", "p.yaml")):
+        r = run_cli(*args, cwd=tmp_path)
+        assert r.returncode in (0, 2) and "internal error" not in r.stderr, (args, r.stderr)
+    (tmp_path / "odd.jsonl").write_text("\n".join(good + ["[1]", '"x"']) + "\n")
+    r = run_cli("prereg", "make", "odd.jsonl", "--target", "t", "-o", "p.yaml", cwd=tmp_path, check_rc=2)
+    assert "line 4 is not a ledger entry" in r.stderr
+    (tmp_path / "out.jsonl").write_text(deep + "\n")
+    (tmp_path / "answers.jsonl").write_text('{"id": "a", "problem": "p", "answer": "1"}\n')
+    r = run_cli("score", "out.jsonl", "--answers", "answers.jsonl", "--ledger", "l.jsonl", "--records", "r.jsonl",
+                cwd=tmp_path, check_rc=2)
+    assert "out.jsonl:1: malformed JSON (JSON nested too deeply)" in r.stderr

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ArtifactError, IntegrityError
+from . import container, layout
 from .format import FORMAT, FORMAT_VERSION, LAYER_KINDS, MAX_HEADER, REQUIRED_META
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -50,6 +51,7 @@ class ArtifactInfo:
     path: str
     file_bytes: int
     payload_bytes: int
+    codec: str  # "raw" (v2 container) or "zstd" (a bare frame)
     header_bytes: int
     format_version: str
     num_tokens: int
@@ -138,9 +140,14 @@ def read_info(path: Path) -> ArtifactInfo:
         head = f.read(18)  # the longest zstd frame header
         if not head:
             raise IntegrityError(f"{source}: empty file (a .kvg file is one zstd frame)", _REFETCH)
-        size = _frame_size(head, source)
-        f.seek(0)
-        reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=False)
+        if container.is_container(head):  # the raw codec: the payload lies at its offset as it is
+            offset, size = container.check_container(f, file_bytes, source, 1 << 62)
+            f.seek(offset)
+            reader, codec = f, "raw"
+        else:
+            size = _frame_size(head, source)
+            f.seek(0)
+            reader, codec = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=False), "zstd"
         if size < 8:
             raise IntegrityError(f"{source}: payload of {size} bytes is too short for a safetensors header", _REFETCH)
         (n,) = struct.unpack("<Q", _read_exact(reader, 8, source, "payload's header length"))
@@ -150,10 +157,11 @@ def read_info(path: Path) -> ArtifactInfo:
         raw = _read_exact(reader, n, source, "payload's header")
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise IntegrityError(f"{source}: damaged header: not JSON ({e})", _REFETCH) from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise IntegrityError(f"{source}: damaged header: not JSON ({str(e)[:120]})", _REFETCH) from None
     if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict):
         raise ArtifactError(f"{source}: not a kvgraft artifact (a safetensors payload without kvgraft metadata)")
+    layout.check_header(header, source)  # what graft would refuse, inspect refuses too (nothing inconsistent shown)
     meta = header.pop("__metadata__")
     if meta.get("format") != FORMAT:
         raise ArtifactError(f"{source}: not a kvgraft artifact (format={str(meta.get('format'))[:40]!r})")
@@ -164,12 +172,12 @@ def read_info(path: Path) -> ArtifactInfo:
     if missing:
         raise ArtifactError(f"{source}: metadata lacks {', '.join(missing)}")
     try:
-        return _info(path, header, meta, file_bytes, size, n)
+        return _info(path, header, meta, file_bytes, size, n, codec)
     except (KeyError, ValueError, TypeError, AttributeError) as e:
         raise ArtifactError(f"{source}: inconsistent artifact header ({type(e).__name__}: {e})") from None
 
 
-def _info(path: Path, header: dict, meta: dict, file_bytes: int, size: int, n: int) -> ArtifactInfo:
+def _info(path: Path, header: dict, meta: dict, file_bytes: int, size: int, n: int, codec: str) -> ArtifactInfo:
     kinds = json.loads(meta["layer_types"])
     windows = json.loads(meta["sliding_windows"])
     seen = json.loads(meta["cumulative_lengths"])
@@ -193,7 +201,7 @@ def _info(path: Path, header: dict, meta: dict, file_bytes: int, size: int, n: i
         prefill = meta["prefill"]
     known = set(REQUIRED_META) | {"parent_sha256", "device"}
     return ArtifactInfo(
-        path=str(path), file_bytes=file_bytes, payload_bytes=size, header_bytes=n,
+        path=str(path), file_bytes=file_bytes, payload_bytes=size, codec=codec, header_bytes=n,
         format_version=meta["format_version"], num_tokens=int(meta["num_tokens"]), num_layers=num_layers,
         start_position=int(meta["start_position"]), parent_sha256=meta.get("parent_sha256"), dtype=meta["dtype"],
         device=meta.get("device"), prefill=prefill, model_sha256=meta.get("model_sha256"),

@@ -21,6 +21,7 @@ import fastjsonschema
 from ..ledger import merkle
 from ..ledger.proofs import LedgerTree
 from ..errors import InputError
+from ..util import jsonio
 from .hashcache import HashCache, digest_of
 
 MAX_SAFE_INT = 2**53 - 1  # I-JSON (RFC 7493): integers JSON parsers everywhere read exactly
@@ -167,9 +168,9 @@ def check_line(raw: bytes, index: int, prev_line: bytes | None) -> tuple[dict | 
     """Parse and check one line (0-based ``index``) against its predecessor's bytes."""
     n = index + 1
     try:
-        entry = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        return None, [Finding(n, "json", f"not JSON ({e})")]
+        entry = jsonio.loads(raw)
+    except ValueError as e:  # malformed, bad UTF-8, nested too deeply, an integer past Python's digit limit
+        return None, [Finding(n, "json", f"not JSON ({str(e)[:200]})")]
     if not isinstance(entry, dict):
         return None, [Finding(n, "json", "not a JSON object")]
     out: list[Finding] = []
@@ -287,6 +288,10 @@ def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
         except InputError as e:
             report.findings.append(Finding(line, "score", f"cannot recompute the score: {e.message}"))
             return
+        except (TypeError, KeyError, ValueError, AttributeError) as e:  # settings that are not what score writes
+            report.findings.append(Finding(line, "score", "cannot recompute the score: its settings are malformed "
+                                           f"({type(e).__name__}: {str(e)[:120]})"))
+            return
         rec_sha = hashlib.sha256(result.records_bytes()).hexdigest()
         # grader_libs says which library versions graded; other versions here are no difference in the score
         # itself, but they are named when the verdicts differ.
@@ -304,7 +309,11 @@ def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
         return
     records_path = present(outs.get("records"))
     if records_path:
-        got = scoring.summary_from_records(records_path.read_bytes(), how)
+        try:
+            got = scoring.summary_from_records(records_path.read_bytes(), how)
+        except InputError as e:
+            report.findings.append(Finding(line, "score", f"{e.message} ({outs['records'].get('path')})"))
+            return
         diff = _score_differences({k: v for k, v in recorded.items() if k not in scoring.NOT_FROM_RECORDS}, got)
         if diff:
             report.findings.append(Finding(line, "score", "the score recomputed from the records file differs from "

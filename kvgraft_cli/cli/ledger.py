@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any, Optional
 import typer
 
 from ..errors import InputError
+from ..util import jsonio
 from ._common import JSON_OPT, MANIFEST_OPT, at_most_max_count, ledger_path
 from ._help import Command, Group
 from ._output import cell, err, out, print_json, printable, short, table
@@ -48,7 +48,7 @@ def log(
         if i < from_seq:
             continue
         try:
-            e = json.loads(raw)
+            e = jsonio.loads(raw)
         except ValueError:
             e = None
         if not isinstance(e, dict):

@@ -66,6 +66,9 @@ def stats(
     t.add_row("entries (verified)", f"{st['entries']} ({st['verified_entries']})")
     t.add_row("library entries (their tokens)", f"{st['library_entries']} ({st['library_tokens']:,})")
     t.add_row("objects", str(st["objects"]))
+    if st["unrecorded"]:
+        t.add_row("unrecorded (a failed ledger append; not served by solve until a deposit records them)",
+                  str(st["unrecorded"]))
     t.add_row("stored tokens", f"{st['tokens']:,}")
     t.add_row("bytes on disk", human_bytes(st["file_bytes"]))
     if win:

@@ -47,6 +47,13 @@ def verify(
                           "run with --json for every finding" if len(report.findings) > 1 else None)
 
 
+def _shown(actual: str | None) -> str:
+    """A file's digest now: a hash prefix, or the whole reason it has none (an unreadable artifact)."""
+    if actual and not actual.startswith("unreadable"):
+        return actual[:16] + "..."
+    return actual or ""
+
+
 def _render_verify(r) -> None:
     def status(checks: tuple[str, ...]) -> str:
         bad = [f for f in r.findings if f.check in checks]
@@ -85,7 +92,7 @@ def _render_verify(r) -> None:
     out.print(t)
     for f in r.mismatched[:20]:
         out.print(f"[red]mismatch[/] line {f.line} {f.field}: {escape(f.path)} (recorded {f.expected[:16]}..., "
-                  f"now {(f.actual or '')[:40]})", soft_wrap=True)
+                  f"now {escape(_shown(f.actual))})", soft_wrap=True)
     for f in r.missing[:20]:
         out.print(f"[yellow]missing[/]  line {f.line} {f.field}: {escape(f.path)}", soft_wrap=True)
     if len(r.missing) > 20:

@@ -24,7 +24,6 @@ comparison that runs past :data:`GRADER_TIMEOUT_S` stops the score with an error
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from typing import Any
 
 from . import answers
 from ..errors import InputError, ProblemFileError
+from ..util import jsonio
 from ..util.fsio import atomic_write_bytes
 from ..util.hashing import canonical_json, sha256_bytes
 from .problems import read_problems
@@ -305,9 +305,9 @@ def read_outputs(path: Path, id_field: str, output_field: str) -> list[tuple[int
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ProblemFileError(f"{path}:{n}: malformed JSON ({e})") from None
+            rec = jsonio.loads(line)
+        except ValueError as e:
+            raise ProblemFileError(f"{path}:{n}: malformed JSON ({str(e)[:200]})") from None
         if not isinstance(rec, dict):
             raise ProblemFileError(f"{path}:{n}: expected a JSON object")
         for f in (id_field, output_field):
@@ -370,9 +370,12 @@ def summary_from_records(data: bytes, settings: ScoreSettings | None = None) -> 
     or their extractor or grader is not here): every key but :data:`NOT_FROM_RECORDS`, which depend on the answers
     file or the machine. Default settings: rules 1."""
     settings = settings or ScoreSettings.from_recorded({})
-    recs = [json.loads(line) for line in data.splitlines() if line]
-    records = [ScoreRecord(r["id"], r["extracted"], r["reference"], bool(r["correct"]),
-                           str(r.get("extractor_version")), bool(r.get("answered", True))) for r in recs]
+    try:
+        recs = [jsonio.loads(line) for line in data.splitlines() if line]
+        records = [ScoreRecord(r["id"], r["extracted"], r["reference"], bool(r["correct"]),
+                               str(r.get("extractor_version")), bool(r.get("answered", True))) for r in recs]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise InputError(f"records file is not kvgraft score records ({type(e).__name__}: {str(e)[:120]})") from None
     s = ScoreResult(records, 0, settings).summary()
     for key in NOT_FROM_RECORDS:
         s.pop(key, None)

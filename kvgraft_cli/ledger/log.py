@@ -8,7 +8,6 @@ file lock, write one whole line with a single ``write`` on an ``O_APPEND`` descr
 
 from __future__ import annotations
 
-import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any, Callable
 
 from ..errors import CheckFailed, LedgerError
 from ..util.fsio import fsync_dir
+from ..util import jsonio
 from ..util.hashing import canonical_json, sha256_bytes
 
 TAIL_READ = 1 << 16
@@ -109,7 +109,7 @@ def _last_line(path: Path) -> tuple[int, bytes | None]:
             tail = f.read(step) + tail
         last = tail[:-1].rsplit(b"\n", 1)[-1]
     try:
-        seq = json.loads(last)["seq"]
+        seq = jsonio.loads(last)["seq"]
     except (ValueError, KeyError, TypeError):
         raise LedgerError(f"{path}: the last line is not a ledger entry", "is this file a kvgraft ledger?") from None
     return seq + 1, last
@@ -141,11 +141,13 @@ def without_floats(value: Any) -> Any:
 
 
 def append(path: Path, kind: str, body: dict[str, Any],
-           finalize: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+           finalize: Callable[[dict[str, Any]], None] | None = None,
+           after: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Append one entry (``body`` plus seq, prev, kind, time) and return it as written.
 
     ``finalize`` runs under the append lock just before the line is written and may set fields that depend on what
-    earlier lines recorded (a deposit's ``deposited``/``existing``): no other appender runs in between."""
+    earlier lines recorded (a deposit's ``deposited``/``existing``); ``after`` runs under the same lock once the line
+    is written (a deposit notes the artifact as recorded): no other appender runs in between."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _lock(path):
@@ -176,6 +178,8 @@ def append(path: Path, kind: str, body: dict[str, Any],
                               f"`kvgraft ledger repair {path}` removes it") from e
         if n == 0:
             fsync_dir(path.parent)
+        if after is not None:
+            after(entry)
     return entry
 
 
@@ -191,7 +195,20 @@ def read(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     lines, _ = split_lines(path.read_bytes())
-    return [json.loads(line) for line in lines]
+    return [_entry(line, path, i) for i, line in enumerate(lines)]
+
+
+def _entry(line: bytes, path: Path, index: int) -> dict[str, Any]:
+    """One complete line as an entry, or LedgerError naming it (1-based) and pointing to `kvgraft verify`."""
+    try:
+        entry = jsonio.loads(line)
+    except ValueError as e:
+        entry, why = None, str(e)[:120]
+    else:
+        why = "not a JSON object"
+    if not isinstance(entry, dict):
+        raise LedgerError(f"{path}: line {index + 1} is not a ledger entry ({why})", f"run `kvgraft verify {path}`")
+    return entry
 
 
 def repair(path: Path) -> int:
@@ -222,4 +239,4 @@ def appended_since(base_lines: list[bytes], lines: list[bytes]) -> list[dict[str
         first = next((i for i, (a, b) in enumerate(zip(base_lines, lines)) if a != b), len(lines))
         raise CheckFailed(f"not an append: line {first + 1} of the base is changed or missing in the ledger",
                           "the ledger was rewritten; restore it from the base and append instead")
-    return [json.loads(raw) for raw in lines[len(base_lines):]]
+    return [_entry(raw, Path("ledger"), i) for i, raw in enumerate(lines) if i >= len(base_lines)]

@@ -268,9 +268,8 @@ def _solve_one(ctx: RunContext, engine: Engine, store: Store | None, p: Problem,
     )
     # A failed append leaves new links in the store, unrecorded: another run may already graft them (see
     # store.local); `kvgraft store gc` is the only deleter.
-    rec.ledger_seq = ledger.append(ctx.ledger, "solve", entry)["seq"]
-    if chain is not None:
-        store.mark_recorded(chain.shas)
+    rec.ledger_seq = ledger.append(ctx.ledger, "solve", entry,
+                                   after=lambda _: store.mark_recorded(chain.shas) if chain else None)["seq"]
     return rec
 
 

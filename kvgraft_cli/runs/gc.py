@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import LedgerError
+from ..errors import InputError, LedgerError
 from ..ledger import log as ledger
 from ..store.local import Store
+from ..util import jsonio
 
 _HEX64 = re.compile(r"\b[0-9a-f]{64}\b")
 
@@ -35,12 +35,13 @@ def ledger_digests(paths: list[Path]) -> set[str]:
     the artifacts they name, never less, so a collection that keeps these keeps every named artifact."""
     found: set[str] = set()
     for path in paths:
-        if not path.is_file():
-            continue
+        if not path.is_file():  # a ledger gc cannot read could name anything: delete nothing
+            raise InputError(f"ledger not found: {path}", "name every ledger that records this store's artifacts "
+                             "with --ledger (a missing one would let gc delete what it names)")
         lines, _ = ledger.split_lines(path.read_bytes())
         for i, line in enumerate(lines):
             try:
-                json.loads(line)
+                jsonio.loads(line)
             except ValueError:
                 raise LedgerError(f"{path}: line {i + 1} is not JSON; cannot tell what it names",
                                   f"run `kvgraft verify {path}`") from None

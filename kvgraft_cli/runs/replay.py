@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..ledger import log as ledger_mod
-from ..errors import InputError, KvgraftError
+from ..util import jsonio
+from ..errors import InputError, KvgraftError, LedgerError
 from ..util.hashing import digest, sha256_bytes, sha256_file
 from ..config.manifest import (BUILTIN_PREFIX, DEFAULT_MANIFEST, MAX_YAML_CHARS, Manifest, clip, dump_yaml, load_manifest,
                                parse_text, with_overrides)
@@ -100,8 +101,11 @@ def find_registration(ledger_path: Path, prereg_sha256: str) -> tuple[int, str] 
         return None
     lines, _ = ledger_mod.split_lines(Path(ledger_path).read_bytes())
     for raw in lines:
-        e = json.loads(raw)
-        if e.get("kind") == "register" and (e.get("inputs") or {}).get("prereg", {}).get("sha256") == prereg_sha256:
+        try:
+            e = jsonio.loads(raw)
+        except ValueError:
+            continue  # not an entry, so not a register entry (`kvgraft verify` reports the line)
+        if isinstance(e, dict) and e.get("kind") == "register" and (e.get("inputs") or {}).get("prereg", {}).get("sha256") == prereg_sha256:
             return e["seq"], hashlib.sha256(raw).hexdigest()
     return None
 
@@ -259,6 +263,15 @@ def prereg_from_ledger(ledger_path: Path, target: str, out_path: Path, name: str
                        from_seq: int = 0) -> dict[str, Any]:
     """Turn a finished run's ledger entries (deposit, graft-check, score; from ``from_seq`` on) into a prereg whose
     ``target`` expects exactly the hashes that run produced. Paths are rewritten relative to ``out_path``."""
+    try:
+        return _prereg_from_ledger(ledger_path, target, out_path, name, from_seq)
+    except (AttributeError, KeyError, TypeError) as e:  # an entry that is not what kvgraft writes
+        raise LedgerError(f"{ledger_path}: an entry lacks what a kvgraft run writes ({type(e).__name__}: "
+                          f"{str(e)[:80]})", f"run `kvgraft verify {ledger_path}`") from None
+
+
+def _prereg_from_ledger(ledger_path: Path, target: str, out_path: Path, name: str | None,
+                        from_seq: int) -> dict[str, Any]:
     ledger_path, out_dir = Path(ledger_path), Path(out_path).resolve().parent
     if not ledger_path.is_file():
         raise InputError(f"ledger not found: {ledger_path}")

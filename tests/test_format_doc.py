@@ -13,7 +13,15 @@ import zstandard
 
 def read_kvg(path):
     data = path.read_bytes()
-    payload = zstandard.ZstdDecompressor().decompress(data)
+    if data[:8] == b"\x89KVG\r\n\x1a\n":  # the v2 container: the payload stored raw at its offset
+        (h,) = struct.unpack("<I", data[8:12])
+        container = json.loads(data[12:12 + h])
+        assert container["version"] == 2 and container["codec"] == "raw"
+        assert not any(data[12 + h:container["payload_offset"]])
+        payload = data[container["payload_offset"]:]
+        assert len(payload) == container["payload_bytes"]
+    else:  # a bare zstd frame (v1 files; 16-bit dtypes)
+        payload = zstandard.ZstdDecompressor().decompress(data)
     assert hashlib.sha256(payload).hexdigest() == path.stem
     (n,) = struct.unpack("<Q", payload[:8])
     assert n % 8 == 0
@@ -29,6 +37,22 @@ def read_kvg(path):
         tensors[name] = np.frombuffer(body[b:e], dtype=dt).reshape(h["shape"])
     assert offset == len(body)
     return meta, tensors
+
+
+def test_independent_reader_reads_both_codecs(deposited, tmp_path):
+    from kvgraft_cli.artifacts import format as kvg
+
+    ctx, report = deposited
+    r = next(r for r in report.results if r.id == "angle-1")
+    path = ctx.store / "objects" / r.artifact[:2] / f"{r.artifact}.kvg"
+    payload, _ = kvg.read_file(path, expected_sha256=r.artifact)
+    got = {}
+    for codec in ("raw", "zstd"):
+        (tmp_path / codec).mkdir()
+        p = tmp_path / codec / f"{r.artifact}.kvg"
+        kvg.write_file(p, bytes(payload), codec=codec)
+        got[codec] = read_kvg(p)
+    assert got["raw"][0] == got["zstd"][0] and all(np.array_equal(got["raw"][1][k], v) for k, v in got["zstd"][1].items())
 
 
 def test_independent_reader_agrees(deposited):

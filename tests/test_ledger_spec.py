@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import stat
+import struct
 from pathlib import Path
 
 import pytest
@@ -281,10 +282,20 @@ def _read_text(path: Path) -> str:
 
 # -- files --
 def file_digest(path: Path) -> str | None:
-    """SHA-256 of the bytes, or of the zstd payload for a .kvg (None: not a valid .kvg frame)."""
+    """SHA-256 of the bytes, or of the payload for a .kvg: a raw v2 container's payload, else the zstd frame's
+    (None: not a valid .kvg file)."""
     data = path.read_bytes()
     if path.suffix != ".kvg":
         return hashlib.sha256(data).hexdigest()
+    if data[:8] == b"\x89KVG\r\n\x1a\n":
+        (h,) = struct.unpack("<I", data[8:12])
+        try:
+            c = json.loads(data[12:12 + h])
+        except ValueError:
+            return None
+        if c.get("version") != 2 or c.get("codec") != "raw" or len(data) != c["payload_offset"] + c["payload_bytes"]:
+            return None
+        return hashlib.sha256(data[c["payload_offset"]:]).hexdigest()
     try:
         size = zstandard.get_frame_parameters(data).content_size
         if not 0 < size < 2**64 - 1:

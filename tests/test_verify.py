@@ -293,7 +293,7 @@ def test_bytes_after_the_frame_are_refused(copy):
     art = copy.parent / e["outputs"]["artifact"]["path"]
     art.write_bytes(art.read_bytes() + kvg.compress(b"more"))
     assert not verify_ledger(copy, full=True).passed
-    with pytest.raises(ArtifactError, match="after the zstd frame"):
+    with pytest.raises(ArtifactError, match="bytes after the"):
         kvg.read_file(art)
 
 

@@ -2,8 +2,9 @@
 
 Payload = safetensors bytes (tensors ``token_ids`` and ``layers.NNN.keys`` / ``layers.NNN.values``) written by
 :func:`canonical_safetensors`, so equal content gives equal bytes. (``safetensors.torch.save`` does not: it keeps
-``__metadata__`` in a hash map whose order changes from call to call.) Identity = SHA-256 of the payload. File = one zstd frame of the
-payload; the compression level never changes the identity. docs/FORMAT.md specifies it for third parties.
+``__metadata__`` in a hash map whose order changes from call to call.) Identity = SHA-256 of the payload. File = the
+payload in one of two codecs (artifacts.container: raw in the v2 container, or one zstd frame); neither the codec nor
+the compression level ever changes the identity. docs/FORMAT.md specifies it for third parties.
 No pickle: tensors are parsed by safetensors, metadata by ``json``.
 """
 
@@ -17,20 +18,13 @@ from typing import Any
 
 from ..errors import ArtifactError, IntegrityError, ModelMismatch, engine_not_installed
 from ..util.fsio import atomic_write_bytes
+from . import container, layout
 from . import payload as _payload
+from .layout import FORMAT, FORMAT_VERSION, LAYER_KINDS, REQUIRED_META  # noqa: F401  (defined in layout.py)
 from .payload import compress, decompress, read_payload  # noqa: F401  (the frame rules live in payload.py)
 from ..util.hashing import sha256_bytes
 
-FORMAT = "kvgraft.kvg"
-FORMAT_VERSION = "1"
-LAYER_KINDS = ("full", "sliding", "empty")
 MAX_HEADER = _payload.MAX_HEADER  # the largest safetensors header a reader accepts (payload.py, docs/FORMAT.md)
-# Metadata keys every v1 artifact has (values are strings; lists and objects are compact JSON).
-REQUIRED_META = (
-    "cumulative_lengths", "dtype", "format", "format_version", "layer_types", "logits_dtype", "logits_sha256",
-    "manifest_sha256", "model_sha256", "num_layers", "num_tokens", "prefill", "sliding_windows", "start_position",
-    "tokenizer_sha256",
-)
 
 
 @dataclass
@@ -150,16 +144,7 @@ def decode(payload: bytes, source: str = "artifact", expected_sha256: str | None
             )
     header = read_header(payload, source)
     meta = header["__metadata__"]
-    if meta.get("format") != FORMAT:
-        raise ArtifactError(f"{source}: not a kvgraft artifact (format={meta.get('format')!r})")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(
-            f"{source}: artifact format version {meta.get('format_version')!r}; this kvgraft reads {FORMAT_VERSION}",
-            "upgrade kvgraft",
-        )
-    missing = [k for k in REQUIRED_META if k not in meta]
-    if missing:
-        raise ArtifactError(f"{source}: metadata lacks {', '.join(missing)}")
+    layout.check_header(header, source)
     try:
         from safetensors import SafetensorError
         from safetensors.torch import load
@@ -167,13 +152,47 @@ def decode(payload: bytes, source: str = "artifact", expected_sha256: str | None
         raise engine_not_installed(e) from None
 
     try:
-        tensors = load(payload)
+        # A private, writable buffer (a freshly read payload) is viewed in place: no copy. Bytes are parsed (and
+        # copied) by safetensors.
+        tensors = _views(payload, header) if isinstance(payload, bytearray) else load(bytes(payload))
     except (SafetensorError, ValueError, RuntimeError) as e:
         raise ArtifactError(f"{source}: unreadable tensors ({e})") from None
     try:
         return _assemble(tensors, meta, source)
     except (KeyError, ValueError, TypeError, RecursionError) as e:
         raise ArtifactError(f"{source}: inconsistent artifact ({str(e)[:200]})") from None
+
+
+_TORCH_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "I64": "int64"}
+
+
+def _views(buf: bytearray, header: dict) -> dict:
+    """The payload's tensors as views into ``buf`` (which they keep alive), with safetensors' own checks: known
+    dtype, offsets inside the data and matching dtype x shape. Little-endian hosts only (as every payload is)."""
+    import math
+    import sys
+
+    import torch
+
+    if sys.byteorder != "little":
+        raise ValueError("zero-copy views need a little-endian host")
+    (n,) = struct.unpack("<Q", bytes(buf[:8]))
+    base, end = 8 + n, len(buf)
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(t, dict) or t.get("dtype") not in _TORCH_DTYPES:
+            raise ValueError(f"tensor {name[:60]!r}: unsupported dtype")
+        dtype = getattr(torch, _TORCH_DTYPES[t["dtype"]])
+        shape, (begin, stop) = t["shape"], t["data_offsets"]
+        count = math.prod(shape)
+        if not 0 <= begin <= stop <= end - base or stop - begin != count * dtype.itemsize:
+            raise ValueError(f"tensor {name[:60]!r}: offsets disagree with dtype, shape or the payload's size")
+        flat = torch.frombuffer(buf, dtype=dtype, count=count, offset=base + begin) if count else \
+            torch.empty(0, dtype=dtype)
+        out[name] = flat.view(shape)
+    return out
 
 
 def _assemble(tensors: dict, meta: dict[str, str], source: str) -> Artifact:
@@ -220,9 +239,14 @@ def _assemble(tensors: dict, meta: dict[str, str], source: str) -> Artifact:
     return Artifact(token_ids=ids.tolist(), layers=layers, meta=dict(meta))
 
 
-def write_file(path: Path, payload: bytes, level: int = 3) -> None:
-    """Write a ``.kvg`` file atomically."""
-    atomic_write_bytes(path, compress(payload, level))
+def write_file(path: Path, payload: bytes, level: int = 3, codec: str = "auto") -> str:
+    """Write a ``.kvg`` file atomically in ``codec`` (``auto``: by the payload's dtype, container.default_codec);
+    returns the codec written. The identity (the payload's SHA-256) is the same whatever the codec."""
+    if codec == "auto":
+        codec = container.default_codec(read_header(payload)["__metadata__"].get("dtype", ""))
+    codec = container.pick_codec(codec, "")
+    atomic_write_bytes(path, container.raw_file(payload) if codec == "raw" else compress(payload, level))
+    return codec
 
 
 def read_file(path: Path, expected_sha256: str | None = None) -> tuple[bytes, Artifact]:
@@ -231,6 +255,79 @@ def read_file(path: Path, expected_sha256: str | None = None) -> tuple[bytes, Ar
     path = Path(path)
     payload = read_payload(path, expected_sha256)  # frame, header and identity checked there
     return payload, decode(payload, str(path))
+
+
+def open_file(path: Path, expected_sha256: str | None = None) -> tuple[str, Artifact]:
+    """(identity, artifact) of a ``.kvg`` file, re-hashed (against ``expected_sha256`` when given), the fastest way
+    its codec allows. A raw file's tensors are each read once into memory of their own while a second thread hashes
+    what was read (the header first, then the tensors in data order: exactly the payload's bytes), so the bytes
+    hashed are the bytes used, the file is read once, and nothing is returned before the digest matches. A zstd file is decompressed
+    into one buffer while its chunks are hashed (payload.read_payload) and viewed in place."""
+    path = Path(path)
+    with _payload._open(path) as f:
+        raw = container.is_container(f.read(8))
+    if not raw:
+        payload = read_payload(path, expected_sha256)
+        import hashlib
+
+        sha = expected_sha256 or hashlib.sha256(payload).hexdigest()
+        return sha, decode(payload, str(path))
+    return _open_raw(path, expected_sha256)
+
+
+def _open_raw(path: Path, expected_sha256: str | None) -> tuple[str, Artifact]:
+    try:
+        import torch
+    except ImportError as e:
+        raise engine_not_installed(e) from None
+
+    source = str(path)
+    with _payload._open(path) as f:
+        offset, n = container.check_container(f, container.file_size(f), source, _payload.max_payload())
+        f.seek(offset)
+        head = f.read(min(n, 8))
+        head_len = 8 + struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+        if not 10 <= head_len <= 8 + MAX_HEADER or head_len > n:
+            raise IntegrityError(f"{source}: truncated or corrupt safetensors header", "re-fetch or re-deposit it")
+        head += f.read(head_len - 8)
+        if len(head) != head_len or _payload.described_size(head[8:], source) != n:
+            raise IntegrityError(f"{source}: container declares {n:,} bytes, its payload's header describes "
+                                 "another size", "re-fetch or re-deposit it")
+        header = json.loads(head[8:])  # described_size parsed it already: valid JSON, an object
+        layout.check_header(header, source)  # consistent before any tensor is read
+        hasher = container.Hasher()
+        hasher.add(head)
+        tensors = {}
+        try:
+            # Data order is offset order and has no gaps (described_size checked it): read each tensor straight
+            # into memory of its own, and hand it to the hashing thread while the next one is read.
+            for name, t in sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
+                                  key=lambda kv: kv[1]["data_offsets"][0]):
+                begin, end = t["data_offsets"]
+                own = torch.empty(end - begin, dtype=torch.uint8)
+                view = memoryview(own.numpy())
+                pos = 0
+                while pos < end - begin:
+                    got = f.readinto(view[pos:pos + container.CHUNK])
+                    if not got:
+                        raise IntegrityError(f"{source}: truncated .kvg container", "re-fetch or re-deposit it")
+                    hasher.add(view[pos:pos + got])
+                    pos += got
+                tensors[name] = (own, t)
+        finally:
+            digest = hasher.digest()
+    if expected_sha256 is not None and digest != expected_sha256:
+        raise _payload.identity_mismatch(source, digest, expected_sha256)
+    meta = header["__metadata__"]
+    try:
+        typed = {name: own.view(getattr(torch, _TORCH_DTYPES[t["dtype"]])).view(t["shape"])
+                 for name, (own, t) in tensors.items()}
+    except (KeyError, RuntimeError) as e:
+        raise ArtifactError(f"{source}: unreadable tensors ({str(e)[:200]})") from None
+    try:
+        return digest, _assemble(typed, meta, source)
+    except (KeyError, ValueError, TypeError, RecursionError) as e:
+        raise ArtifactError(f"{source}: inconsistent artifact ({str(e)[:200]})") from None
 
 
 def check_compatible(meta: dict[str, str], want: dict[str, str], source: str) -> None:

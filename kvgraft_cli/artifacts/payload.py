@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import ArtifactError, InputError, IntegrityError
+from . import container, layout
 
 CHUNK = 1 << 22
 MAX_HEADER = 8 << 20  # a payload's safetensors header; a kvgraft header takes about 250 bytes a layer
@@ -52,14 +53,19 @@ ST_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "
 
 def max_payload() -> int:
     """The largest payload a reader accepts: ``KVGRAFT_MAX_PAYLOAD`` (bytes, or ``64G``-style), default 32 GiB."""
-    raw = os.environ.get(ENV_MAX_PAYLOAD, "").strip()
+    return size_setting(ENV_MAX_PAYLOAD, DEFAULT_MAX_PAYLOAD, allow_zero=False)
+
+
+def size_setting(name: str, default: int, allow_zero: bool = True) -> int:
+    """A size from the environment variable ``name``: bytes, or with a K/M/G/T suffix (binary: ``64G``)."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return DEFAULT_MAX_PAYLOAD
+        return default
     m = re.fullmatch(r"(\d{1,20})\s*([kmgt]?)(?:i?b)?", raw, re.IGNORECASE)
-    if not m or int(m.group(1)) == 0:
+    if not m or (int(m.group(1)) == 0 and not allow_zero):
         shown = raw if len(raw) <= 40 else raw[:40] + f"...({len(raw)} chars)"
-        raise InputError(f"{ENV_MAX_PAYLOAD}={shown!r} is not a size",
-                         f"set {ENV_MAX_PAYLOAD} to a number of bytes, optionally with K, M, G or T (binary), e.g. 64G")
+        raise InputError(f"{name}={shown!r} is not a size",
+                         f"set {name} to a number of bytes, optionally with K, M, G or T (binary), e.g. 64G")
     return int(m.group(1)) << (10 * "_kmgt".index(m.group(2).lower() or "_"))
 
 
@@ -178,6 +184,8 @@ def _checked(chunks: Iterator[bytes], size: int, source: str, strict: bool) -> I
             if need:
                 try:
                     described = described_size(bytes(head[8:need]), source)
+                    if strict:  # a kvgraft payload: its header must describe a consistent artifact
+                        layout.check_header(json.loads(bytes(head[8:need])), source)
                 except IntegrityError:
                     if strict:
                         raise
@@ -229,6 +237,8 @@ def decompress(data: bytes, source: str, max_size: int | None = None, strict: bo
     import io
 
     cap = max_payload() if max_size is None else max_size
+    if container.is_container(data[:8]):
+        return bytes(container.read_raw(io.BytesIO(data), len(data), source, cap, None))
     size = _frame_size(lambda o, n: data[o:o + n], len(data), source, cap)
     _check_header_only(_checked(_stream(io.BytesIO(data), source), size, source, strict))
     return _one_shot(data, size, source)
@@ -254,37 +264,49 @@ def _open(path: Path):
 
 
 def read_payload(path: Path, expected_sha256: str | None = None, max_size: int | None = None) -> bytes:
-    """A ``.kvg`` file's payload in memory, its frame and safetensors header checked first (see the module
-    docstring); with ``expected_sha256`` its identity is checked too, in a streamed pass before the payload is
-    allocated when it is larger than EAGER."""
+    """A ``.kvg`` file's payload in a private buffer, its frame (or container) and safetensors header checked first
+    (see the module docstring); with ``expected_sha256`` its identity is checked too, over the very bytes returned
+    (hashed in a second thread while they are read), and for a zstd payload larger than EAGER also in a streamed
+    pass before it is allocated."""
     source = str(path)
     cap = max_payload() if max_size is None else max_size
     with _open(Path(path)) as f:
+        if container.is_container(f.read(8)):  # the raw codec: read in place while a thread hashes
+            return container.read_raw(f, os.fstat(f.fileno()).st_size, source, cap, expected_sha256)
+
         def read_at(offset: int, n: int) -> bytes:
             f.seek(offset)
             return f.read(n)
 
         size = _frame_size(read_at, os.fstat(f.fileno()).st_size, source, cap)
-        f.seek(0)
-        chunks = _checked(_stream(f, source), size, source, strict=True)
-        streamed = expected_sha256 is not None and size > EAGER
-        if streamed:
+        if expected_sha256 is not None and size > EAGER:
+            # Large: its identity is checked in a streamed pass before its size is allocated.
+            f.seek(0)
             h = hashlib.sha256()
-            for chunk in chunks:
+            for chunk in _checked(_stream(f, source), size, source, strict=True):
                 h.update(chunk)
             if h.hexdigest() != expected_sha256:
                 raise identity_mismatch(source, h.hexdigest(), expected_sha256)
-        else:
-            _check_header_only(chunks)
+        # Decompressed in chunks into one buffer of the checked size while a second thread hashes each chunk: the
+        # bytes hashed are the bytes returned (never a second read of the file), and zstd and SHA-256 overlap.
         f.seek(0)
-        data = f.read()
-    payload = _one_shot(data, size, source)
-    del data
-    if expected_sha256 is not None and not streamed:
-        got = hashlib.sha256(payload).hexdigest()
-        if got != expected_sha256:
-            raise identity_mismatch(source, got, expected_sha256)
-    return payload
+        buf = view = None
+        hasher = container.Hasher() if expected_sha256 is not None else None
+        pos = 0
+        try:
+            for chunk in _checked(_stream(f, source), size, source, strict=True):
+                if buf is None:  # the first chunk comes once the payload's header matches the declared size
+                    buf = bytearray(size)
+                    view = memoryview(buf)
+                view[pos:pos + len(chunk)] = chunk
+                if hasher is not None:
+                    hasher.add(view[pos:pos + len(chunk)])
+                pos += len(chunk)
+        finally:
+            digest = hasher.digest() if hasher is not None else None
+    if digest is not None and digest != expected_sha256:
+        raise identity_mismatch(source, digest, expected_sha256)
+    return buf
 
 
 def iter_payload(path: Path, max_size: int | None = None, strict: bool = False) -> Iterator[bytes]:
@@ -292,6 +314,10 @@ def iter_payload(path: Path, max_size: int | None = None, strict: bool = False) 
     source = str(path)
     cap = max_payload() if max_size is None else max_size
     with _open(Path(path)) as f:
+        if container.is_container(f.read(8)):
+            yield from container.iter_raw(f, os.fstat(f.fileno()).st_size, source, cap)
+            return
+
         def read_at(offset: int, n: int) -> bytes:
             f.seek(offset)
             return f.read(n)

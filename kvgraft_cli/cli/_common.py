@@ -25,6 +25,7 @@ Device = _choices("Device", DEVICES)
 Dtype = _choices("Dtype", DTYPES)
 Attn = _choices("Attn", ATTN_IMPLEMENTATIONS)
 SdpaBackend = _choices("SdpaBackend", SDPA_BACKENDS)
+Codec = _choices("Codec", ("auto", "raw", "zstd"))  # artifacts.container.CODECS and "auto"
 
 MANIFEST_OPT = typer.Option(None, "--manifest", "-m", help="Run-manifest YAML (default: the embedded tiny Gemma-4).")
 STORE_OPT = typer.Option(None, "--store", help="Store directory (default: the manifest's paths.store).")

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ._common import at_most_max_count, context, engine_options, field_overrides
+from ._common import Codec, at_most_max_count, context, engine_options, field_overrides
 from ._output import cell, err, human_bytes, out, print_json, printable, short, table
 
 
@@ -19,6 +19,7 @@ def deposit(
     answer_extract: Optional[str] = typer.Option(None, "--answer-extract", help="Read the reference answer: verbatim, boxed or trailer."),
     allow_unverified: bool = typer.Option(False, "--allow-unverified", help="Also deposit unverifiable or wrong solutions (marked unverified)."),
     recompute: bool = typer.Option(False, "--recompute", help="Prefill again even when the store has the prefix; fail if the bytes differ."),
+    codec: Codec = typer.Option("auto", "--codec", help="How new artifact files are written: raw (auto's choice: restored at page-cache speed) or zstd (smaller files, slower restores); the identity is the same."),
     manifest=None, store=None, ledger=None, allow_drift=False, as_json=False,  # engine_options
 ) -> None:
     """Verify, prefill and store each problem's solution as a byte-exact KV artifact; record it in the ledger."""
@@ -41,7 +42,7 @@ def deposit(
             progress.update(task, advance=1, description=r.id)
 
         report = run_deposit(ctx, problems, limit=limit, allow_unverified=allow_unverified, recompute=recompute,
-                             on_start=on_start, on_progress=on_progress)
+                             on_start=on_start, on_progress=on_progress, codec=codec.value)
     if as_json:
         print_json(report.to_json())
         return

@@ -82,7 +82,7 @@ def _render(info, rehash: bool, named: str | None) -> None:
     ratio = f"{info.compression_ratio:.2f}x" if info.compression_ratio else "n/a"
     line("sizes", f"file {human_bytes(info.file_bytes)} ({info.file_bytes:,} B), payload "
                   f"{human_bytes(info.payload_bytes)} ({info.payload_bytes:,} B; header {info.header_bytes:,} B), "
-                  f"compression {ratio}")
+                  f"compression {ratio} (codec {info.codec})")
     counts = {k: sum(l.kind == k for l in info.layers) for k in ("full", "sliding", "empty")}
     windows = sorted({str(l.window) for l in info.layers if l.kind == "sliding" and l.window is not None})
     win = f" (window {', '.join(windows)})" if windows else ""

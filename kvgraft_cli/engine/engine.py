@@ -209,7 +209,10 @@ class Engine:
         return self.restore(merged)
 
     def restore(self, layers: list[LayerState]):
-        """A fresh cache holding exactly ``layers`` (copied onto the engine's device)."""
+        """A fresh cache holding exactly ``layers``, on the engine's device. On the CPU the cache holds the artifact's
+        own (verified, read-only by convention) tensors without a copy: a DynamicCache layer never writes into its
+        tensors, every update concatenates into new ones (tests/test_codecs.py checks that grafting leaves the
+        artifact's tensors unchanged), so many caches can start from one artifact held once in memory."""
         from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
         cache = self.new_cache()
@@ -221,8 +224,8 @@ class Engine:
                 continue
             if type(layer) is not want and not (st.kind == "full" and type(layer) is DynamicLayer):
                 raise UnsupportedModel(f"layer {i}: model builds {type(layer).__name__}, artifact holds a {st.kind} layer")
-            keys = st.keys.to(self.device).clone()
-            values = st.values.to(self.device).clone()
+            keys = st.keys.to(self.device)
+            values = st.values.to(self.device)
             layer.lazy_initialization(keys, values)
             # Set the state directly: `update` would re-trim a sliding layer and miscount its cumulative length.
             layer.keys, layer.values = keys, values

@@ -66,10 +66,11 @@ def render_prefix(template: str, p: Problem) -> str:
 
 
 def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, allow_unverified: bool = False,
-            recompute: bool = False, level: int = 3, engine: Engine | None = None,
+            recompute: bool = False, level: int = 3, engine: Engine | None = None, codec: str = "auto",
             on_start: Callable[[int], None] | None = None,
             on_progress: Callable[[DepositResult], None] | None = None) -> DepositReport:
-    """Deposit every verified problem of a JSONL file. The whole file is parsed and checked before any work."""
+    """Deposit every verified problem of a JSONL file. The whole file is parsed and checked before any work.
+    ``codec``: how new artifact files are written (``auto``, ``raw`` or ``zstd``; the identity is the same)."""
     problems = read_problems(problems_path, ctx.manifest.data["input"])
     if limit is not None:
         problems = problems[:limit]
@@ -96,7 +97,7 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
     template = ctx.manifest.data["prompt"]["prefix"]
     # Every prefix is tokenized (and one the model cannot hold refused) before the store is created.
     prefixes = [engine.prefix_ids(render_prefix(template, p), where=f"{problems_path}:{p.line}") for p, _ in plan]
-    with Store(ctx.store) as store:
+    with Store(ctx.store, codec=codec) as store:
         for (p, verdict), ids in zip(plan, prefixes):
             r = deposit_one(ctx, engine, store, report, p, verdict, recompute, level, settings, ids)
             report.results.append(r)
@@ -166,7 +167,7 @@ def deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositRe
 
     # If the append fails, the object and index rows stay (unrecorded): another run may already name this
     # artifact in its own ledger line, so deleting it could leave that line pointing at nothing.
-    written = ledger.append(ctx.ledger, "deposit", entry, finalize=first_record)
-    store.mark_recorded([sha])
+    written = ledger.append(ctx.ledger, "deposit", entry, finalize=first_record,
+                            after=lambda _: store.mark_recorded([sha]))
     return DepositResult(p.id, p.line, written["status"], verdict.reason, verified, sha, len(ids),
                          store.object_path(sha).stat().st_size, logits_sha, written["seq"])

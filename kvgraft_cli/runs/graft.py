@@ -65,9 +65,7 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
     if ref is not None and ref.endswith(".kvg") and Path(ref).is_file():
         stem = Path(ref).name[: -len(".kvg")]
         expected = stem if re.fullmatch(r"[0-9a-f]{64}", stem) else None
-        payload, art = kvg.read_file(Path(ref), expected_sha256=expected)
-        sha = sha256_bytes(payload)
-        del payload
+        sha, art = kvg.open_file(Path(ref), expected_sha256=expected)
         identity = "file name" if expected else _identity_in_store(ctx, sha)
         if art.parent is None:
             return Loaded(sha, art, ref, identity=identity)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import stat
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -112,10 +113,12 @@ class LibraryHit:
 
 
 class Store:
-    """A store directory. Opening creates it unless ``create`` is False (readers never create one)."""
+    """A store directory. Opening creates it unless ``create`` is False (readers never create one). ``codec``: how
+    new objects are written (artifacts.container; ``auto`` is raw); the identity never depends on it."""
 
-    def __init__(self, root: Path, create: bool = True):
+    def __init__(self, root: Path, create: bool = True, codec: str = "auto"):
         self.root = Path(root)
+        self.codec = codec
         if self.root.exists() and not self.root.is_dir():
             raise InputError(f"store path {self.root} exists and is not a directory")
         if not create and not (self.root / "index.sqlite").is_file():
@@ -165,7 +168,7 @@ class Store:
         created = not path.is_file()
         with _store_errors(self.root, "write to"):
             if created:
-                kvg.write_file(path, payload, level)
+                kvg.write_file(path, payload, level, self.codec)
             now = datetime.now(timezone.utc).isoformat(timespec="seconds")
             with self._db:  # one transaction: both rows or neither
                 self._db.execute("BEGIN IMMEDIATE")
@@ -231,7 +234,7 @@ class Store:
                     st = f.lstat()
                 except FileNotFoundError:  # removed meanwhile
                     continue
-                if st.st_mtime > cutoff:
+                if st.st_mtime > cutoff or not stat.S_ISREG(st.st_mode):  # never a folder, link or device
                     continue
                 if f.name.endswith(".tmp"):
                     found.temporary.append((f, st.st_size))
@@ -291,12 +294,21 @@ class Store:
         raise InputError(f"no artifact {ref!r} in store {self.root} (neither a problem id nor an artifact hash)",
                          "list what is there with `kvgraft store list`")
 
-    def load(self, sha256: str) -> tuple[bytes, kvg.Artifact]:
-        """Read an object, re-hash it against its identity and decode it."""
+    def load(self, sha256: str) -> tuple[str, kvg.Artifact]:
+        """(identity, artifact) of an object, read and re-hashed against its identity (kvg.open_file). The verified
+        artifact stays in this process's memory (:data:`VERIFIED`, LRU within ``KVGRAFT_VERIFIED_CACHE`` bytes,
+        default 1 GiB; 0 turns it off), so an artifact grafted again (`solve` over a library, `graft --check`) is
+        neither read nor hashed again. Its tensors are shared: nobody writes to them (engine.restore shares them
+        with the cache, whose updates only ever concatenate into new tensors)."""
+        hit = VERIFIED.get(sha256)
+        if hit is not None:
+            return hit
         path = self.object_path(sha256)
         if not path.is_file():
             raise ArtifactError(f"artifact {sha256[:16]}... is not in store {self.root} (no {path})")
-        return kvg.read_file(path, expected_sha256=sha256)
+        loaded = kvg.open_file(path, expected_sha256=sha256)
+        VERIFIED.put(sha256, loaded)
+        return loaded
 
     def load_chain(self, sha256: str, max_links: int = 256) -> list[tuple[str, kvg.Artifact]]:
         """An artifact and the parents it continues, root first, each re-hashed; refuses a broken chain (a missing
@@ -315,7 +327,8 @@ class Store:
 
     def library_exact(self, key: str) -> LibraryHit | None:
         """The verified library entry for a problem key (the newest, if several solutions were deposited)."""
-        row = self._db.execute(_LIB + " WHERE l.problem_key = ? ORDER BY l.rowid DESC LIMIT 1", (key,)).fetchone()
+        row = self._db.execute(_LIB + self._recorded_join + " WHERE l.problem_key = ?" + self._recorded_only
+                               + " ORDER BY l.rowid DESC LIMIT 1", (key,)).fetchone()
         return LibraryHit(*row, None) if row else None
 
     def library_search(self, text: str, manifest_sha256: str, k: int,
@@ -327,8 +340,9 @@ class Store:
             return []
         rows = self._db.execute(
             "SELECT l.artifact, l.problem_id, l.problem, l.solution, l.answer, l.num_tokens, bm25(library_fts) "
-            "FROM library_fts JOIN library l ON l.rowid = library_fts.rowid "
-            "WHERE library_fts MATCH ? AND l.manifest_sha256 = ? ORDER BY bm25(library_fts) LIMIT ?",
+            "FROM library_fts JOIN library l ON l.rowid = library_fts.rowid" + self._recorded_join +
+            " WHERE library_fts MATCH ? AND l.manifest_sha256 = ?" + self._recorded_only +
+            " ORDER BY bm25(library_fts) LIMIT ?",
             (query, manifest_sha256, k)).fetchall()
         hits = [LibraryHit(*r) for r in rows]
         if min_score is not None:
@@ -356,6 +370,16 @@ class Store:
             total += n
         return chosen
 
+    @property
+    def _recorded_join(self) -> str:
+        # The library serves only artifacts a ledger line has recorded: one whose deposit's append failed stays in
+        # the store (see the module doc) but is not a verified solution anyone can trace until a run records it.
+        return " JOIN artifacts ra ON ra.sha256 = l.artifact" if self._tracks_recording else ""
+
+    @property
+    def _recorded_only(self) -> str:
+        return " AND ra.recorded = 1" if self._tracks_recording else ""
+
     def library_size(self, manifest_sha256: str | None = None) -> int:
         q = "SELECT count(*) FROM library" + (" WHERE manifest_sha256 = ?" if manifest_sha256 else "")
         return self._db.execute(q, (manifest_sha256,) if manifest_sha256 else ()).fetchone()[0]
@@ -369,8 +393,10 @@ class Store:
             "SELECT count(*), coalesce(sum(file_bytes),0), coalesce(sum(num_tokens),0) FROM artifacts").fetchone()
         n_ent, n_ver = self._db.execute("SELECT count(*), coalesce(sum(verified),0) FROM entries").fetchone()
         n_lib, lib_tok = self._db.execute("SELECT count(*), coalesce(sum(num_tokens),0) FROM library").fetchone()
+        unrecorded = (self._db.execute("SELECT count(*) FROM artifacts WHERE recorded = 0").fetchone()[0]
+                      if self._tracks_recording else 0)
         return {"objects": n_obj, "entries": n_ent, "verified_entries": n_ver, "file_bytes": n_bytes,
-                "tokens": n_tok, "library_entries": n_lib, "library_tokens": lib_tok}
+                "tokens": n_tok, "library_entries": n_lib, "library_tokens": lib_tok, "unrecorded": unrecorded}
 
 
 _LIB = "SELECT l.artifact, l.problem_id, l.problem, l.solution, l.answer, l.num_tokens FROM library l"
@@ -403,6 +429,50 @@ _SELECT = (
     "SELECT e.key, e.problem_id, e.artifact, e.manifest_sha256, e.verified, a.num_tokens, a.file_bytes "
     "FROM entries e JOIN artifacts a ON a.sha256 = e.artifact"
 )
+
+
+class VerifiedCache:
+    """Identity -> (identity, artifact) already re-hashed in this process, least recently used first out, within a
+    byte budget. Content-addressed, so an entry can never go stale: the bytes are the ones the identity names."""
+
+    def __init__(self):
+        from collections import OrderedDict
+
+        self._items: "OrderedDict[str, tuple]" = OrderedDict()
+        self.bytes = 0
+
+    @staticmethod
+    def budget() -> int:
+        from ..artifacts.payload import size_setting
+
+        return size_setting("KVGRAFT_VERIFIED_CACHE", 1 << 30)
+
+    def get(self, sha256: str):
+        item = self._items.get(sha256)
+        if item is not None:
+            self._items.move_to_end(sha256)
+        return item
+
+    def put(self, sha256: str, item: tuple) -> None:
+        budget, size = self.budget(), _artifact_bytes(item[1])
+        if size > budget or sha256 in self._items:
+            return
+        self._items[sha256] = item
+        self.bytes += size
+        while self.bytes > budget:
+            _, (_, old) = self._items.popitem(last=False)
+            self.bytes -= _artifact_bytes(old)
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.bytes = 0
+
+
+VERIFIED = VerifiedCache()
+
+
+def _artifact_bytes(art: "kvg.Artifact") -> int:
+    return sum(t.numel() * t.element_size() for st in art.layers for t in (st.keys, st.values) if t is not None)
 
 
 @dataclass

@@ -1,0 +1,212 @@
+"""Benchmark: how fast a graft restores a deposited KV cache, stage by stage, against what the hardware allows.
+
+Builds a random-weight model from a config (no download; SmolLM-135M's shape by default, as bench_graft.py does),
+prefills a random prefix, deposits it in each codec, and prints for every (dtype, tokens), as medians of --repeat
+runs measured side by side in this one process:
+
+  restore      the whole graft restore as `kvgraft graft` runs it: kvg.open_file (read, decode the codec, re-hash
+               against the identity, parse) then engine.restore (fill the model's cache); a second restore of the
+               same artifact in one process comes from the verified cache (store.local.VERIFIED): the fill alone
+  read / codec / sha256 / parse / fill: its stages alone
+  baselines    (a) plain read + memcpy of the payload bytes, (b) SHA-256 alone over them, (c) torch.load of the
+               same tensors (what pickle-based caches do), (d) safetensors load_file with every tensor copied
+  prefill      engine.prefill of the prefix (what a graft saves), and graft vs prefill time to first token
+               (restore + a 16-token query forward vs prefill of prefix + query)
+
+GB/s are payload bytes (the canonical payload, whatever the file's codec) per second. Usage:
+    python scripts/bench_restore.py [--tokens 2048 8192] [--dtypes float32 bfloat16] [--repeat 5]
+                                    [--codecs zstd raw shuffle-zstd] [--profile native|portable] [--no-prefill]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_graft import _smol_config  # noqa: E402  (the same model shape)
+
+
+def _median(fn, repeat):
+    times, out = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--codecs", nargs="+", default=None, help="default: every codec this kvgraft writes")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--profile", default="native", choices=["portable", "native"])
+    ap.add_argument("--no-prefill", action="store_true", help="skip timing prefill (the slow part on a CPU)")
+    ap.add_argument("--write-model", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--rss-child", nargs=3, help=argparse.SUPPRESS)  # MANIFEST KVG SHA: peak RSS of one graft
+    args = ap.parse_args()
+    if args.rss_child:
+        _rss_child(*args.rss_child)
+        return
+    if args.write_model:
+        from kvgraft_cli.engine.tinymodel import write_tiny_model
+
+        write_tiny_model(args.write_model, config=_smol_config())
+        return
+    from kvgraft_cli.config.manifest import dump_yaml, load_manifest, make_manifest
+    from kvgraft_cli.config.modelhash import hash_model_dir
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        subprocess.run([sys.executable, __file__, "--write-model", str(tmp / "model")], check=True,
+                       capture_output=True)
+        h = hash_model_dir(tmp / "model")
+        for dtype in args.dtypes:
+            data = make_manifest(str(tmp / "model"), h.model_sha256, h.tokenizer_sha256, profile=args.profile,
+                                 device="cpu", dtype=dtype)
+            (tmp / f"{dtype}.yaml").write_text(dump_yaml(data))
+        # One engine per dtype, in this process (the profile's kernel flags are applied before torch loads).
+        for dtype in args.dtypes:
+            _run(load_manifest(tmp / f"{dtype}.yaml"), args, tmp)
+
+
+def _run(manifest, args, tmp: Path) -> None:
+    import hashlib
+    import os
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from kvgraft_cli.artifacts import format as kvg
+    from kvgraft_cli.artifacts import payload as pl
+    from kvgraft_cli.engine.engine import load_engine, tensor_sha256
+    from kvgraft_cli.util.hashing import sha256_bytes
+
+    eng = load_engine(manifest)
+    dtype = manifest.data["model"]["dtype"]
+    from kvgraft_cli.artifacts import container
+
+    codecs = args.codecs or list(container.CODECS)
+    print(f"\n## {dtype}: {type(eng.model).__name__} {sum(p.numel() for p in eng.model.parameters()) / 1e6:.0f}M, "
+          f"profile {args.profile}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"{os.cpu_count()} CPUs; medians of {args.repeat}")
+    gen = torch.Generator().manual_seed(0)
+    for n in args.tokens:
+        n = min(n, eng.max_positions - 16)  # room for the 16-token query within the model's positions
+        ids = torch.randint(3, eng.model.config.vocab_size, (n,), generator=gen).tolist()
+        query = torch.randint(3, eng.model.config.vocab_size, (16,), generator=gen).tolist()
+        t0 = time.perf_counter()
+        cache, last = eng.prefill(ids)
+        t_prefill_once = time.perf_counter() - t0
+        payload = kvg.encode(ids, eng.capture(cache), eng.artifact_meta(tensor_sha256(last)))
+        sha = sha256_bytes(payload)
+        size = len(payload)
+        gbs = lambda t: size / t / 1e9  # noqa: E731
+        rows: list[tuple[str, float, str]] = []
+
+        # Baselines over the same bytes.
+        raw_path = tmp / "plain.bin"
+        raw_path.write_bytes(payload)
+        dst = torch.empty(size, dtype=torch.uint8)
+
+        def read_memcpy():
+            b = raw_path.read_bytes()
+            dst.copy_(torch.frombuffer(b, dtype=torch.uint8))
+
+        import warnings
+
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        t_memcpy, _ = _median(read_memcpy, args.repeat)
+        t_sha, _ = _median(lambda: hashlib.sha256(payload).hexdigest(), args.repeat)
+        tensors = {f"l{i}.{kv}": getattr(st, kv).contiguous() for i, st in enumerate(eng.capture(cache))
+                   if st.kind != "empty" for kv in ("keys", "values")}
+        torch.save(tensors, tmp / "t.pt")
+        save_file(tensors, str(tmp / "t.safetensors"))
+        t_tload, _ = _median(lambda: torch.load(tmp / "t.pt", weights_only=True), args.repeat)
+        t_st, _ = _median(lambda: {k: v.clone() for k, v in load_file(str(tmp / "t.safetensors")).items()},
+                          args.repeat)
+        rows += [("read + memcpy (a)", t_memcpy, ""), ("sha256 alone (b)", t_sha, ""),
+                 ("torch.load (c)", t_tload, ""), ("safetensors load_file + copy (d)", t_st, "")]
+
+        t_restore_first = None
+        for codec in codecs:
+            path = tmp / f"a.{codec}.kvg"
+            t_write, _ = _median(lambda: kvg.write_file(path, payload, codec=codec), 1)
+            file_bytes = path.stat().st_size
+            t_read, data = _median(lambda: path.read_bytes(), args.repeat)
+            # The codec alone: the payload read back without its hash (raw: into a private buffer).
+            t_codec, got = _median(lambda: pl.read_payload(path), args.repeat)
+            assert got == payload
+            t_parse, art = _median(lambda: kvg.decode(got), args.repeat)
+            t_fill, _ = _median(lambda: eng.restore(art.layers), args.repeat)
+
+            t_open, _ = _median(lambda: kvg.open_file(path, expected_sha256=sha), args.repeat)
+
+            def restore():
+                _, a = kvg.open_file(path, expected_sha256=sha)
+                return eng.restore(a.layers)
+
+            t_restore, restored = _median(restore, args.repeat)
+            if t_restore_first is None or t_restore < t_restore_first:
+                t_restore_first = t_restore
+            exact = torch.equal(eng.forward(restored, query), eng.forward(eng.prefill(ids)[0], query))
+            rows += [(f"[{codec}] file {file_bytes / 1e6:.1f} MB ({size / file_bytes:.2f}x)", t_write, "write"),
+                     (f"[{codec}] read (whole file)", t_read, ""), (f"[{codec}] read + decode, no hash", t_codec, ""),
+                     (f"[{codec}] parse (decode, no hash)", t_parse, ""), (f"[{codec}] fill (engine.restore)", t_fill, ""),
+                     (f"[{codec}] open_file (read, hash, parse)", t_open, ""),
+                     (f"[{codec}] RESTORE (open_file + restore)", t_restore, f"exact {exact}"),
+                     (f"[{codec}] again, from the verified cache", t_fill, "no read, no hash")]
+        rss = json.loads(subprocess.run([sys.executable, __file__, "--rss-child", manifest.source,
+                                         str(tmp / f"a.{codecs[0]}.kvg"), sha], check=True, capture_output=True,
+                                        text=True).stdout)
+        print(f"\n{dtype}, {n} tokens, payload {size / 1e6:.1f} MB")
+        print(f"peak RSS of a graft ({codecs[0]}: open_file + restore + 16-token query), above the loaded model: "
+              f"{rss['peak_above_model'] / 1e6:.1f} MB = {rss['peak_above_model'] / size:.2f}x the payload")
+        print(f"{'':44} {'seconds':>9} {'GB/s':>7} {'x memcpy':>9} {'x sha256':>9}")
+        for name, t, note in rows:
+            print(f"{name:44} {t:>9.4f} {gbs(t):>7.2f} {t_memcpy / t:>9.2f} {t_sha / t:>9.2f}  {note}")
+        if not args.no_prefill:
+            t_pre, _ = _median(lambda: eng.forward(eng.prefill(ids + query[:-1])[0], query[-1:]), 1)
+            best = codecs[0]  # the first codec listed
+            best_path = tmp / f"a.{best}.kvg"
+
+            def graft_ttft():
+                _, a = kvg.open_file(best_path, expected_sha256=sha)
+                return eng.forward(eng.restore(a.layers), query)
+
+            t_graft, _ = _median(graft_ttft, args.repeat)
+            print(f"prefill {n} tokens: {t_prefill_once:.2f} s; time to first token: prefill {t_pre:.3f} s, graft "
+                  f"({best}) {t_graft:.3f} s: graft is {t_pre / t_graft:.1f}x faster")
+
+
+def _rss_child(manifest_path: str, kvg_path: str, sha: str) -> None:
+    """In a fresh process: load the engine, reset the peak-RSS mark, graft once, print how far the peak rose."""
+    from kvgraft_cli.artifacts import format as kvg
+    from kvgraft_cli.config.manifest import load_manifest
+    from kvgraft_cli.engine.engine import load_engine
+
+    def status(key: str) -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+        raise KeyError(key)
+
+    eng = load_engine(load_manifest(Path(manifest_path)))
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    base = status("VmRSS")
+    _, art = kvg.open_file(Path(kvg_path), expected_sha256=sha)
+    cache = eng.restore(art.layers)
+    eng.forward(cache, list(range(3, 19)))
+    print(json.dumps({"peak_above_model": status("VmHWM") - base}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,11 +1,13 @@
 """What ``kvgraft inspect`` shows: a ``.kvg`` file's header, read without decoding (or even decompressing) the
 tensor data. Torch-free.
 
-Only the zstd frame header and the first ``8 + N`` payload bytes (the safetensors header length and JSON) are read,
-through a streaming decompressor, so inspecting a multi-gigabyte artifact costs a few kilobytes. What is refused:
+Only the container or zstd frame header and the first ``8 + N`` payload bytes (the safetensors header length and
+JSON) are read (through a streaming decompressor for zstd), so inspecting a multi-gigabyte artifact costs a few
+kilobytes. What is refused:
 
-- not an artifact (exit 2, :class:`ArtifactError`): a file that is not a zstd frame, or whose payload is not a
-  kvgraft payload (no ``__metadata__``, another ``format``), or a format version this kvgraft does not read;
+- not an artifact (exit 2, :class:`ArtifactError`): a file that is neither the raw container nor a zstd frame, or
+  whose payload is not a kvgraft payload (no ``__metadata__``, another ``format``), a format version this kvgraft
+  does not read, or a header that does not describe a consistent artifact (layout.check_header, as graft refuses);
 - a damaged one (exit 1, :class:`IntegrityError`): a zstd frame whose header is corrupt or declares no size, a
   payload that ends inside its own header, a header length beyond the payload, a header that is not JSON.
 
@@ -22,7 +24,7 @@ from typing import Any
 
 from ..errors import ArtifactError, IntegrityError
 from . import container, layout
-from .format import FORMAT, FORMAT_VERSION, LAYER_KINDS, MAX_HEADER, REQUIRED_META
+from .format import LAYER_KINDS, MAX_HEADER, REQUIRED_META
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _REFETCH = "re-fetch or re-deposit it"
@@ -91,8 +93,9 @@ def _frame_size(head: bytes, source: str) -> int:
     import zstandard
 
     if head[:4] != ZSTD_MAGIC:
-        raise ArtifactError(f"{source}: not a .kvg artifact (not a zstd frame)",
-                            "a .kvg file is one zstd frame of a kvgraft payload (docs/FORMAT.md)")
+        raise ArtifactError(f"{source}: not a .kvg artifact (neither the raw container nor a zstd frame)",
+                            "a .kvg file is a kvgraft payload in the raw container or in one zstd frame "
+                            "(docs/FORMAT.md)")
     try:
         params = zstandard.get_frame_parameters(head)
     except zstandard.ZstdError as e:
@@ -163,14 +166,6 @@ def read_info(path: Path) -> ArtifactInfo:
         raise ArtifactError(f"{source}: not a kvgraft artifact (a safetensors payload without kvgraft metadata)")
     layout.check_header(header, source)  # what graft would refuse, inspect refuses too (nothing inconsistent shown)
     meta = header.pop("__metadata__")
-    if meta.get("format") != FORMAT:
-        raise ArtifactError(f"{source}: not a kvgraft artifact (format={str(meta.get('format'))[:40]!r})")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(f"{source}: artifact format version {str(meta.get('format_version'))[:20]!r}; this "
-                            f"kvgraft reads {FORMAT_VERSION}", "upgrade kvgraft")
-    missing = [k for k in REQUIRED_META if k not in meta]
-    if missing:
-        raise ArtifactError(f"{source}: metadata lacks {', '.join(missing)}")
     try:
         return _info(path, header, meta, file_bytes, size, n, codec)
     except (KeyError, ValueError, TypeError, AttributeError) as e:

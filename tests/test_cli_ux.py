@@ -272,3 +272,14 @@ def test_inspect_a_chain_link_and_refusals(deposited, tmp_path):
     run_cli("inspect", str(fake), cwd=tmp_path, check_rc=0)
     p = run_cli("inspect", str(fake), "--hash", cwd=tmp_path, check_rc=1)
     assert "does not match" in p.stderr
+
+
+def test_upper_case_hashes_resolve_and_an_absent_kind_is_named(deposited, tmp_path):
+    from kvgraft_cli.store.local import Store
+
+    sha = _artifacts(deposited)[0].stem
+    with Store(deposited / "kvgraft-store", create=False) as s:
+        assert s.resolve(sha.upper()) == sha and s.resolve(sha[:10].upper()) == sha
+    r = run_cli("ledger", "log", str(deposited / "kvgraft-ledger.jsonl"), "--kind", "depsit", cwd=tmp_path,
+                check_rc=0)
+    assert "no entry of kind depsit here; this ledger's kinds: deposit" in r.stderr

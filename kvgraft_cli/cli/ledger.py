@@ -43,7 +43,7 @@ def log(
     if not path.is_file():
         raise InputError(f"ledger not found: {path}", "pass the ledger file, or run a command that writes one")
     lines, tail = split_lines(path.read_bytes())
-    rows = []
+    rows, seen_kinds = [], set()
     for i, raw in enumerate(lines):
         if i < from_seq:
             continue
@@ -55,6 +55,7 @@ def log(
             rows.append({"seq": i, "line": i + 1, "kind": None, "time": None, "manifest": None,
                          "summary": "not a JSON object: run `kvgraft verify`", "outputs": {}})
             continue
+        seen_kinds.add(str(e.get("kind")))
         if kind and e.get("kind") not in kind:
             continue
         if match is not None and not match(e.get("manifest")):
@@ -66,6 +67,10 @@ def log(
         print_json({"ledger": str(path), "lines": len(lines), "torn_tail_bytes": len(tail), "entries": rows})
         return
     _render_rows(rows, f"{path}: {len(rows)} of {len(lines)} entries")
+    absent = sorted(set(kind) - seen_kinds)
+    if absent:  # a typo, most likely: say which kinds there are (custom kinds are allowed, so it is no error)
+        err.print(printable(f"note: no entry of kind {', '.join(absent)} here; this ledger's kinds: "
+                            f"{', '.join(sorted(seen_kinds)) or 'none'}"), markup=False, soft_wrap=True)
     if tail:
         err.print(printable(f"{path}: the last line is torn ({len(tail)} bytes after the last newline); "
                             f"`kvgraft ledger repair {path}` removes it", False), markup=False, soft_wrap=True)

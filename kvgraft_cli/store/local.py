@@ -276,23 +276,29 @@ class Store:
             return row[0]
         if HEX64.match(ref):
             return ref
+        if HEX64.match(ref.lower()) and not self._is_problem_id(ref):
+            return ref.lower()  # hashes print in lower case; one copied in upper case names the same artifact
         rows = db.execute(
             "SELECT artifact FROM entries WHERE problem_id = ? ORDER BY (manifest_sha256 = ?) DESC, rowid DESC",
             (ref, manifest_sha256 or ""),
         ).fetchall()
         if rows:
             return rows[0][0]
-        if re.fullmatch(r"[0-9a-f]{%d,63}" % MIN_PREFIX, ref):
+        if re.fullmatch(r"[0-9a-f]{%d,63}" % MIN_PREFIX, ref.lower()):
+            ref = ref.lower()
             hits = [r[0] for r in db.execute("SELECT sha256 FROM artifacts WHERE sha256 LIKE ? LIMIT 3", (ref + "%",))]
             if len(hits) == 1:
                 return hits[0]
             if len(hits) > 1:
                 raise InputError(f"artifact prefix {ref} is ambiguous ({', '.join(h[:12] for h in hits)}, ...)", "give more hex digits")
-        if re.fullmatch(r"[0-9a-f]{1,%d}" % (MIN_PREFIX - 1), ref):
+        if re.fullmatch(r"[0-9a-f]{1,%d}" % (MIN_PREFIX - 1), ref.lower()):
             raise InputError(f"artifact hash prefix {ref!r} is too short (need >= {MIN_PREFIX} hex characters)",
                              "give more of the hash; `kvgraft store list` shows them")
         raise InputError(f"no artifact {ref!r} in store {self.root} (neither a problem id nor an artifact hash)",
                          "list what is there with `kvgraft store list`")
+
+    def _is_problem_id(self, ref: str) -> bool:
+        return self._db.execute("SELECT 1 FROM entries WHERE problem_id = ? LIMIT 1", (ref,)).fetchone() is not None
 
     def load(self, sha256: str) -> tuple[str, kvg.Artifact]:
         """(identity, artifact) of an object, read and re-hashed against its identity (kvg.open_file). The verified

@@ -120,6 +120,8 @@ def _run(manifest, args, tmp: Path) -> None:
                    if st.kind != "empty" for kv in ("keys", "values")}
         torch.save(tensors, tmp / "t.pt")
         save_file(tensors, str(tmp / "t.safetensors"))
+        # Baseline (c) only, as issue #10 asks: what a pickle-based KV cache would pay. The file is one this run just
+        # wrote, and weights_only=True restricts the unpickler to tensors; kvgraft's artifacts never use pickle.
         t_tload, _ = _median(lambda: torch.load(tmp / "t.pt", weights_only=True), args.repeat)
         t_st, _ = _median(lambda: {k: v.clone() for k, v in load_file(str(tmp / "t.safetensors")).items()},
                           args.repeat)

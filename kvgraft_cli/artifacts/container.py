@@ -42,8 +42,8 @@ _REFETCH = "re-fetch or re-deposit it"
 
 def default_codec(dtype: str) -> str:
     """The codec for a payload of this KV dtype. Measured here (scripts/bench_restore.py, 2,048 tokens of a 135M
-    model): zstd buys 1.08x of disk on float32 and 1.28x on bfloat16, and costs 1.9x (float32) and 2.4x (bfloat16) of
-    restore time, because decompression (~0.8 GB/s) is slower than reading the page cache. A graft's restore time is
+    model, 2,048 and 8,176 tokens): zstd buys 1.08x of disk on float32 and 1.28x on bfloat16, and costs 1.5x to 5.2x
+    of restore time, because decompression (0.6-0.9 GB/s) is slower than reading the page cache. A graft's restore time is
     what kvgraft optimizes, so every dtype is stored raw by default; ``--codec zstd`` keeps files smaller (for
     archives and transfers)."""
     return "raw"
@@ -107,24 +107,40 @@ def check_container(f, file_size: int, source: str, cap: int) -> tuple[int, int]
     return offset, n
 
 
-def _check_payload_header(buf, n: int, source: str) -> None:
-    """The payload's own safetensors header must describe exactly the ``n`` bytes the container declares."""
+def read_payload_header(f, n: int, source: str) -> tuple[bytes, dict]:
+    """From the payload's first byte (``f`` positioned there): its ``8 + N`` header bytes and the parsed header,
+    checked before anything the header describes is allocated: a length the payload can hold, the exact size the
+    container declares (``n``), and a consistent kvgraft artifact (layout.check_header)."""
+    from . import layout
     from .payload import MAX_HEADER, described_size
 
-    if n < 8:
-        raise IntegrityError(f"{source}: truncated payload ({n} bytes)", _REFETCH)
-    (h,) = struct.unpack("<Q", bytes(buf[:8]))
+    head = f.read(min(n, 8))
+    h = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
     if not 2 <= h <= MAX_HEADER or 8 + h > n:
         raise IntegrityError(f"{source}: truncated or corrupt safetensors header (length {h})", _REFETCH)
-    if len(buf) < 8 + h:
+    head += f.read(h)
+    if len(head) != 8 + h:
         raise IntegrityError(f"{source}: truncated payload header", _REFETCH)
-    described = described_size(bytes(buf[8:8 + h]), source)
+    described = described_size(head[8:], source)  # parses it: valid JSON, an object
     if described != n:
         raise IntegrityError(f"{source}: container declares {n:,} bytes, its payload's header describes "
                              f"{described:,}", _REFETCH)
-    from . import layout
+    header = json.loads(head[8:])
+    layout.check_header(header, source)
+    return head, header
 
-    layout.check_header(json.loads(bytes(buf[8:8 + h])), source)
+
+def read_hashed(f, view: memoryview, hasher: "Hasher | None", source: str) -> None:
+    """Fill ``view`` from ``f`` in CHUNK reads, handing each chunk to ``hasher`` as soon as it is in memory: the
+    bytes hashed are the bytes kept, never a second read of the file."""
+    pos = 0
+    while pos < len(view):
+        got = f.readinto(view[pos:pos + CHUNK])
+        if not got:
+            raise IntegrityError(f"{source}: truncated .kvg container", _REFETCH)
+        if hasher is not None:
+            hasher.add(view[pos:pos + got])
+        pos += got
 
 
 class Hasher:
@@ -155,24 +171,15 @@ def read_raw(f, file_size: int, source: str, cap: int, expected_sha256: str | No
 
     offset, n = check_container(f, file_size, source, cap)
     f.seek(offset)
-    head = f.read(min(n, 8))
-    head += f.read(struct.unpack("<Q", head)[0] if len(head) == 8 and struct.unpack("<Q", head)[0] < n else 0)
-    _check_payload_header(head, n, source)  # consistent before the payload's size is allocated
+    head, _ = read_payload_header(f, n, source)  # consistent before the payload's size is allocated
     buf = bytearray(n)  # at most the file's own size: a raw file cannot declare more than it holds
     view = memoryview(buf)
     view[:len(head)] = head
     hasher = Hasher() if expected_sha256 is not None else None
     if hasher is not None:
         hasher.add(view[:len(head)])
-    pos = len(head)
     try:
-        while pos < n:
-            got = f.readinto(view[pos:pos + CHUNK])
-            if not got:
-                raise IntegrityError(f"{source}: truncated .kvg container", _REFETCH)
-            if hasher is not None:
-                hasher.add(view[pos:pos + got])
-            pos += got
+        read_hashed(f, view[len(head):], hasher, source)
     finally:
         digest = hasher.digest() if hasher is not None else None
     if expected_sha256 is not None and digest != expected_sha256:

@@ -285,16 +285,7 @@ def _open_raw(path: Path, expected_sha256: str | None) -> tuple[str, Artifact]:
     with _payload._open(path) as f:
         offset, n = container.check_container(f, container.file_size(f), source, _payload.max_payload())
         f.seek(offset)
-        head = f.read(min(n, 8))
-        head_len = 8 + struct.unpack("<Q", head)[0] if len(head) == 8 else 0
-        if not 10 <= head_len <= 8 + MAX_HEADER or head_len > n:
-            raise IntegrityError(f"{source}: truncated or corrupt safetensors header", "re-fetch or re-deposit it")
-        head += f.read(head_len - 8)
-        if len(head) != head_len or _payload.described_size(head[8:], source) != n:
-            raise IntegrityError(f"{source}: container declares {n:,} bytes, its payload's header describes "
-                                 "another size", "re-fetch or re-deposit it")
-        header = json.loads(head[8:])  # described_size parsed it already: valid JSON, an object
-        layout.check_header(header, source)  # consistent before any tensor is read
+        head, header = container.read_payload_header(f, n, source)  # consistent before any tensor is read
         hasher = container.Hasher()
         hasher.add(head)
         tensors = {}
@@ -305,14 +296,7 @@ def _open_raw(path: Path, expected_sha256: str | None) -> tuple[str, Artifact]:
                                   key=lambda kv: kv[1]["data_offsets"][0]):
                 begin, end = t["data_offsets"]
                 own = torch.empty(end - begin, dtype=torch.uint8)
-                view = memoryview(own.numpy())
-                pos = 0
-                while pos < end - begin:
-                    got = f.readinto(view[pos:pos + container.CHUNK])
-                    if not got:
-                        raise IntegrityError(f"{source}: truncated .kvg container", "re-fetch or re-deposit it")
-                    hasher.add(view[pos:pos + got])
-                    pos += got
+                container.read_hashed(f, memoryview(own.numpy()), hasher, source)
                 tensors[name] = (own, t)
         finally:
             digest = hasher.digest()

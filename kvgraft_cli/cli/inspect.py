@@ -48,10 +48,9 @@ def _locate(ref: str, store: Optional[Path], manifest: Optional[Path]) -> tuple[
     if ref.endswith(".kvg") or p.is_file() or "/" in ref or "\\" in ref:
         stem = p.name[: -len(".kvg")] if p.name.endswith(".kvg") else p.name
         return p, stem if re.fullmatch(r"[0-9a-f]{64}", stem) else None
-    from ..store.local import Store
 
     ctx = context(manifest, store, None, False)
-    with Store(ctx.store, create=False) as s:
+    with ctx.open_store(create=False) as s:
         sha = s.resolve(ref, ctx.manifest.compute_sha256)
         return s.object_path(sha), sha
 

@@ -24,10 +24,9 @@ def list_entries(
     """List the store's index: problem id, artifact, tokens, size, verified. Artifact hashes are in full when the
     output is redirected; on a terminal a 16-hex prefix, which every command accepts (any unique prefix of at least
     6 hex characters does)."""
-    from ..store.local import Store
 
     ctx = context(manifest, store, None, False)
-    with Store(ctx.store, create=False) as s:
+    with ctx.open_store(create=False) as s:
         entries, stats = s.entries(limit), s.stats()
     if as_json:
         print_json({"stats": stats, "entries": [e.__dict__ for e in entries]})
@@ -51,10 +50,9 @@ def stats(
     """Entries, verified entries, library size, stored tokens and bytes, and stored tokens as a multiple of the
     model's context window."""
     from ..config.modelhash import context_window
-    from ..store.local import Store
 
     ctx = context(manifest, store, None, False)
-    with Store(ctx.store, create=False) as s:
+    with ctx.open_store(create=False) as s:
         st = s.stats()
     win = window or context_window(ctx.manifest.model_dir)
     st["context_window"] = win

@@ -141,7 +141,7 @@ def check_outputs(problems_path: Path, outputs_path: Path, force: bool) -> None:
 
 def check_library(ctx: RunContext) -> None:
     """Refuse (before any model loads) a store whose library holds nothing under this manifest's compute pin."""
-    with Store(ctx.store, create=False) as store:
+    with ctx.open_store(create=False) as store:
         if store.library_size(ctx.manifest.compute_sha256) == 0:
             raise InputError(f"the library in {ctx.store} holds no verified solutions for this manifest's compute "
                              "pin", "deposit some first (`kvgraft deposit FILE.jsonl`), or run --no-library for "
@@ -191,7 +191,7 @@ def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 
                 "deposit_verified": deposit_verified, "limit": limit}
     if on_start:
         on_start(len(problems))
-    store = Store(ctx.store) if use_library or deposit_verified else None
+    store = ctx.open_store() if use_library or deposit_verified else None
     try:
         deposits = DepositReport(str(problems_path), input_sha, str(ctx.store), str(ctx.ledger), m.source)
         for p, ids in zip(problems, query_ids):

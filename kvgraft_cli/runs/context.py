@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..util.hashing import digest
 from ..config.manifest import Manifest
+
+if TYPE_CHECKING:
+    from ..store.local import Store
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,12 @@ class RunContext:
              allow_drift: bool = False) -> "RunContext":
         paths = manifest.data["paths"]
         return cls(manifest, Path(store or paths["store"]), Path(ledger or paths["ledger"]), allow_drift)
+
+    def open_store(self, create: bool = True, codec: str = "auto") -> "Store":
+        """The run's artifact store (``create=False``: refuse when there is none; readers never create one)."""
+        from ..store.local import Store
+
+        return Store(self.store, create=create, codec=codec)
 
     def rel(self, path: Path) -> str:
         """A path as the ledger records it: relative to the ledger's folder when possible (so verify finds it)."""

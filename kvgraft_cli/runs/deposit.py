@@ -97,7 +97,7 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
     template = ctx.manifest.data["prompt"]["prefix"]
     # Every prefix is tokenized (and one the model cannot hold refused) before the store is created.
     prefixes = [engine.prefix_ids(render_prefix(template, p), where=f"{problems_path}:{p.line}") for p, _ in plan]
-    with Store(ctx.store, codec=codec) as store:
+    with ctx.open_store(codec=codec) as store:
         for (p, verdict), ids in zip(plan, prefixes):
             r = deposit_one(ctx, engine, store, report, p, verdict, recompute, level, settings, ids)
             report.results.append(r)

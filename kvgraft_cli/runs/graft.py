@@ -14,7 +14,7 @@ from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
 from ..errors import InputError, KvgraftError
 from ..util.hashing import digest, sha256_bytes
 from .context import RunContext
-from ..store.local import Store, check_chain
+from ..store.local import check_chain
 
 # Query texts for --check samples; each sample also gets a seeded random tail so every suffix differs.
 CHECK_QUERIES = (
@@ -69,12 +69,12 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
         identity = "file name" if expected else _identity_in_store(ctx, sha)
         if art.parent is None:
             return Loaded(sha, art, ref, identity=identity)
-        with Store(ctx.store, create=False) as store:  # a link's parents come from the store
+        with ctx.open_store(create=False) as store:  # a link's parents come from the store
             parents = store.load_chain(art.parent)
         chain = parents + [(sha, art)]
         check_chain(chain, ref)
         return Loaded(sha, art, ref, chain, identity=identity)
-    with Store(ctx.store, create=False) as store:
+    with ctx.open_store(create=False) as store:
         sha = store.resolve(ref, ctx.manifest.compute_sha256)
         chain = store.load_chain(sha)
         return Loaded(sha, chain[-1][1], str(store.object_path(sha)), chain)
@@ -84,7 +84,7 @@ def _identity_in_store(ctx: RunContext, sha: str) -> str:
     """For a .kvg file not named by its identity: "store object" when the store holds an object of the same
     payload hash (the file is a copy of a recorded artifact), else "file" (nothing recorded names it)."""
     try:
-        with Store(ctx.store, create=False) as store:
+        with ctx.open_store(create=False) as store:
             return "store object" if store.has_object(sha) else "file"
     except KvgraftError:  # no store here: nothing to check it against
         return "file"

@@ -164,18 +164,34 @@ class Store:
 
         ``library`` (problem_key, problem, solution, answer) adds a verified root to the library and its full-text
         index, in the same transaction as the index rows."""
+        created = self.put_object(sha256, payload, level)
+        return self.index(sha256, payload_bytes=len(payload), key=key, problem_id=problem_id, num_tokens=num_tokens,
+                          model_sha256=model_sha256, manifest_sha256=manifest_sha256, verified=verified,
+                          library=library), created
+
+    def put_object(self, sha256: str, payload: bytes, level: int = 3) -> bool:
+        """Write an artifact's object file (atomically) unless the store has it; returns whether it was written.
+        The object is not indexed: :meth:`index` does that (a sharded run's workers write objects, its driver
+        indexes them in input order)."""
         path = self.object_path(sha256)
-        created = not path.is_file()
+        if path.is_file():
+            return False
         with _store_errors(self.root, "write to"):
-            if created:
-                kvg.write_file(path, payload, level, self.codec)
+            kvg.write_file(path, payload, level, self.codec)
+        return True
+
+    def index(self, sha256: str, *, payload_bytes: int, key: str, problem_id: str, num_tokens: int,
+              model_sha256: str, manifest_sha256: str, verified: bool, library: dict | None = None) -> Entry:
+        """Index an object already in the store (see :meth:`put`); both rows land in one transaction."""
+        path = self.object_path(sha256)
+        with _store_errors(self.root, "write to"):
             now = datetime.now(timezone.utc).isoformat(timespec="seconds")
             with self._db:  # one transaction: both rows or neither
                 self._db.execute("BEGIN IMMEDIATE")
                 self._db.execute(
                     "INSERT OR IGNORE INTO artifacts (sha256, file_bytes, payload_bytes, num_tokens, model_sha256, "
                     "manifest_sha256, created, recorded) VALUES (?,?,?,?,?,?,?,0)",
-                    (sha256, path.stat().st_size, len(payload), num_tokens, model_sha256, manifest_sha256, now),
+                    (sha256, path.stat().st_size, payload_bytes, num_tokens, model_sha256, manifest_sha256, now),
                 )
                 self._db.execute(
                     "INSERT INTO entries VALUES (?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET problem_id="
@@ -184,7 +200,7 @@ class Store:
                 )
                 if library is not None and verified:
                     self._add_library(sha256, problem_id, manifest_sha256, num_tokens, library)
-        return self.lookup_key(key), created
+        return self.lookup_key(key)
 
     def is_recorded(self, sha256: str) -> bool:
         """Whether a ledger line has recorded this artifact (False: stored by a run whose ledger append failed)."""

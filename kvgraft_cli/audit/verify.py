@@ -44,7 +44,7 @@ class FileCheck:
     line: int
     field: str
     path: str
-    status: str  # ok | missing | mismatch
+    status: str  # ok | missing | mismatch | remote (an s3:// object of a remote store: not checked here)
     expected: str
     actual: str | None = None
 
@@ -79,12 +79,22 @@ class VerifyReport:
     def passed(self) -> bool:
         return not self.findings and not self.mismatched and not (self.require_files and self.missing)
 
+    @property
+    def remote(self) -> list[FileCheck]:
+        return [f for f in self.files if f.status == "remote"]
+
     def warnings(self) -> list[str]:
-        """What passed without being checked: referenced files that are not here (a failure with --require-files)."""
+        """What passed without being checked: referenced files that are not here (a failure with --require-files),
+        and objects of remote stores (never fetched by verify: `kvgraft store pull` brings them here)."""
+        found = []
         if self.missing and not self.require_files:
-            return [f"{len(self.missing)} of {len(self.files)} referenced files are missing here, so their hashes "
-                    "were not checked (--require-files makes this a failure)"]
-        return []
+            found.append(f"{len(self.missing)} of {len(self.files)} referenced files are missing here, so their "
+                         "hashes were not checked (--require-files makes this a failure)")
+        if self.remote:
+            found.append(f"{len(self.remote)} of {len(self.files)} referenced files are in a remote store "
+                         f"({self.remote[0].path.split('/objects/')[0]}...), not checked: remote (verify reads no "
+                         "network; `kvgraft store pull URL` and re-deposit or graft re-hashes them)")
+        return found
 
     def first_problem(self) -> str | None:
         """One sentence naming the first bad line and what is wrong with it."""
@@ -105,7 +115,8 @@ class VerifyReport:
             "first_problem": self.first_problem(), "warnings": self.warnings(),
             "findings": [asdict(f) for f in self.findings],
             "files": {"checked": len(self.files), "ok": sum(f.status == "ok" for f in self.files),
-                      "missing": [asdict(f) for f in self.missing], "mismatched": [asdict(f) for f in self.mismatched]},
+                      "missing": [asdict(f) for f in self.missing], "mismatched": [asdict(f) for f in self.mismatched],
+                      "remote": [asdict(f) for f in self.remote]},
             "checkpoint": self.checkpoint, "since": self.since, "scores_checked": self.scores_checked,
             "scores_from_records": self.scores_from_records, "scores_not_recomputable": self.scores_not_recomputable,
         }
@@ -434,6 +445,9 @@ def _rehash(report: VerifyReport, entries: list[dict | None], base_dir: Path, fu
         if entry is None:
             continue
         for fld, d in _referenced_files(entry):
+            if d["path"].startswith("s3://"):  # a remote store's object: verify is offline (and needs no boto3)
+                report.files.append(FileCheck(i + 1, fld, d["path"], "remote", d["sha256"]))
+                continue
             target = (base_dir / d["path"]) if not Path(d["path"]).is_absolute() else Path(d["path"])
             try:
                 present = target.is_file()

@@ -28,7 +28,9 @@ SdpaBackend = _choices("SdpaBackend", SDPA_BACKENDS)
 Codec = _choices("Codec", ("auto", "raw", "zstd"))  # artifacts.container.CODECS and "auto"
 
 MANIFEST_OPT = typer.Option(None, "--manifest", "-m", help="Run-manifest YAML (default: the embedded tiny Gemma-4).")
-STORE_OPT = typer.Option(None, "--store", help="Store directory (default: the manifest's paths.store).")
+# A store is a folder or an s3:// URL: typed str, since a Path would fold "s3://b/p" into "s3:/b/p".
+STORE_OPT = typer.Option(None, "--store", help="Store directory, or s3://BUCKET/PREFIX for a remote store "
+                         "(default: the manifest's paths.store).")
 LEDGER_OPT = typer.Option(None, "--ledger", help="Ledger file (default: the manifest's paths.ledger).")
 DRIFT_OPT = typer.Option(False, "--allow-drift", help="Proceed when the environment differs from the pin; the ledger records it.")
 # The largest count an option takes: what a ledger line's JSON holds exactly (I-JSON, 2**53 - 1); threads as the
@@ -45,13 +47,14 @@ def at_most_max_count(value: Optional[int]) -> Optional[int]:
     return value
 JSON_OPT = typer.Option(False, "--json", help="Print a machine-readable JSON result on stdout.")
 # The options every engine command takes, in this order (see engine_options).
-ENGINE_OPTIONS = {"manifest": (Optional[Path], MANIFEST_OPT), "store": (Optional[Path], STORE_OPT),
+ENGINE_OPTIONS = {"manifest": (Optional[Path], MANIFEST_OPT), "store": (Optional[str], STORE_OPT),
                   "ledger": (Optional[Path], LEDGER_OPT), "allow_drift": (bool, DRIFT_OPT), "as_json": (bool, JSON_OPT)}
 ARTIFACT_ARG = typer.Argument(None, metavar="REF", help="Artifact hash or a unique prefix of it (at least 6 hex "
                               "characters), problem id, or .kvg path; default: the latest deposit.")
-def context(manifest: Optional[Path], store: Optional[Path], ledger: Optional[Path], allow_drift: bool,
+def context(manifest: Optional[Path], store: Optional[str | Path], ledger: Optional[Path], allow_drift: bool,
             overrides: dict[str, Any] | None = None):
-    """The RunContext of a command: the manifest (with command-line overrides) and the store and ledger paths."""
+    """The RunContext of a command: the manifest (with command-line overrides) and the store (a folder or an
+    s3:// URL) and ledger paths."""
     from ..config.manifest import load_manifest, with_overrides
     from ..runs.context import RunContext
 
@@ -92,7 +95,7 @@ def engine_start():
         gc.enable()
 
 
-def artifact_and_engine(manifest: Optional[Path], store: Optional[Path], ledger: Optional[Path], allow_drift: bool,
+def artifact_and_engine(manifest: Optional[Path], store: Optional[str | Path], ledger: Optional[Path], allow_drift: bool,
                         artifact: Optional[str]):
     """What graft and probe start with: (RunContext, the opened artifact, the loaded engine), in the safe order."""
     from ..engine.engine import load_engine, pin_environment
@@ -127,3 +130,4 @@ def engine_options(fn):
     fn.__signature__ = sig.replace(parameters=params)
     fn.__annotations__ = {**fn.__annotations__, **{name: kind for name, (kind, _) in ENGINE_OPTIONS.items()}}
     return fn
+

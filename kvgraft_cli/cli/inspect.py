@@ -52,7 +52,8 @@ def _locate(ref: str, store: Optional[Path], manifest: Optional[Path]) -> tuple[
     ctx = context(manifest, store, None, False)
     with ctx.open_store(create=False) as s:
         sha = s.resolve(ref, ctx.manifest.compute_sha256)
-        return s.object_path(sha), sha
+        # A remote store (store.remote.RemoteStore) fetches its object into its cache first, re-hashed on arrival.
+        return getattr(s, "local_object", s.object_path)(sha), sha
 
 
 def _render(info, rehash: bool, named: str | None) -> None:

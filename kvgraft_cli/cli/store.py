@@ -1,4 +1,4 @@
-"""`kvgraft store list|stats`: look into an artifact store."""
+"""`kvgraft store list|stats|gc|push|pull`: look into an artifact store, copy it to or from a remote one."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ app = typer.Typer(cls=Group, no_args_is_help=True, help="Look into an artifact s
 
 @app.command("list", cls=Command)
 def list_entries(
-    store: Optional[Path] = STORE_OPT,
+    store: Optional[str] = STORE_OPT,
     manifest: Optional[Path] = MANIFEST_OPT,
     limit: Optional[int] = typer.Option(None, "--limit", min=1, callback=at_most_max_count, help="Show only the first N entries (default: all)."),
     as_json: bool = JSON_OPT,
@@ -31,7 +31,7 @@ def list_entries(
     if as_json:
         print_json({"stats": stats, "entries": [e.__dict__ for e in entries]})
         return
-    t = table(f"store {ctx.store}: {stats['objects']} objects, {stats['entries']} entries, "
+    t = table(f"store {ctx.store_name}: {stats['objects']} objects, {stats['entries']} entries, "
               f"{human_bytes(stats['file_bytes'])}", ("problem id", "artifact", "tokens", "bytes", "verified"),
               right=("tokens", "bytes"))
     for e in entries:
@@ -42,7 +42,7 @@ def list_entries(
 
 @app.command("stats", cls=Command)
 def stats(
-    store: Optional[Path] = STORE_OPT,
+    store: Optional[str] = STORE_OPT,
     manifest: Optional[Path] = MANIFEST_OPT,
     window: Optional[int] = typer.Option(None, "--window", min=1, callback=at_most_max_count, help="Context window to compare with (default: the manifest model's position limit)."),
     as_json: bool = JSON_OPT,
@@ -60,7 +60,7 @@ def stats(
     if as_json:
         print_json(st)
         return
-    t = table(f"store {ctx.store}", ("what", "value"), right=("value",), show_header=False)
+    t = table(f"store {ctx.store_name}", ("what", "value"), right=("value",), show_header=False)
     t.add_row("entries (verified)", f"{st['entries']} ({st['verified_entries']})")
     t.add_row("library entries (their tokens)", f"{st['library_entries']} ({st['library_tokens']:,})")
     t.add_row("objects", str(st["objects"]))
@@ -76,7 +76,7 @@ def stats(
 
 @app.command("gc", cls=Command)
 def gc(
-    store: Optional[Path] = STORE_OPT,
+    store: Optional[str] = STORE_OPT,
     manifest: Optional[Path] = MANIFEST_OPT,
     ledger: list[Path] = typer.Option([], "--ledger", help="Ledger whose named artifacts are kept even when unindexed (repeatable; default: the manifest's paths.ledger)."),
     grace: float = typer.Option(3600.0, "--grace", min=0, help="Only consider files untouched for this many seconds (a writer at work writes its object before indexing it)."),
@@ -102,3 +102,72 @@ def gc(
     out.print(f"store {ctx.store}: {verb} {len(report.temporary)} temporary files and {len(report.unindexed)} "
               f"unindexed objects ({human_bytes(report.bytes)}); kept {len(report.kept_for_ledger)} named by "
               f"{', '.join(report.ledgers)}", markup=False, soft_wrap=True)
+
+
+REMOTE_ARG = typer.Argument(..., metavar="URL", help="The remote store: s3://BUCKET/PREFIX (credentials and endpoint "
+                            "from the standard AWS environment and config).")
+
+
+def _sync(direction: str, url: str, store: Optional[str], manifest: Optional[Path], as_json: bool) -> None:
+    """push and pull: open both sides, copy with a progress bar on a terminal, print the summary."""
+    from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from ..errors import InputError
+    from ..store import sync
+    from ..store.remote import RemoteStore, is_remote
+    from ._output import err
+
+    ctx = context(manifest, store, None, False)
+    if ctx.remote is not None or not is_remote(url):
+        raise InputError(f"store {direction} copies between a local store (--store DIR) and a remote one (URL), "
+                         f"got {ctx.store_name} and {url}", f"kvgraft store {direction} s3://BUCKET/PREFIX --store DIR")
+    progress = Progress(TextColumn(f"{direction}ing"), BarColumn(), MofNCompleteColumn(), DownloadColumn(),
+                        console=err, transient=True, disable=as_json or not err.is_terminal)
+    with progress:
+        task = progress.add_task("", total=None)
+        sent = [0]
+
+        def on_progress(_sha: str, _copied: bool, n: int) -> None:
+            sent[0] += n
+            progress.update(task, advance=1, description=human_bytes(sent[0]))
+
+        on_start = lambda n: progress.update(task, total=n)  # noqa: E731
+        if direction == "push":
+            with ctx.open_store(create=False) as local, RemoteStore(url) as remote:
+                report = sync.push(local, remote, on_start, on_progress)
+        else:
+            with RemoteStore(url, create=False) as remote, ctx.open_store() as local:
+                report = sync.pull(remote, local, on_start, on_progress)
+    if as_json:
+        print_json(report.to_json())
+        return
+    out.print(f"{direction} {report.source} -> {report.dest}: copied {report.copied} objects "
+              f"({human_bytes(report.bytes)}), skipped {report.skipped} the other side has; "
+              f"{report.index_rows} index rows" + (f" (batch {report.batch})" if report.batch else ""),
+              markup=False, soft_wrap=True)
+    for sha in report.missing:
+        out.print(f"not sent: {sha} is indexed but its object is missing here", markup=False, soft_wrap=True)
+
+
+@app.command("push", cls=Command)
+def push(
+    url: str = REMOTE_ARG,
+    store: Optional[str] = STORE_OPT,
+    manifest: Optional[Path] = MANIFEST_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Copy the local store's recorded artifacts and their index rows to a remote store, skipping what it has.
+    The server checks each upload's SHA-256; the object's size and recorded hash are checked after."""
+    _sync("push", url, store, manifest, as_json)
+
+
+@app.command("pull", cls=Command)
+def pull(
+    url: str = REMOTE_ARG,
+    store: Optional[str] = STORE_OPT,
+    manifest: Optional[Path] = MANIFEST_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Copy a remote store's recorded artifacts and their index rows into the local store, skipping what it has.
+    Each object is re-hashed on arrival and kept only when it matches its identity."""
+    _sync("pull", url, store, manifest, as_json)

@@ -116,6 +116,8 @@ KEY_DIGESTS = {
     "solve-outputs": [("outputs", "outputs")],
     "register": [("inputs", "prereg")],
     "replay": [("inputs", "prereg")],
+    "import": [("inputs", "bundle")],  # its artifacts: one "artifact.<sha256>" output each (`ledger log --json`
+    # on the raw entry lists them; the summary counts them)
 }
 
 
@@ -162,6 +164,10 @@ def _summary(e: dict) -> str:
     if k == "solve":
         return (f"{_get(e, 'inputs', 'record', 'id')}: {_get(e, 'inputs', 'library', 'hit')} hit, "
                 f"{_get(e, 'outputs', 'generated_ids', 'count')} tokens")
+    if k == "import":
+        c = _get(e, "outputs", "counts") or {}
+        return (f"bundle {_get(e, 'inputs', 'bundle', 'name')}: {c.get('imported')} imported, {c.get('existing')} "
+                f"already stored, {c.get('foreign')} of another pin")
     if k == "solve-outputs":
         t = _get(e, "outputs", "totals") or {}
         return f"{e.get('mode', '')}: {t.get('correct')}/{t.get('scored')} correct of {t.get('problems')} problems"

@@ -1,4 +1,5 @@
-"""`kvgraft store list|stats|gc|push|pull`: look into an artifact store, copy it to or from a remote one."""
+"""`kvgraft store list|stats|gc|push|pull|export|import`: look into an artifact store, copy it to or from a remote
+one, move artifacts between machines as a bundle."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ._common import JSON_OPT, MANIFEST_OPT, STORE_OPT, at_most_max_count, context
+from ._common import JSON_OPT, LEDGER_OPT, MANIFEST_OPT, STORE_OPT, at_most_max_count, context
 from ._help import Command, Group
 from ._output import cell, human_bytes, out, print_json, short, table
 
@@ -171,3 +172,73 @@ def pull(
     """Copy a remote store's recorded artifacts and their index rows into the local store, skipping what it has.
     Each object is re-hashed on arrival and kept only when it matches its identity."""
     _sync("pull", url, store, manifest, as_json)
+
+
+@app.command("export", cls=Command)
+def export(
+    refs: list[str] = typer.Argument(None, metavar="[REF]...", help="Artifacts to export: hash, unique hash prefix "
+                                     "(>= 6 hex) or problem id; a chain link brings its parents. Default: every "
+                                     "recorded artifact."),
+    output: Path = typer.Option(..., "--output", "-o", help="The bundle file to write (an uncompressed tar)."),
+    key: Optional[str] = typer.Option(None, "--key", help="Signer key (file or string) to sign the bundle's "
+                                      "checkpoint with (`kvgraft ledger keygen`)."),
+    origin: str = typer.Option("kvgraft-ledger", "--origin", help="The log's name in the checkpoint."),
+    store: Optional[str] = STORE_OPT,
+    manifest: Optional[Path] = MANIFEST_OPT,
+    ledger: Optional[Path] = LEDGER_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Write artifacts as one bundle (docs/BUNDLE.md): the object files byte for byte, their index rows, and the
+    ledger lines that recorded them with RFC 6962 inclusion proofs against a checkpoint of this ledger. Exporting the
+    same things from the same ledger twice gives the same bytes. Reads only: nothing is appended."""
+    from ..runs.bundle import export_bundle
+
+    ctx = context(manifest, store, ledger, False)
+    report = export_bundle(ctx, refs or [], output, key=key, origin=origin)
+    if as_json:
+        print_json(report.to_json())
+        return
+    t = table(f"bundle {report.bundle}: {len(report.artifacts)} artifacts, {human_bytes(report.bytes)}, sha256 "
+              f"{report.sha256}", ("artifact", "problem ids", "bytes", "recorded by line"), right=("bytes",))
+    for a in report.artifacts:
+        t.add_row(short(a["sha256"]), cell(", ".join(a["problem_ids"])), human_bytes(a["file_bytes"]),
+                  str(a["recorded_by"] + 1))
+    out.print(t)
+    cp = report.checkpoint
+    out.print(f"provenance: {len(report.lines)} ledger lines, proved against checkpoint {cp['origin']} @ "
+              f"{cp['size']} lines, root {cp['root']}" + (" (signed)" if cp["signed"] else ""),
+              markup=False, soft_wrap=True)
+
+
+@app.command("import", cls=Command)
+def import_(
+    bundle: Path = typer.Argument(..., help="A bundle written by `kvgraft store export`."),
+    key: list[str] = typer.Option([], "--key", help="Verifier key (file or string) that must have signed the "
+                                  "bundle's checkpoint (repeatable: any one suffices)."),
+    keep_foreign: bool = typer.Option(False, "--keep-foreign", help="Also keep artifacts made under another compute "
+                                      "pin, for later (no run of this manifest grafts them)."),
+    store: Optional[str] = STORE_OPT,
+    manifest: Optional[Path] = MANIFEST_OPT,
+    ledger: Optional[Path] = LEDGER_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Check a bundle completely (member types and names, sizes, every object re-hashed, the checkpoint and every
+    inclusion proof, the compute pin, the index keys), then add its artifacts to the store byte for byte and append
+    one `import` ledger entry naming them. Any refusal names the bundle entry and writes nothing."""
+    from ..runs.bundle import import_bundle
+
+    ctx = context(manifest, store, ledger, False)
+    report = import_bundle(ctx, bundle, keys=key, keep_foreign=keep_foreign)
+    if as_json:
+        print_json(report.to_json())
+        return
+    t = table(f"imported {report.bundle} into store {report.store}", ("artifact", "problem ids", "status", "pin"))
+    for a in report.artifacts:
+        t.add_row(short(a["sha256"]), cell(", ".join(a["problem_ids"])), a["status"],
+                  "other (kept)" if a["foreign"] else "this manifest")
+    out.print(t)
+    cp = report.checkpoint
+    signed = f", signed by {', '.join(cp['signed_by'])}" if cp["signed_by"] else ", signature not checked (no --key)"
+    out.print(f"provenance: every proof holds against checkpoint {cp['origin']} @ {cp['size']} lines, root "
+              f"{cp['root']}{signed}; recorded as ledger line {report.ledger_seq + 1} of {report.ledger}",
+              markup=False, soft_wrap=True)

@@ -131,3 +131,23 @@ def engine_options(fn):
     fn.__annotations__ = {**fn.__annotations__, **{name: kind for name, (kind, _) in ENGINE_OPTIONS.items()}}
     return fn
 
+
+# `deposit` and `solve` on Ray workers (runs.workers.ray). typer has no option with an optional value, hence
+# --ray (a local instance) and --ray-address ADDRESS (a cluster; implies --ray).
+RAY_OPT = typer.Option(False, "--ray", help="Run the problems in shards on Ray workers, one engine each (a local Ray instance unless --ray-address); the ledger is the one a single process writes. Needs `pip install 'kvgraft[ray]'`.")
+RAY_ADDRESS_OPT = typer.Option(None, "--ray-address", metavar="ADDRESS", help="Join this Ray cluster (auto, HOST:PORT, ray://HOST:10001); implies --ray. The store must be one every node reaches: s3://, or a path mounted at the same place on every node.")
+WORKERS_OPT = typer.Option(None, "--workers", min=1, max=MAX_THREADS, help="How many Ray workers (default: as many as the cluster's CPUs hold, runtime.threads each; at least 1).")
+
+
+def ray_pool(ctx, ray: bool, address: Optional[str], workers: Optional[int]):
+    """The workers --ray / --ray-address / --workers ask for (a runs.workers.ray.RayPool, a context manager that
+    starts nothing until the run needs it), else None in a null context."""
+    from contextlib import nullcontext
+
+    if not ray and address is None:
+        if workers is not None:
+            raise InputError("--workers is for Ray runs", "add --ray (or --ray-address ADDRESS)")
+        return nullcontext()
+    from ..runs.workers.ray import RayPool
+
+    return RayPool(ctx, address, workers)

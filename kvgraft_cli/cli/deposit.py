@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from ._common import Codec, at_most_max_count, context, engine_options, field_overrides
+from ._common import (RAY_ADDRESS_OPT, RAY_OPT, WORKERS_OPT, Codec, at_most_max_count, context, engine_options,
+                      field_overrides, ray_pool)
 from ._output import cell, err, human_bytes, out, print_json, printable, short, table
 
 
@@ -20,6 +21,9 @@ def deposit(
     allow_unverified: bool = typer.Option(False, "--allow-unverified", help="Also deposit unverifiable or wrong solutions (marked unverified)."),
     recompute: bool = typer.Option(False, "--recompute", help="Prefill again even when the store has the prefix; fail if the bytes differ."),
     codec: Codec = typer.Option("auto", "--codec", help="How new artifact files are written: raw (auto's choice: restored at page-cache speed) or zstd (smaller files, slower restores); the identity is the same."),
+    ray: bool = RAY_OPT,
+    ray_address: Optional[str] = RAY_ADDRESS_OPT,
+    workers: Optional[int] = WORKERS_OPT,
     manifest=None, store=None, ledger=None, allow_drift=False, as_json=False,  # engine_options
 ) -> None:
     """Verify, prefill and store each problem's solution as a byte-exact KV artifact; record it in the ledger."""
@@ -31,9 +35,11 @@ def deposit(
     progress = Progress(TextColumn("depositing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.description}"), console=err, transient=True,
                         disable=as_json or not err.is_terminal)
-    with progress:
-        # Indeterminate until the model is loaded and its hash checked (seconds per GB of weights).
-        task = progress.add_task("loading model, checking hashes", total=None)
+    with ray_pool(ctx, ray, ray_address, workers) as pool, progress:
+        # Indeterminate until the model is loaded and its hash checked (seconds per GB of weights); on Ray, in
+        # every worker.
+        task = progress.add_task("starting Ray workers, loading models" if pool else "loading model, checking hashes",
+                                 total=None)
 
         def on_start(n: int) -> None:
             progress.update(task, total=n, completed=0, description="")
@@ -42,7 +48,7 @@ def deposit(
             progress.update(task, advance=1, description=r.id)
 
         report = run_deposit(ctx, problems, limit=limit, allow_unverified=allow_unverified, recompute=recompute,
-                             on_start=on_start, on_progress=on_progress, codec=codec.value)
+                             on_start=on_start, on_progress=on_progress, codec=codec.value, pool=pool)
     if as_json:
         print_json(report.to_json())
         return

@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from ._common import at_most_max_count, context, engine_options, engine_start, field_overrides
+from ._common import (RAY_ADDRESS_OPT, RAY_OPT, WORKERS_OPT, at_most_max_count, context, engine_options,
+                      engine_start, field_overrides, ray_pool)
 from ._output import cell, err, out, print_json, table
 
 
@@ -24,6 +25,9 @@ def solve(
     force: bool = typer.Option(False, "--force", help="Overwrite existing outputs files."),
     field: list[str] = typer.Option([], "--field", help="Map a role to a field name: ROLE=NAME (id, problem, answer); 'id=' derives ids."),
     answer_extract: Optional[str] = typer.Option(None, "--answer-extract", help="Read the reference answer: verbatim, boxed or trailer."),
+    ray: bool = RAY_OPT,
+    ray_address: Optional[str] = RAY_ADDRESS_OPT,
+    workers: Optional[int] = WORKERS_OPT,
     manifest=None, store=None, ledger=None, allow_drift=False, as_json=False,  # engine_options
 ) -> None:
     """Answer each problem from the library: an exact hit in a handful of decode tokens, else the top-k related
@@ -31,7 +35,7 @@ def solve(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..engine.engine import load_engine
-    from ..library.solve import check_library, check_outputs
+    from ..library.solve import check_library, check_outputs, check_sharded
     from ..library.solve import compare as ratios
     from ..library.solve import solve as run_solve
 
@@ -48,17 +52,24 @@ def solve(
     progress = Progress(TextColumn("{task.fields[mode]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.description}"), console=err, transient=True,
                         disable=as_json or not err.is_terminal)
-    with progress:
-        task = progress.add_task("loading model, checking hashes", total=None, mode="solve")
-        with engine_start():
-            engine = load_engine(ctx.manifest, ctx.allow_drift)
+    with ray_pool(ctx, ray, ray_address, workers) as pool, progress:
+        if pool is not None:
+            check_sharded(deposit_verified)  # before any worker starts
+        task = progress.add_task("starting Ray workers, loading models" if pool else "loading model, checking hashes",
+                                 total=None, mode="solve")
+        if pool is not None:
+            pool.start()  # one set of workers for both runs of --compare
+            engine = None
+        else:
+            with engine_start():
+                engine = load_engine(ctx.manifest, ctx.allow_drift)
         progress.remove_task(task)
         for mode in modes:
             task = progress.add_task("", total=None, mode=mode)
             runs[mode] = run_solve(
                 ctx, problems, targets[mode], k=k, min_score=min_score, force=force,
                 use_library=mode == "library", deposit_verified=deposit_verified and (mode == "library" or not compare),
-                limit=limit, engine=engine,
+                limit=limit, engine=engine, pool=pool,
                 on_start=lambda n, t=task: progress.update(t, total=n, completed=0),
                 on_progress=lambda r, t=task: progress.update(t, advance=1, description=f"{r.id} ({r.hit})"))
     runs = {m: runs[m] for m in ("baseline", "library") if m in runs}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..engine.engine import Engine, load_engine, tensor_sha256, token_ids_sha256
 from ..errors import InputError
@@ -26,12 +26,15 @@ from ..eval.problems import Problem, check_lengths, read_problems, verify_soluti
 from ..eval.scoring import wilson_interval
 from ..ledger import log as ledger
 from ..runs.context import RunContext
-from ..runs.deposit import DepositReport, deposit_one
+from ..runs.deposit import DepositReport, deposit_one, engine_facts
 from ..store.local import Store
 from ..util.fsio import atomic_write_bytes
 from ..util.hashing import canonical_json, digest, sha256_bytes, sha256_file
 from .chain import build_chain
 from .retrieval import Found, find
+
+if TYPE_CHECKING:
+    from ..runs.workers.ray import RayPool
 
 
 @dataclass
@@ -150,12 +153,19 @@ def check_library(ctx: RunContext) -> None:
 
 def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 1, min_score: float | None = None,
           use_library: bool = True, deposit_verified: bool = False, limit: int | None = None,
-          force: bool = False, engine: Engine | None = None, on_start: Callable[[int], None] | None = None,
+          force: bool = False, engine: Engine | None = None, pool: "RayPool | None" = None,
+          on_start: Callable[[int], None] | None = None,
           on_progress: Callable[[SolveRecord], None] | None = None) -> SolveRun:
     """Solve every problem of a JSONL file (see the module docstring). The whole file, the store and the ledger are
-    checked before any work; each problem's ledger entry is written as it finishes."""
+    checked before any work; each problem's ledger entry is written as it finishes.
+
+    ``pool`` (runs.workers.ray): solve the problems on Ray workers, in shards, against the library as it is when
+    the run starts; this process alone writes the outputs file and the ledger, in input order, so both hash as a
+    single-process run's do. ``deposit_verified`` is refused there (see :func:`check_sharded`)."""
     if k < 1:
         raise InputError(f"--k must be at least 1, got {k}")
+    if pool is not None:
+        check_sharded(deposit_verified)
     m = ctx.manifest
     problems = read_problems(problems_path, m.data["input"], require_solution=False)
     if limit is not None:
@@ -170,12 +180,17 @@ def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 
     ledger.check_appendable(ctx.ledger)
     if use_library:
         check_library(ctx)
-    if engine is None:
-        engine = load_engine(m, ctx.allow_drift)
+    where = str(problems_path)
     # Bounded for any input: characters checked first, ids truncated past the model's positions (engine.encode).
-    query_ids = [engine.encode(m.data["prompt"]["query"].format(query=p.problem), where=f"{problems_path}:{p.line}")
-                 for p in problems]
-    limit_pos = engine.max_positions
+    if pool is not None:
+        pool.start()  # engines load in the workers (each checks the pins and refuses drift)
+        facts, limit_pos = pool.facts, pool.max_positions
+        query_ids = pool.map_all("solve-query", problems, {"where": where})
+    else:
+        if engine is None:
+            engine = load_engine(m, ctx.allow_drift)
+        facts, limit_pos = engine_facts(ctx, engine), engine.max_positions
+        query_ids = [query_job(ctx, engine, p, where=where) for p in problems]
     for p, ids in zip(problems, query_ids):  # refuse before any work: a query that cannot fit even alone
         if limit_pos and len(ids) + full_budget > limit_pos:
             at_least = "at least " if len(ids) > limit_pos else ""
@@ -189,14 +204,24 @@ def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 
                 "library": use_library,
                 "answer_tokens": answer_budget, "max_new_tokens": full_budget, "stop": stop,
                 "deposit_verified": deposit_verified, "limit": limit}
+    args = {"k": k, "min_score": min_score, "use_library": use_library, "answer_budget": answer_budget,
+            "full_budget": full_budget, "stop": stop, "limit_pos": limit_pos, "problems_file": problems_file,
+            "settings": settings}
     if on_start:
         on_start(len(problems))
     store = ctx.open_store() if use_library or deposit_verified else None
     try:
+        # The workers' results come in input order as their shards finish (a worker reads the store: the library).
+        solved = pool.map_ordered("solve", list(zip(problems, query_ids)), args,
+                                  codec="auto" if store is not None else None) if pool is not None else None
         deposits = DepositReport(str(problems_path), input_sha, str(ctx.store), str(ctx.ledger), m.source)
         for p, ids in zip(problems, query_ids):
-            rec = _solve_one(ctx, engine, store, p, ids, k, min_score, use_library, answer_budget, full_budget,
-                             stop, limit_pos, problems_file, settings)
+            if solved is not None:
+                s = next(solved)
+            else:
+                s = solve_problem(ctx, engine, store, p, ids, **args)
+                s.facts = facts
+            rec = record_solve(ctx, store, s)
             if deposit_verified and rec.correct:
                 rec.deposited = _deposit_answer(ctx, engine, store, deposits, p, rec)
             run.records.append(rec)
@@ -208,7 +233,8 @@ def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 
     data = b"".join(canonical_json(r.output_line()) + b"\n" for r in run.records)
     atomic_write_bytes(Path(outputs_path), data)
     run.outputs_sha256 = sha256_bytes(data)
-    entry = ctx.entry_base(engine)
+    entry = ctx.entry_base()
+    entry.update(facts)
     entry.update(inputs={"problems_file": problems_file, "settings": settings},
                  outputs={"outputs": {"path": ctx.rel(Path(outputs_path)), **digest(run.outputs_sha256)},
                           "totals": {k2: v for k2, v in run.totals().items() if k2 != "mode"}})
@@ -217,9 +243,49 @@ def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 
     return run
 
 
-def _solve_one(ctx: RunContext, engine: Engine, store: Store | None, p: Problem, query: list[int], k: int,
-               min_score: float | None, use_library: bool, answer_budget: int, full_budget: int, stop: list[str],
-               limit_pos: int | None, problems_file: dict, settings: dict) -> SolveRecord:
+def check_sharded(deposit_verified: bool) -> None:
+    """Refuse ``--deposit-verified`` on Ray workers: in a single pass a verified answer deposited at problem i is in
+    the library when problem j > i retrieves, so problem j's output depends on the answers before it. Shards solved
+    at the same time cannot see each other's deposits, so the outputs would differ from a single-process run's,
+    and which ones would depend on the worker count and timing."""
+    if deposit_verified:
+        raise InputError("--deposit-verified cannot run on Ray workers: an answer deposited mid-run changes what "
+                         "later problems retrieve, so sharded outputs would not match a single-process run's",
+                         "run --deposit-verified without --ray (solving with --ray first needs no deposits)")
+
+
+@dataclass
+class Solved:
+    """One problem solved by an engine (here or in a Ray worker), not yet recorded: plain data for the process that
+    writes the ledger."""
+
+    record: SolveRecord
+    body: dict  # the ledger entry's inputs and outputs
+    chain: list[str]  # the artifacts grafted, noted as recorded once the entry is written
+    facts: dict = field(default_factory=dict)  # the entry's environment, model and drift (runs.deposit.engine_facts)
+
+
+def query_job(ctx: RunContext, engine: Engine, p: Problem, *, where: str) -> list[int]:
+    """A problem's query token ids (bounded for any input: see Engine.encode)."""
+    return engine.encode(ctx.manifest.data["prompt"]["query"].format(query=p.problem), where=f"{where}:{p.line}")
+
+
+def record_solve(ctx: RunContext, store: Store | None, s: Solved) -> SolveRecord:
+    """Append a solved problem's ledger entry; returns its record with the entry's seq."""
+    entry = ctx.entry_base()
+    entry.update(s.facts)
+    entry.update(s.body)
+    # A failed append leaves new links in the store, unrecorded: another run may already graft them (see
+    # store.local); `kvgraft store gc` is the only deleter.
+    s.record.ledger_seq = ledger.append(ctx.ledger, "solve", entry,
+                                        after=lambda _: store.mark_recorded(s.chain) if s.chain else None)["seq"]
+    return s.record
+
+
+def solve_problem(ctx: RunContext, engine: Engine, store: Store | None, p: Problem, query: list[int], *, k: int,
+                  min_score: float | None, use_library: bool, answer_budget: int, full_budget: int, stop: list[str],
+                  limit_pos: int | None, problems_file: dict, settings: dict) -> Solved:
+    """Solve one problem: retrieve, graft, decode. Writes only chain links to the store; the caller records it."""
     wall0, cpu0, energy0 = time.perf_counter(), time.process_time(), engine.gpu_energy_mj()
     found = find(store, p.problem, engine.manifest.compute_sha256, k, min_score) if use_library else Found("none")
     budget = answer_budget if found.kind == "exact" else full_budget
@@ -250,8 +316,7 @@ def _solve_one(ctx: RunContext, engine: Engine, store: Store | None, p: Problem,
         (chain.prefilled_tokens if chain else 0) + len(query), len(gen), budget, output, extracted, p.answer,
         correct, time.perf_counter() - wall0, time.process_time() - cpu0,
         (energy1 - energy0) / 1000 if energy0 is not None and energy1 is not None else None)
-    entry = ctx.entry_base(engine)
-    entry.update(
+    body = dict(
         inputs={"problems_file": problems_file,
                 "record": {**digest(p.record_sha256), "id": p.id, "line": p.line},
                 "query_ids": {**digest(token_ids_sha256(query)), "count": len(query)},
@@ -266,11 +331,7 @@ def _solve_one(ctx: RunContext, engine: Engine, store: Store | None, p: Problem,
                            "decode_tokens": rec.decode_tokens, "wall_s": rec.wall_s, "cpu_s": rec.cpu_s,
                            "energy_j": rec.energy_j}},
     )
-    # A failed append leaves new links in the store, unrecorded: another run may already graft them (see
-    # store.local); `kvgraft store gc` is the only deleter.
-    rec.ledger_seq = ledger.append(ctx.ledger, "solve", entry,
-                                   after=lambda _: store.mark_recorded(chain.shas) if chain else None)["seq"]
-    return rec
+    return Solved(rec, body, chain.shas if chain else [])
 
 
 def _deposit_answer(ctx: RunContext, engine: Engine, store: Store, report: DepositReport, p: Problem,
@@ -308,3 +369,15 @@ def replay_solve(ctx: RunContext, pr, run: dict, get_engine) -> dict:
         got[f"output {r.id}"] = sha256_bytes(r.output.encode())
         got[f"hit {r.id}"] = r.hit
     return got
+
+
+# -- Ray worker jobs (runs.workers.ray runs them; each takes the worker and one item, returns plain data) -----------
+def ray_query_job(w, p: Problem, *, where: str) -> list[int]:
+    return query_job(w.ctx, w.engine, p, where=where)
+
+
+def ray_solve_job(w, item: tuple[Problem, list[int]], **args) -> Solved:
+    p, ids = item
+    solved = solve_problem(w.ctx, w.engine, w.store, p, ids, **args)
+    solved.facts = w.facts
+    return solved

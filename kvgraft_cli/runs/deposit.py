@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..artifacts import format as kvg
 from ..ledger import log as ledger
 from ..engine.engine import Engine, load_engine, tensor_sha256, token_ids_sha256
-from ..errors import CheckFailed
+from ..errors import CheckFailed, StoreError
 from ..util.hashing import digest, sha256_bytes, sha256_file
 from ..config.modelhash import context_window
 from ..eval.problems import Problem, check_lengths, normalize_key, read_problems, verify_solution
 from .context import RunContext
 from ..store.local import Store, prefix_key, problem_key
+
+if TYPE_CHECKING:
+    from .workers.ray import RayPool
 
 
 @dataclass
@@ -67,10 +70,12 @@ def render_prefix(template: str, p: Problem) -> str:
 
 def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, allow_unverified: bool = False,
             recompute: bool = False, level: int = 3, engine: Engine | None = None, codec: str = "auto",
-            on_start: Callable[[int], None] | None = None,
+            pool: "RayPool | None" = None, on_start: Callable[[int], None] | None = None,
             on_progress: Callable[[DepositResult], None] | None = None) -> DepositReport:
     """Deposit every verified problem of a JSONL file. The whole file is parsed and checked before any work.
-    ``codec``: how new artifact files are written (``auto``, ``raw`` or ``zstd``; the identity is the same)."""
+    ``codec``: how new artifact files are written (``auto``, ``raw`` or ``zstd``; the identity is the same).
+    ``pool`` (runs.workers.ray): compute the artifacts on Ray workers, in shards; this process alone indexes them
+    and appends the ledger, in input order, so the ledger records what a single-process run records."""
     problems = read_problems(problems_path, ctx.manifest.data["input"])
     if limit is not None:
         problems = problems[:limit]
@@ -88,18 +93,31 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
     if not plan:
         return report
     ledger.check_appendable(ctx.ledger)  # refuse before any work, so nothing lands in the store unrecorded
-    if engine is None:
-        engine = load_engine(ctx.manifest, ctx.allow_drift)
     # How the file was read: enough for `kvgraft prereg make` to replay the same deposit elsewhere.
     settings = {"mapping": ctx.manifest.data["input"], "limit": limit, "allow_unverified": allow_unverified}
-    if on_start:
-        on_start(len(plan))
-    template = ctx.manifest.data["prompt"]["prefix"]
-    # Every prefix is tokenized (and one the model cannot hold refused) before the store is created.
-    prefixes = [engine.prefix_ids(render_prefix(template, p), where=f"{problems_path}:{p.line}") for p, _ in plan]
+    where = str(problems_path)
+    if pool is not None:
+        pool.start()  # engines load in the workers (each checks the pins and refuses drift)
+        if on_start:
+            on_start(len(plan))
+        # Every prefix is tokenized (and one the model cannot hold refused) before the store is created.
+        prefixes = pool.map_all("deposit-prefix", [p for p, _ in plan], {"where": where})
+        computed = pool.map_ordered("deposit", list(zip((p for p, _ in plan), prefixes)),
+                                    {"recompute": recompute, "level": level}, codec=codec)
+    else:
+        if engine is None:
+            engine = load_engine(ctx.manifest, ctx.allow_drift)
+        if on_start:
+            on_start(len(plan))
+        prefixes = [prefix_job(ctx, engine, p, where=where) for p, _ in plan]
+        computed = None
     with ctx.open_store(codec=codec) as store:
-        for (p, verdict), ids in zip(plan, prefixes):
-            r = deposit_one(ctx, engine, store, report, p, verdict, recompute, level, settings, ids)
+        for i, ((p, verdict), ids) in enumerate(zip(plan, prefixes)):
+            if computed is None:
+                c = compute_deposit(ctx.manifest, engine, store, p, ids, recompute, level, engine_facts(ctx, engine))
+            else:
+                c = next(computed)  # the workers' results, in input order, as their shards finish
+            r = record_deposit(ctx, store, report, p, verdict, c, recompute, settings)
             report.results.append(r)
             if on_progress:
                 on_progress(r)
@@ -107,52 +125,99 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
     return report
 
 
-def deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositReport, p: Problem, verdict,
-                recompute: bool, level: int, settings: dict, ids: list[int] | None = None) -> DepositResult:
-    """Prefill, store and record one problem (``report`` names the input file; ``ids``: its prefix's token ids,
-    when already made); the ledger entry or nothing."""
-    m = ctx.manifest
-    if ids is None:
-        ids = engine.prefix_ids(render_prefix(m.data["prompt"]["prefix"], p), where=f"{report.input}:{p.line}")
+@dataclass
+class Computed:
+    """One problem's deposit as an engine computed it (here or in a Ray worker): the object is in the store, not
+    yet indexed or recorded. Plain data, so a worker can return it to the process that records it."""
+
+    key: str  # the store's index key: the compute pin and the prefix's token ids
+    ids_sha256: str
+    num_tokens: int
+    artifact: str
+    logits_sha256: str
+    payload_bytes: int | None  # None: the store already held the prefix (its object re-hashed, nothing computed)
+    model_sha256: str
+    engine: dict  # the ledger entry's environment, model and drift parts, from the engine that computed it
+
+
+def engine_facts(ctx: RunContext, engine: Engine) -> dict:
+    """The parts of a ledger entry an engine decides (environment, model, drift): computed where the engine runs,
+    recorded where the ledger is."""
+    return {k: v for k, v in ctx.entry_base(engine).items() if k != "manifest"}
+
+
+def prefix_job(ctx: RunContext, engine: Engine, p: Problem, *, where: str) -> list[int]:
+    """A problem's prefix token ids (InputError naming ``where:line`` for one the model cannot hold)."""
+    return engine.prefix_ids(render_prefix(ctx.manifest.data["prompt"]["prefix"], p), where=f"{where}:{p.line}")
+
+
+def compute_deposit(m, engine: Engine, store: Store, p: Problem, ids: list[int], recompute: bool, level: int,
+                    facts: dict) -> Computed:
+    """The compute step: prefill the prefix, encode and hash the artifact, write its object file (not indexed).
+    When the store already holds the prefix (and not ``recompute``), its stored object is re-hashed instead."""
     ids_sha = token_ids_sha256(ids)
     key = prefix_key(m.compute_sha256, ids_sha)
-    verified = verdict.status == "verified"
-    # What `kvgraft solve` finds: the problem (exact hits by its normalized text) and the solution (full text).
-    library = {"problem_key": problem_key(m.compute_sha256, normalize_key(p.problem)), "problem": p.problem,
-               "solution": p.solution, "answer": p.answer}
     existing = store.lookup_key(key)
     if existing and store.has_object(existing.artifact) and not recompute:
         # Already stored under this pin: re-hash the stored object rather than trusting the index.
         _, art = store.load(existing.artifact)
-        sha, logits_sha, payload_len = existing.artifact, art.meta["logits_sha256"], None
+        return Computed(key, ids_sha, len(ids), existing.artifact, art.meta["logits_sha256"], None,
+                        engine.hashes.model_sha256, facts)
+    cache, last = engine.prefill(ids)
+    logits_sha = tensor_sha256(last)
+    payload = kvg.encode(ids, engine.capture(cache), engine.artifact_meta(logits_sha))
+    sha = sha256_bytes(payload)
+    _check_same(p, existing.artifact if existing else None, sha)
+    store.put_object(sha, payload, level)
+    return Computed(key, ids_sha, len(ids), sha, logits_sha, len(payload), engine.hashes.model_sha256, facts)
+
+
+def _check_same(p: Problem, stored: str | None, sha: str) -> None:
+    if stored is not None and stored != sha:
+        raise CheckFailed(
+            f"{p.id}: re-deposit gave artifact {sha[:16]}..., the store holds {stored[:16]}... "
+            "for the same prefix and pin: this environment does not reproduce the deposit",
+            "check the kernel flags and versions against the manifest",
+        )
+
+
+def record_deposit(ctx: RunContext, store: Store, report: DepositReport, p: Problem, verdict, c: Computed,
+                   recompute: bool, settings: dict) -> DepositResult:
+    """The record step: index the computed artifact and append its ledger entry (or nothing)."""
+    m = ctx.manifest
+    verified = verdict.status == "verified"
+    # What `kvgraft solve` finds: the problem (exact hits by its normalized text) and the solution (full text).
+    library = {"problem_key": problem_key(m.compute_sha256, normalize_key(p.problem)), "problem": p.problem,
+               "solution": p.solution, "answer": p.answer}
+    payload_len = c.payload_bytes
+    if payload_len is not None:
+        # In a sharded run an earlier problem of the same run may have indexed this prefix since a worker computed
+        # it: record it as the single-process run would have (already stored), so the ledgers agree.
+        existing = store.lookup_key(c.key)
+        _check_same(p, existing.artifact if existing else None, c.artifact)
+        if existing and store.has_object(existing.artifact) and not recompute:
+            payload_len = None
+    sha = c.artifact
+    _object_here(store, sha)
+    if payload_len is None:
         if verified:
-            store.add_to_library(sha, p.id, m.compute_sha256, len(ids), library)
+            store.add_to_library(sha, p.id, m.compute_sha256, c.num_tokens, library)
     else:
-        cache, last = engine.prefill(ids)
-        logits_sha = tensor_sha256(last)
-        payload = kvg.encode(ids, engine.capture(cache), engine.artifact_meta(logits_sha))
-        sha = sha256_bytes(payload)
-        if existing and existing.artifact != sha:
-            raise CheckFailed(
-                f"{p.id}: re-deposit gave artifact {sha[:16]}..., the store holds {existing.artifact[:16]}... "
-                "for the same prefix and pin: this environment does not reproduce the deposit",
-                "check the kernel flags and versions against the manifest",
-            )
-        payload_len = len(payload)
-        store.put(sha, payload, key=key, problem_id=p.id, num_tokens=len(ids),
-                  model_sha256=engine.hashes.model_sha256, manifest_sha256=m.compute_sha256,
-                  verified=verified, level=level, library=library)
-    entry = ctx.entry_base(engine)
+        store.index(sha, payload_bytes=payload_len, key=c.key, problem_id=p.id, num_tokens=c.num_tokens,
+                    model_sha256=c.model_sha256, manifest_sha256=m.compute_sha256, verified=verified,
+                    library=library)
+    entry = ctx.entry_base()
+    entry.update(c.engine)
     entry.update(
         inputs={
             "problems_file": {"path": ctx.rel(Path(report.input)), **digest(report.input_sha256)},
             "record": {**digest(p.record_sha256), "id": p.id, "line": p.line},
-            "token_ids": {**digest(ids_sha), "count": len(ids)},
+            "token_ids": {**digest(c.ids_sha256), "count": c.num_tokens},
             "settings": settings,
         },
         outputs={
             "artifact": {**digest(sha), "path": ctx.rel(store.object_path(sha))},
-            "logits": {**digest(logits_sha), "dtype": m.data["model"]["dtype"], "position": len(ids) - 1},
+            "logits": {**digest(c.logits_sha256), "dtype": m.data["model"]["dtype"], "position": c.num_tokens - 1},
         },
         verification={"status": verdict.status, "reason": verdict.reason, "extracted": verdict.extracted,
                       "reference": p.answer},
@@ -169,5 +234,39 @@ def deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositRe
     # artifact in its own ledger line, so deleting it could leave that line pointing at nothing.
     written = ledger.append(ctx.ledger, "deposit", entry, finalize=first_record,
                             after=lambda _: store.mark_recorded([sha]))
-    return DepositResult(p.id, p.line, written["status"], verdict.reason, verified, sha, len(ids),
-                         store.object_path(sha).stat().st_size, logits_sha, written["seq"])
+    return DepositResult(p.id, p.line, written["status"], verdict.reason, verified, sha, c.num_tokens,
+                         store.object_path(sha).stat().st_size, c.logits_sha256, written["seq"])
+
+
+def _object_here(store: Store, sha: str) -> None:
+    """Make sure the object a worker wrote is in this process's store folder (indexing reads its size): a remote
+    store's cache fetches it; a local folder that lacks it is not the one the workers wrote to."""
+    if store.object_path(sha).is_file():
+        return
+    fetch = getattr(store, "local_object", None)  # store.remote.RemoteStore: fetched into the cache
+    if fetch is not None:
+        fetch(sha)
+        return
+    raise StoreError(f"artifact {sha[:16]}... computed by a worker is not in the store at {store.root}",
+                     "with --ray-address every node must reach the store: an s3:// store, or a folder mounted at "
+                     "the same path on every node")
+
+
+def deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositReport, p: Problem, verdict,
+                recompute: bool, level: int, settings: dict, ids: list[int] | None = None) -> DepositResult:
+    """Prefill, store and record one problem (``report`` names the input file; ``ids``: its prefix's token ids,
+    when already made); the ledger entry or nothing."""
+    if ids is None:
+        ids = prefix_job(ctx, engine, p, where=report.input)
+    c = compute_deposit(ctx.manifest, engine, store, p, ids, recompute, level, engine_facts(ctx, engine))
+    return record_deposit(ctx, store, report, p, verdict, c, recompute, settings)
+
+
+# -- Ray worker jobs (runs.workers.ray runs them; each takes the worker and one item, returns plain data) -----------
+def ray_prefix_job(w, p: Problem, *, where: str) -> list[int]:
+    return prefix_job(w.ctx, w.engine, p, where=where)
+
+
+def ray_deposit_job(w, item: tuple[Problem, list[int]], *, recompute: bool, level: int) -> Computed:
+    p, ids = item
+    return compute_deposit(w.ctx.manifest, w.engine, w.store, p, ids, recompute, level, w.facts)

@@ -236,3 +236,22 @@ def _closed_port() -> int:
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def test_ray_sharded_deposit_into_s3_records_what_one_process_records(aws, deposited, tmp_path):
+    """Ray workers write their objects straight to the remote store; the driver (another cache folder, as on another
+    machine) indexes and records them: the same artifacts as the single-process deposit of the same file, and the
+    remote objects are byte-identical to that deposit's object files."""
+    pytest.importorskip("ray")
+    c, report = deposited
+    url = new_url(aws, "ray")
+    p = cli(aws, tmp_path, "driver", "deposit", str(EXAMPLES), "--store", url, "--ledger", str(tmp_path / "l.jsonl"),
+            "--ray", "--workers", "2", "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    sharded = [(r["id"], r["status"], r["artifact"]) for r in json.loads(p.stdout)["results"]]
+    local = [(r.id, r.status, r.artifact) for r in report.results]
+    assert sharded == local
+    for _, status, sha in local:
+        if status == "deposited":
+            assert remote_sha256(aws, url, object_rel(sha)) == sha256_file(c.store / object_rel(sha))
+    no_credentials_in(aws, p.stdout, p.stderr, (tmp_path / "l.jsonl").read_text())

@@ -66,5 +66,5 @@ def deposit(
     summary.add_row(str(tot["problems"]), str(tot["deposited"]), str(tot["existing"]), str(tot["skipped"]),
                     str(tot["tokens"]), human_bytes(tot["bytes"]))
     out.print(summary)
-    out.print(printable(f"store: {ctx.store}   ledger: {ctx.ledger}   manifest: {ctx.manifest.source}", False),
+    out.print(printable(f"store: {ctx.store_name}   ledger: {ctx.ledger}   manifest: {ctx.manifest.source}", False),
               markup=False, soft_wrap=True)

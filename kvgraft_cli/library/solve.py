@@ -12,6 +12,8 @@ deposited (problem + the model's own solution) as a verified library entry: next
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -146,7 +148,7 @@ def check_library(ctx: RunContext) -> None:
     """Refuse (before any model loads) a store whose library holds nothing under this manifest's compute pin."""
     with ctx.open_store(create=False) as store:
         if store.library_size(ctx.manifest.compute_sha256) == 0:
-            raise InputError(f"the library in {ctx.store} holds no verified solutions for this manifest's compute "
+            raise InputError(f"the library in {ctx.store_name} holds no verified solutions for this manifest's compute "
                              "pin", "deposit some first (`kvgraft deposit FILE.jsonl`), or run --no-library for "
                              "the baseline")
 
@@ -214,7 +216,7 @@ def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 
         # The workers' results come in input order as their shards finish (a worker reads the store: the library).
         solved = pool.map_ordered("solve", list(zip(problems, query_ids)), args,
                                   codec="auto" if store is not None else None) if pool is not None else None
-        deposits = DepositReport(str(problems_path), input_sha, str(ctx.store), str(ctx.ledger), m.source)
+        deposits = DepositReport(str(problems_path), input_sha, ctx.store_name, str(ctx.ledger), m.source)
         for p, ids in zip(problems, query_ids):
             if solved is not None:
                 s = next(solved)
@@ -359,7 +361,7 @@ def replay_solve(ctx: RunContext, pr, run: dict, get_engine) -> dict:
     if sha != run["input_sha256"]:
         return got
     s = run["settings"]
-    c = RunContext(with_mapping(ctx.manifest, s["mapping"]), ctx.store, ctx.ledger, ctx.allow_drift)
+    c = dataclasses.replace(ctx, manifest=with_mapping(ctx.manifest, s["mapping"]))
     min_score = float(s["min_score"]) if s.get("min_score") is not None else None
     result = solve(c, path, pr.resolve(run["outputs"]), k=s["k"], min_score=min_score, use_library=s["library"],
                    deposit_verified=s.get("deposit_verified", False), limit=s.get("limit"), force=True,

@@ -81,7 +81,7 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
         problems = problems[:limit]
     # A text no position limit could fit is refused by its length, before anything is tokenized or loaded.
     check_lengths(problems, problems_path, context_window(ctx.manifest.model_dir))
-    report = DepositReport(str(problems_path), sha256_file(problems_path), str(ctx.store), str(ctx.ledger),
+    report = DepositReport(str(problems_path), sha256_file(problems_path), ctx.store_name, str(ctx.ledger),
                            ctx.manifest.source)
     plan: list[tuple[Problem, object]] = []
     for p in problems:

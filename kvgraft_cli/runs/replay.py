@@ -9,6 +9,8 @@ library's ``solve`` runner, so this module never imports the library.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import os
@@ -218,7 +220,7 @@ def _run_deposit(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str
     if sha != run["input_sha256"]:
         return got
     s = run["settings"]
-    c = RunContext(with_mapping(ctx.manifest, s["mapping"]), ctx.store, ctx.ledger, ctx.allow_drift)
+    c = dataclasses.replace(ctx, manifest=with_mapping(ctx.manifest, s["mapping"]))
     # recompute: a replay prefills again even when the store already holds the prefix (and fails on other bytes).
     rep = deposit(c, path, limit=s["limit"], allow_unverified=s["allow_unverified"], engine=get_engine(),
                   recompute=True)
@@ -245,7 +247,7 @@ def _run_score(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str, 
     if osha != run["outputs_sha256"] or asha != run["answers_sha256"]:
         return got
     s = run["settings"]
-    c = RunContext(with_mapping(ctx.manifest, s["mapping"]), ctx.store, ctx.ledger, ctx.allow_drift)
+    c = dataclasses.replace(ctx, manifest=with_mapping(ctx.manifest, s["mapping"]))
     # One records file per prereg and run: a later prereg never overwrites the records an earlier entry hashed.
     records = ctx.store / "replay" / f"{pr.sha256[:16]}-{run['id']}.scores.jsonl"
     # The score rules, extractor and grader the registered run used (a prereg without them: rules 1, extractor 2).

@@ -17,7 +17,7 @@ import pytest
 from conftest import run_cli
 from kvgraft_cli.config.manifest import with_overrides
 from kvgraft_cli.config.profiles import environ_without_pins
-from kvgraft_cli.errors import ArtifactError, InputError, IntegrityError
+from kvgraft_cli.errors import ArtifactError, CheckFailed, InputError, IntegrityError
 from kvgraft_cli.ledger import log as ledger
 from kvgraft_cli.ledger.checkpoint import generate_key
 from kvgraft_cli.runs.bundle import export_bundle, import_bundle
@@ -400,7 +400,7 @@ def test_another_compute_pin_is_refused_unless_kept_for_later(good, tmp_path):
     assert all(a["foreign"] for a in report.artifacts) and report.artifacts
     run_cli("verify", str(base.ledger), "--full", "--require-files", cwd=tmp_path, check_rc=0)
     with base.open_store(create=False) as s:  # kept under its own pin: this manifest's runs find none of it
-        assert s.library_size(base.manifest.compute_sha256) == 0 and s.library_size() == len(report.artifacts)
+        assert s.library_size(base.manifest.compute_sha256) == 0 and s.library_size() == 0  # not checkable here
 
 
 def ctx_manifest():
@@ -432,3 +432,193 @@ def test_ledger_log_summarizes_an_import(receiver, tmp_path):
     rows = json.loads(r.stdout)
     rows = rows["entries"] if isinstance(rows, dict) else rows
     assert [row["summary"] for row in rows] == ["bundle one.kvgb: 1 imported, 0 already stored, 0 of another pin"]
+
+
+# -- review fixes: what a signed bundle's listing may not claim on the sender's word ---------------------------------
+
+@pytest.fixture(scope="module")
+def mixed(engine, tmp_path_factory) -> RunContext:
+    """The examples deposited with --allow-unverified: wrong-1 (status wrong) and noref-1 (unverifiable) are stored
+    and recorded, unverified, beside the verified ones."""
+    from conftest import EXAMPLES
+    from kvgraft_cli.runs.deposit import deposit
+
+    d = tmp_path_factory.mktemp("mixed")
+    c = RunContext.make(engine.manifest, d / "store", d / "ledger.jsonl")
+    report = deposit(c, EXAMPLES, engine=engine, allow_unverified=True)
+    assert {r.id for r in report.results if not r.verified} >= {"wrong-1", "noref-1"}
+    return c
+
+
+@pytest.fixture(scope="module")
+def signer():
+    return generate_key("sender")
+
+
+def signed_bundle(source: RunContext, refs: list[str], path: Path, signer) -> Path:
+    export_bundle(source, refs, path, key=signer[0])
+    return path
+
+
+def row_of(lst: dict, problem_id: str) -> dict:
+    return next(a for a in lst["artifacts"] if any(e["problem_id"] == problem_id for e in a["entries"]))
+
+
+def _swap_rows(lst: dict) -> str:
+    """(A) sum-1's and gcd-1's library texts swapped (both answer 42, so the answers still verify): an exact hit
+    for one problem would graft the other's artifact."""
+    a, b = row_of(lst, "sum-1"), row_of(lst, "gcd-1")
+    for k in ("problem", "solution", "answer", "problem_key"):  # same pin: each problem_key stays its text's key
+        a["library"][k], b["library"][k] = b["library"][k], a["library"][k]
+    return min((a, b), key=lambda r: r["sha256"])["path"]
+
+
+def _respace_row(lst: dict) -> str:
+    """gcd-1's problem text with a doubled space: the same problem_key (white space is normalized), still verified,
+    but not the text its artifact's tokens hold."""
+    a = row_of(lst, "gcd-1")
+    a["library"]["problem"] = a["library"]["problem"].replace(" common ", "  common ")
+    return a["path"]
+
+
+def _reanswer_row(lst: dict) -> str:
+    """gcd-1's library answer changed to one its solution still matches in form, but not the deposit's reference."""
+    a = row_of(lst, "gcd-1")
+    a["library"]["answer"] = "42.0"
+    return a["path"]
+
+
+def _rename_entry(lst: dict) -> str:
+    """gcd-1's index row (and library row) renamed sum-1: `graft sum-1` would resolve to gcd-1's artifact."""
+    a = row_of(lst, "gcd-1")
+    a["entries"][0]["problem_id"] = a["library"]["problem_id"] = "sum-1"
+    return a["path"]
+
+
+@pytest.mark.parametrize("edit,says", [(_swap_rows, "tokenize"), (_respace_row, "tokenize"),
+                                       (_reanswer_row, "reference answer"), (_rename_entry, "record id")])
+def test_a_signed_bundle_cannot_rebind_library_texts_or_ids(source, receiver, tmp_path, signer, edit, says):
+    """Only the listing is edited: checkpoint, provenance lines and objects are the signed sender's own."""
+    items = members(signed_bundle(source, ["sum-1", "gcd-1"], tmp_path / "s.kvgb", signer))
+    lst = listing(items)
+    name = edit(lst)
+    relist(items, lst)
+    msg = refuses(receiver, write(tmp_path / "e.kvgb", items), ArtifactError, name, keys=[signer[1]])
+    assert says in msg
+
+
+def _flip(pid: str, add_row: bool):
+    def edit(lst: dict) -> str:
+        from kvgraft_cli.eval.problems import normalize_key
+        from kvgraft_cli.store.local import problem_key
+
+        a = row_of(lst, pid)
+        a["entries"][0]["verified"] = True
+        if add_row:
+            problem = "What is $9 \\cdot 8$?" if pid == "wrong-1" else "x"
+            a["library"] = {"problem_id": pid, "problem_key": problem_key(a["manifest_sha256"], normalize_key(problem)),
+                            "problem": problem, "solution": "Nine eights are $\\boxed{81}$.", "answer": "81"}
+        return a["path"]
+    return edit
+
+
+@pytest.mark.parametrize("pid,add_row,status", [("wrong-1", False, "wrong"), ("wrong-1", True, "wrong"),
+                                                ("noref-1", True, "unverifiable")])
+def test_a_signed_bundle_cannot_mark_an_unverified_deposit_verified(mixed, ctx, tmp_path, signer, pid, add_row,
+                                                                    status):
+    items = members(signed_bundle(mixed, ["wrong-1", "noref-1", "sum-1"], tmp_path / "m.kvgb", signer))
+    lst = listing(items)
+    assert not row_of(lst, pid)["entries"][0]["verified"] and row_of(lst, pid)["library"] is None
+    name = _flip(pid, add_row)(lst)
+    relist(items, lst)
+    msg = refuses(ctx, write(tmp_path / "f.kvgb", items), ArtifactError, name, keys=[signer[1]])
+    assert f"status {status!r}" in msg
+    # Unedited, the same bundle imports: the unverified deposits stay unverified and out of the library.
+    report = import_bundle(ctx, tmp_path / "m.kvgb", keys=[signer[1]])
+    assert {a["problem_ids"][0]: a["verified"] for a in report.artifacts} == \
+        {"wrong-1": False, "noref-1": False, "sum-1": True}
+    with ctx.open_store(create=False) as s:
+        assert s.stats()["library_entries"] == 1 and s.stats()["verified_entries"] == 1
+
+
+def test_an_import_line_carries_verification_to_the_next_export(source, ctx, tmp_path, signer):
+    """A re-export from the receiving store is backed by its import line: verified roots keep their library rows,
+    and the same edits are refused there too."""
+    import_bundle(ctx, signed_bundle(source, ["sum-1", "gcd-1"], tmp_path / "s.kvgb", signer), keys=[signer[1]])
+    again = tmp_path / "again.kvgb"
+    export_bundle(ctx, [], again, key=signer[0])
+    lst = listing(members(again))
+    assert all(a["library"] and a["entries"][0]["verified"] for a in lst["artifacts"]) and len(lst["artifacts"]) == 2
+    third = RunContext.make(ctx.manifest, tmp_path / "third", tmp_path / "third.jsonl")
+    report = import_bundle(third, again, keys=[signer[1]])
+    assert all(a["verified"] for a in report.artifacts)
+    with third.open_store(create=False) as s:
+        assert s.stats()["library_entries"] == 2
+    items = members(again)
+    lst = listing(items)
+    name = _swap_rows(lst)
+    relist(items, lst)
+    assert "tokenize" in refuses(third, write(tmp_path / "e.kvgb", items), ArtifactError, name, keys=[signer[1]])
+
+
+def test_foreign_artifacts_are_kept_without_library_rows(good, tmp_path):
+    base = RunContext.make(with_overrides(ctx_manifest(), {"runtime.seed": 1}), tmp_path / "s", tmp_path / "l.jsonl")
+    report = import_bundle(base, good, keep_foreign=True)
+    assert report.artifacts and all(a["foreign"] and a["library"] == "not imported (another pin)"
+                                    for a in report.artifacts)
+    with base.open_store(create=False) as s:
+        assert s.library_size() == 0
+
+
+def test_two_artifacts_under_one_index_key_are_refused_naming_both(source, ctx, tmp_path):
+    """Same pin and tokens, different bytes (a perturbed copy of gcd-1, recorded by a line of the sender's ledger):
+    the later one must not silently win."""
+    import shutil
+
+    from kvgraft_cli.artifacts import format as kvg
+    from kvgraft_cli.store.local import Store
+
+    c = RunContext.make(source.manifest, tmp_path / "s", tmp_path / "l.jsonl")
+    shutil.copytree(source.store, c.store)
+    shutil.copy(source.ledger, c.ledger)
+    with Store(c.store) as s:
+        orig = s.resolve("gcd-1")
+        _, art = s.load(orig, remember=False)
+        layers = [fmt_layer if fmt_layer.kind == "empty" else
+                  type(fmt_layer)(fmt_layer.kind, fmt_layer.keys + (1e-3 if i == 0 else 0), fmt_layer.values,
+                                  fmt_layer.sliding_window, fmt_layer.cumulative_length)
+                  for i, fmt_layer in enumerate(art.layers)]
+        payload = kvg.encode(art.token_ids, layers, art.meta)
+        twin = hashlib.sha256(payload).hexdigest()
+        assert twin != orig
+        s.put_object(twin, payload)
+    ledger.append(c.ledger, "solve", {"inputs": {"library": {"chain": [twin], "new_links": []}}})
+    path = tmp_path / "twins.kvgb"
+    export_bundle(c, [orig, twin], path)
+    items = members(path)
+    lst = listing(items)
+    a, b = (next(r for r in lst["artifacts"] if r["sha256"] == x) for x in (orig, twin))
+    b["entries"] = [dict(a["entries"][0])]
+    relist(items, lst)
+    msg = refuses(ctx, write(tmp_path / "t.kvgb", items), CheckFailed, min(a["path"], b["path"]))
+    assert repr(max(a["path"], b["path"])) in msg and "same index key" in msg
+
+
+def test_a_negative_pax_size_is_named_as_such(receiver, good, tmp_path):
+    items = members(good)
+    name = first_object(items)
+    path = tmp_path / "n.kvgb"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in items:
+            if info.name == name:
+                info.pax_headers = {"size": "-512"}
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    msg = refuses(receiver, path, ArtifactError, name)
+    assert "negative size" in msg and "holds -512" not in msg
+
+
+def test_export_says_one_ledger_line_in_the_singular(source, tmp_path):
+    r = run_cli("store", "export", "gcd-1", "-o", str(tmp_path / "one.kvgb"), "--store", str(source.store),
+                "--ledger", str(source.ledger), cwd=tmp_path, check_rc=0)
+    assert "provenance: 1 ledger line," in r.stdout and "1 ledger lines" not in r.stdout, r.stdout

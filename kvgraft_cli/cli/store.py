@@ -191,22 +191,22 @@ def export(
     """Write artifacts as one bundle (docs/BUNDLE.md): the object files byte for byte, their index rows, and the
     ledger lines that recorded them with RFC 6962 inclusion proofs against a checkpoint of this ledger. Exporting the
     same things from the same ledger twice gives the same bytes. Reads only: nothing is appended."""
-    from ..runs.bundle import export_bundle
+    from ..runs.bundle import export_bundle, plural
 
     ctx = context(manifest, store, ledger, False)
     report = export_bundle(ctx, refs or [], output, key=key, origin=origin)
     if as_json:
         print_json(report.to_json())
         return
-    t = table(f"bundle {report.bundle}: {len(report.artifacts)} artifacts, {human_bytes(report.bytes)}, sha256 "
-              f"{report.sha256}", ("artifact", "problem ids", "bytes", "recorded by line"), right=("bytes",))
+    t = table(f"bundle {report.bundle}: {plural(len(report.artifacts), 'artifact')}, {human_bytes(report.bytes)}, "
+              f"sha256 {report.sha256}", ("artifact", "problem ids", "bytes", "recorded by line"), right=("bytes",))
     for a in report.artifacts:
         t.add_row(short(a["sha256"]), cell(", ".join(a["problem_ids"])), human_bytes(a["file_bytes"]),
                   str(a["recorded_by"] + 1))
     out.print(t)
     cp = report.checkpoint
-    out.print(f"provenance: {len(report.lines)} ledger lines, proved against checkpoint {cp['origin']} @ "
-              f"{cp['size']} lines, root {cp['root']}" + (" (signed)" if cp["signed"] else ""),
+    out.print(f"provenance: {plural(len(report.lines), 'ledger line')}, proved against checkpoint {cp['origin']} @ "
+              f"{plural(cp['size'], 'line')}, root {cp['root']}" + (" (signed)" if cp["signed"] else ""),
               markup=False, soft_wrap=True)
 
 
@@ -225,7 +225,7 @@ def import_(
     """Check a bundle completely (member types and names, sizes, every object re-hashed, the checkpoint and every
     inclusion proof, the compute pin, the index keys), then add its artifacts to the store byte for byte and append
     one `import` ledger entry naming them. Any refusal names the bundle entry and writes nothing."""
-    from ..runs.bundle import import_bundle
+    from ..runs.bundle import import_bundle, plural
 
     ctx = context(manifest, store, ledger, False)
     report = import_bundle(ctx, bundle, keys=key, keep_foreign=keep_foreign)
@@ -239,6 +239,6 @@ def import_(
     out.print(t)
     cp = report.checkpoint
     signed = f", signed by {', '.join(cp['signed_by'])}" if cp["signed_by"] else ", signature not checked (no --key)"
-    out.print(f"provenance: every proof holds against checkpoint {cp['origin']} @ {cp['size']} lines, root "
+    out.print(f"provenance: every proof holds against checkpoint {cp['origin']} @ {plural(cp['size'], 'line')}, root "
               f"{cp['root']}{signed}; recorded as ledger line {report.ledger_seq + 1} of {report.ledger}",
               markup=False, soft_wrap=True)

@@ -161,6 +161,7 @@ class Staged:
     objects: dict[str, Path] = field(default_factory=dict)  # identity -> staged object file
     checkpoint: bytes = b""
     lines: bytes = b""
+    provenance: dict[int, dict] = field(default_factory=dict)  # seq -> parsed provenance line (runs/bundle.py)
 
     @property
     def artifacts(self) -> list[dict]:
@@ -253,6 +254,8 @@ def _check_member(m: tarfile.TarInfo, source: str) -> None:
         what = _TYPES.get(m.type, f"of tar type {m.type!r}")
         link = f" to {m.linkname!r}" if m.issym() or m.islnk() else ""
         raise ArtifactError(f"{source}: entry {name!r} is {what}{link}; a bundle holds regular files only", _HINT)
+    if m.size < 0:  # a pax "size" record may say anything
+        raise ArtifactError(f"{source}: entry {name!r} declares a negative size ({m.size:,} bytes)", _HINT)
 
 
 def _read_small(tar: tarfile.TarFile, m: tarfile.TarInfo, limit: int, source: str) -> bytes:

@@ -90,3 +90,24 @@ def test_store_resolves_ids_prefixes_and_latest(deposited):
         assert s.resolve("lin-1") == art["lin-1"]
         assert s.resolve(art["lin-1"][:10]) == art["lin-1"]
         assert s.resolve(None) == art["gcd-1"]  # the last one deposited
+
+
+def test_an_index_row_pointing_a_prefix_at_another_artifact_is_refused(ctx, engine):
+    """The index is only a label: when a re-deposit finds its prefix already indexed, the stored artifact must hold
+    exactly that prefix, or the ledger line would say these tokens made another artifact."""
+    import sqlite3
+
+    import pytest
+
+    from kvgraft_cli.errors import IntegrityError
+
+    first = deposit(ctx, EXAMPLES, engine=engine, limit=2)
+    a, b = [r for r in first.results if r.artifact][:2]
+    db = sqlite3.connect(ctx.store / "index.sqlite")
+    with db:
+        db.execute("UPDATE entries SET artifact = ? WHERE artifact = ?", (b.artifact, a.artifact))
+    db.close()
+    before = ctx.ledger.read_bytes()
+    with pytest.raises(IntegrityError, match=f"index names artifact {b.artifact[:16]}"):
+        deposit(ctx, EXAMPLES, engine=engine, limit=1)
+    assert ctx.ledger.read_bytes() == before

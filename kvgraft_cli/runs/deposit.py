@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable
 from ..artifacts import format as kvg
 from ..ledger import log as ledger
 from ..engine.engine import Engine, load_engine, tensor_sha256, token_ids_sha256
-from ..errors import CheckFailed, StoreError
+from ..errors import CheckFailed, IntegrityError, StoreError
 from ..util.hashing import digest, sha256_bytes, sha256_file
 from ..config.modelhash import context_window
 from ..eval.problems import Problem, check_lengths, normalize_key, read_problems, verify_solution
@@ -159,8 +159,15 @@ def compute_deposit(m, engine: Engine, store: Store, p: Problem, ids: list[int],
     key = prefix_key(m.compute_sha256, ids_sha)
     existing = store.lookup_key(key)
     if existing and store.has_object(existing.artifact) and not recompute:
-        # Already stored under this pin: re-hash the stored object rather than trusting the index.
+        # Already stored under this pin: re-hash the stored object rather than trusting the index, and check it
+        # holds exactly this prefix (an index row is only a label: a remote batch or an edited index could point
+        # this key at another artifact, and the ledger line would then say these tokens made it).
         _, art = store.load(existing.artifact)
+        if art.token_ids != ids or art.parent is not None or art.meta.get("manifest_sha256") != m.compute_sha256:
+            raise IntegrityError(
+                f"{p.id}: the store's index names artifact {existing.artifact[:16]}... for this prefix, but that "
+                "artifact holds other tokens or another compute pin: the index row was altered",
+                "deposit with --recompute into a store whose index you trust; for a remote store see docs/REMOTE.md")
         return Computed(key, ids_sha, len(ids), existing.artifact, art.meta["logits_sha256"], None,
                         engine.hashes.model_sha256, facts)
     cache, last = engine.prefill(ids)

@@ -197,3 +197,17 @@ def test_the_core_never_imports_ray(tmp_path):
     r = run("deposit", str(EXAMPLES), "--ray")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.splitlines()[0] == "Error: --ray needs Ray, which is not installed here. Hint: pip install 'kvgraft[ray]'."
+
+
+def test_an_address_where_nothing_listens_is_one_error_in_seconds(tmp_path):
+    """ray.init would retry for minutes printing Ray's own warnings; kvgraft probes a HOST:PORT address first."""
+    import socket
+
+    with socket.socket() as s:  # a free loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = run_cli("deposit", str(EXAMPLES), "--ray-address", f"127.0.0.1:{port}", "--store", str(tmp_path / "st"),
+                "--ledger", str(tmp_path / "l.jsonl"), cwd=tmp_path, check_rc=2)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: cannot join the Ray cluster at 127.0.0.1:{port}"), p.stderr
+    assert not (tmp_path / "st").exists() and not (tmp_path / "l.jsonl").exists()

@@ -104,6 +104,8 @@ class RayPool:
         runtime = self.ctx.manifest.data["runtime"]
         debug = os.environ.get("KVGRAFT_DEBUG") == "1"
         if not ray.is_initialized():
+            if self.address:
+                check_reachable(self.address)
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats notice on stderr
             _driver_output_to_stderr(debug)
             try:
@@ -212,6 +214,24 @@ class RayPool:
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise KvgraftError(f"{WHERE}: Ray failed: {type(e).__name__}: {first[:300]}",
                                "re-run with KVGRAFT_DEBUG=1 to see the workers' logs") from None
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse, in seconds, a cluster address where nothing listens: ray.init would retry for minutes, printing its
+    own C++ warnings. Only HOST:PORT forms (with or without ray://) are probed; "auto" and the like go to Ray."""
+    import socket
+
+    hostport = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise InputError(f"cannot join the Ray cluster at {address}: nothing answers there "
+                         f"({os.strerror(e.errno) if e.errno else type(e).__name__})",
+                         "check the address (`ray status` on the cluster's head node prints it), or run without "
+                         "--ray-address for a local instance") from None
 
 
 def _driver_output_to_stderr(debug: bool) -> None:

@@ -160,7 +160,7 @@ def _run(manifest, args, tmp: Path) -> None:
                                          str(tmp / f"a.{codecs[0]}.kvg"), sha], check=True, capture_output=True,
                                         text=True).stdout)
         print(f"\n{dtype}, {n} tokens, payload {size / 1e6:.1f} MB")
-        print(f"peak RSS of a graft ({codecs[0]}: open_file + restore + 16-token query), above the loaded model: "
+        print(f"peak RSS of a graft ({codecs[0]}: as `kvgraft graft -n 16`), above the loaded model: "
               f"{rss['peak_above_model'] / 1e6:.1f} MB = {rss['peak_above_model'] / size:.2f}x the payload")
         print(f"{'':44} {'seconds':>9} {'GB/s':>7} {'x memcpy':>9} {'x sha256':>9}")
         for name, t, note in rows:
@@ -180,10 +180,16 @@ def _run(manifest, args, tmp: Path) -> None:
 
 
 def _rss_child(manifest_path: str, kvg_path: str, sha: str) -> None:
-    """In a fresh process: load the engine, reset the peak-RSS mark, graft once, print how far the peak rose."""
+    """In a fresh process: load the engine, reset the peak-RSS mark, graft once as `kvgraft graft` does (open the
+    file re-hashed, restore, release the artifact to the cache, a query and 16 decode tokens, one ledger line),
+    print how far the peak rose."""
+    import tempfile
+
     from kvgraft_cli.artifacts import format as kvg
     from kvgraft_cli.config.manifest import load_manifest
     from kvgraft_cli.engine.engine import load_engine
+    from kvgraft_cli.runs.context import RunContext
+    from kvgraft_cli.runs.graft import Loaded, graft_generate
 
     def status(key: str) -> int:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -192,13 +198,13 @@ def _rss_child(manifest_path: str, kvg_path: str, sha: str) -> None:
         raise KeyError(key)
 
     eng = load_engine(load_manifest(Path(manifest_path)))
+    tmp = Path(tempfile.mkdtemp())
+    ctx = RunContext.make(eng.manifest, tmp / "store", tmp / "ledger.jsonl")
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     base = status("VmRSS")
-    _, art = kvg.open_file(Path(kvg_path), expected_sha256=sha)
-    cache = eng.restore(art.layers)
-    eng.forward(cache, list(range(3, 19)))
+    loaded = Loaded(*kvg.open_file(Path(kvg_path), expected_sha256=sha), kvg_path)
+    graft_generate(ctx, eng, loaded, "What is the final answer?", 16)
     print(json.dumps({"peak_above_model": status("VmHWM") - base}))
-
 
 if __name__ == "__main__":
     main()

@@ -194,3 +194,29 @@ def test_grafting_never_writes_into_the_artifact_it_restored(deposited, engine):
     after = [tensor_sha256(t) for st in art.layers for t in (st.keys, st.values) if t is not None]
     assert after == before
     assert torch.equal(engine.forward(engine.restore(art.layers), query), logits1)
+
+
+def test_a_graft_hands_the_artifact_to_its_cache_alone(deposited, engine):
+    """`graft` opens its artifact without remembering it (a process that restores once keeps no second copy) and,
+    once the cache holds the tensors, drops its own references (Loaded.release), so the cache's first update frees
+    each old layer as it goes: the artifact's tensors end up referenced by nothing but the cache, and the graft is
+    unchanged (the same generated ids as a graft that keeps the artifact)."""
+    import sys
+
+    from kvgraft_cli.runs.graft import graft_generate, open_artifact
+    from kvgraft_cli.store.local import VERIFIED
+
+    ctx, report = deposited
+    sha = next(r.artifact for r in report.results if r.artifact)
+    VERIFIED.clear()
+    loaded = open_artifact(ctx, sha)
+    assert VERIFIED.get(sha) is None
+    keys = loaded.artifact.layers[0].keys
+    tokens = list(loaded.token_ids)
+    kept = engine.restore(loaded.artifact.layers)
+    before = sys.getrefcount(keys)
+    first = graft_generate(ctx, engine, loaded, "What is 2 + 2?", 4)
+    assert loaded.token_ids == tokens and loaded.artifact.layers == []
+    assert sys.getrefcount(keys) == before - 1  # the Loaded's reference is gone; ours and `kept`'s remain
+    logits = engine.forward(kept, engine.encode(ctx.manifest.data["prompt"]["query"].format(query="What is 2 + 2?")))
+    assert engine.greedy(kept, logits[-1], 4, stop_at_eos=True)[0] == first.generated_ids

@@ -53,6 +53,14 @@ class Loaded:
     def artifacts(self) -> list[kvg.Artifact]:
         return [a for _, a in self.chain]
 
+    def release(self) -> None:
+        """Drop this object's references to the artifacts' tensors (token ids and metadata stay), once a cache
+        holds them: the cache is then their only owner, and its first update (a concatenation, layer by layer)
+        frees each old layer as it goes, so a graft's peak memory is one copy of the KV, not two. The artifacts
+        themselves are left untouched (another holder, such as the verified LRU, keeps them whole)."""
+        self.chain = [(sha, kvg.Artifact(a.token_ids, [], a.meta)) for sha, a in self.chain]
+        self.artifact = self.chain[-1][1]
+
     @property
     def token_ids(self) -> list[int]:
         """Every token of the chain, root first: the prefix the grafted cache holds."""
@@ -70,13 +78,15 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
         if art.parent is None:
             return Loaded(sha, art, ref, identity=identity)
         with ctx.open_store(create=False) as store:  # a link's parents come from the store
-            parents = store.load_chain(art.parent)
+            parents = store.load_chain(art.parent, remember=False)
         chain = parents + [(sha, art)]
         check_chain(chain, ref)
         return Loaded(sha, art, ref, chain, identity=identity)
     with ctx.open_store(create=False) as store:
         sha = store.resolve(ref, ctx.manifest.compute_sha256)
-        chain = store.load_chain(sha)
+        # Not remembered: graft, probe and replay hold the Loaded artifact as long as they need it; a graft then
+        # hands its tensors to the cache alone (Loaded.release).
+        chain = store.load_chain(sha, remember=False)
         return Loaded(sha, chain[-1][1], str(store.object_path(sha)), chain)
 
 
@@ -132,6 +142,7 @@ def graft_generate(ctx: RunContext, engine: Engine, ref: Loaded | str | None, qu
         raise InputError(f"--query: {len(loaded.token_ids):,} prefix tokens + {len(suffix):,} query tokens exceed the "
                          f"model's {limit:,} positions", "shorten the query")
     cache = engine.restore_chain(loaded.artifacts)
+    loaded.release()
     logits = engine.forward(cache, suffix)
     gen, steps = engine.greedy(cache, logits[-1], max_new_tokens, stop_at_eos=True)
     entry = ctx.entry_base(engine)

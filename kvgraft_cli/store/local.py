@@ -316,12 +316,13 @@ class Store:
     def _is_problem_id(self, ref: str) -> bool:
         return self._db.execute("SELECT 1 FROM entries WHERE problem_id = ? LIMIT 1", (ref,)).fetchone() is not None
 
-    def load(self, sha256: str) -> tuple[str, kvg.Artifact]:
-        """(identity, artifact) of an object, read and re-hashed against its identity (kvg.open_file). The verified
-        artifact stays in this process's memory (:data:`VERIFIED`, LRU within ``KVGRAFT_VERIFIED_CACHE`` bytes,
-        default 1 GiB; 0 turns it off), so an artifact grafted again (`solve` over a library, `graft --check`) is
-        neither read nor hashed again. Its tensors are shared: nobody writes to them (engine.restore shares them
-        with the cache, whose updates only ever concatenate into new tensors)."""
+    def load(self, sha256: str, remember: bool = True) -> tuple[str, kvg.Artifact]:
+        """(identity, artifact) of an object, read and re-hashed against its identity (kvg.open_file). With
+        ``remember`` the verified artifact stays in this process's memory (:data:`VERIFIED`, LRU within
+        ``KVGRAFT_VERIFIED_CACHE`` bytes, default 1 GiB; 0 turns it off), so an artifact grafted again (`solve` over
+        a library) is neither read nor hashed again; a process that restores it once (`graft`) does not remember
+        it, so its memory is the cache's alone. Its tensors are shared: nobody writes to them (engine.restore
+        shares them with the cache, whose updates only ever concatenate into new tensors)."""
         hit = VERIFIED.get(sha256)
         if hit is not None:
             return hit
@@ -329,18 +330,19 @@ class Store:
         if not path.is_file():
             raise ArtifactError(f"artifact {sha256[:16]}... is not in store {self.root} (no {path})")
         loaded = kvg.open_file(path, expected_sha256=sha256)
-        VERIFIED.put(sha256, loaded)
+        if remember:
+            VERIFIED.put(sha256, loaded)
         return loaded
 
-    def load_chain(self, sha256: str, max_links: int = 256) -> list[tuple[str, kvg.Artifact]]:
-        """An artifact and the parents it continues, root first, each re-hashed; refuses a broken chain (a missing
-        parent, a link that does not start where its parent chain ends)."""
+    def load_chain(self, sha256: str, max_links: int = 256, remember: bool = True) -> list[tuple[str, kvg.Artifact]]:
+        """An artifact and the parents it continues, root first, each re-hashed (``remember``: as :meth:`load`);
+        refuses a broken chain (a missing parent, a link that does not start where its parent chain ends)."""
         links: list[tuple[str, kvg.Artifact]] = []
         sha: str | None = sha256
         while sha is not None:
             if len(links) >= max_links:
                 raise ArtifactError(f"artifact {sha256[:16]}...: chain longer than {max_links} links")
-            _, art = self.load(sha)
+            _, art = self.load(sha, remember)
             links.append((sha, art))
             sha = art.parent
         links.reverse()

@@ -237,14 +237,14 @@ class RemoteStore(Store):
             self.fetch(sha256, path)
         return path
 
-    def load(self, sha256: str) -> tuple[str, kvg.Artifact]:
+    def load(self, sha256: str, remember: bool = True) -> tuple[str, kvg.Artifact]:
         """As :meth:`Store.load`; an object the cache lacks is fetched first, re-hashed while it is read, and kept
         only when it matches its identity."""
         hit = VERIFIED.get(sha256)
         if hit is not None:
             return hit
         if super().has_object(sha256):
-            return super().load(sha256)
+            return super().load(sha256, remember)
         if not HEX64.match(sha256):
             raise ArtifactError(f"not an artifact identity: {sha256!r}")
         tmp = self._download(sha256)
@@ -257,7 +257,8 @@ class RemoteStore(Store):
             tmp.unlink(missing_ok=True)
             raise
         os.replace(tmp, self.object_path(sha256))
-        VERIFIED.put(sha256, loaded)
+        if remember:
+            VERIFIED.put(sha256, loaded)
         return loaded
 
     def fetch(self, sha256: str, dest: Path) -> int:

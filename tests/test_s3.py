@@ -255,3 +255,194 @@ def test_ray_sharded_deposit_into_s3_records_what_one_process_records(aws, depos
         if status == "deposited":
             assert remote_sha256(aws, url, object_rel(sha)) == sha256_file(c.store / object_rel(sha))
     no_credentials_in(aws, p.stdout, p.stderr, (tmp_path / "l.jsonl").read_text())
+
+
+# -- the review's findings: a bucket writer cannot redirect, hide or break what readers see ----------------------
+
+def push_all(c, url: str, cache: Path) -> None:
+    """The deposited session store, pushed to ``url`` (its objects and one honest index batch)."""
+    from kvgraft_cli.store import sync
+    from kvgraft_cli.store.local import Store
+    from kvgraft_cli.store.remote import RemoteStore
+
+    with Store(c.store, create=False) as local, RemoteStore(url, cache=cache) as remote:
+        sync.push(local, remote)
+
+
+def batch_name(tag: str, ahead: timedelta = timedelta(0)) -> str:
+    """An index batch name as a writer whose clock reads now + ``ahead`` would choose it."""
+    return (datetime.now(timezone.utc) + ahead).strftime("%Y%m%dT%H%M%S.%fZ") + f"-{tag}.jsonl"
+
+
+def put_batch(server, url: str, name: str, body: bytes | list[dict]) -> None:
+    """Write an index batch straight to the bucket, as any writer of the bucket (not kvgraft) could."""
+    if isinstance(body, list):
+        body = b"".join(json.dumps(r).encode() + b"\n" for r in body)
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    server.client().put_object(Bucket=bucket, Key=f"{prefix}/index/{name}", Body=body)
+
+
+def test_a_batch_cannot_redirect_a_key_or_rewrite_a_row_already_merged(aws, deposited, tmp_path):
+    """A later batch naming an existing prefix key with another artifact (or restating an artifact or library row
+    differently) is skipped and counted; the first row stands, so `sum-1` still names sum-1's artifact."""
+    from kvgraft_cli.store.local import Store
+    from kvgraft_cli.store.remote import RemoteStore, export_rows
+
+    c, _ = deposited
+    url = new_url(aws, "liar")
+    push_all(c, url, tmp_path / "w")
+    with Store(c.store, create=False) as local:
+        by_id = {e.problem_id: e for e in local.entries()}
+        honest, other = by_id["sum-1"], by_id["gcd-1"]
+        rows = export_rows(local, [honest.artifact, other.artifact])
+    entry = next(r for r in rows if r["t"] == "entry" and r["key"] == honest.key)
+    art = next(r for r in rows if r["t"] == "artifact" and r["sha256"] == other.artifact)
+    lib = next(r for r in rows if r["t"] == "library" and r["artifact"] == honest.artifact)
+    lies = [{**entry},  # an honest restatement: identical, no conflict
+            {**entry, "artifact": other.artifact},  # sum-1's prefix -> gcd-1's artifact
+            {**art, "num_tokens": art["num_tokens"] + 1, "manifest_sha256": "0" * 64},
+            {**lib, "solution": "The answer is 41."}]
+    put_batch(aws, url, batch_name("liar"), lies)
+
+    with RemoteStore(url, cache=tmp_path / "fresh", create=False) as fresh:
+        assert fresh.resolve("sum-1", c.manifest.compute_sha256) == honest.artifact
+        assert fresh.lookup_key(honest.key).artifact == honest.artifact
+        a = fresh._db.execute("SELECT num_tokens, manifest_sha256 FROM artifacts WHERE sha256 = ?",
+                              (other.artifact,)).fetchone()
+        assert a == (art["num_tokens"], art["manifest_sha256"])
+        (solution,) = fresh._db.execute("SELECT solution FROM library WHERE artifact = ?",
+                                        (honest.artifact,)).fetchone()
+        assert solution == lib["solution"]
+        assert [(x["batch"].endswith("-liar.jsonl"), x["rows"]) for x in fresh.conflicts] == [(True, 3)]
+
+    # As `kvgraft graft sum-1 --store URL` would pick it: the CLI resolves sum-1 to its own artifact, and says
+    # (once, on stderr) that a batch's rows were refused; --json carries the count.
+    p = cli(aws, tmp_path, "fresh2", "inspect", "sum-1", "--store", url, "--hash", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["sha256"] == honest.artifact
+    s = cli(aws, tmp_path, "fresh2", "store", "stats", "--store", url, "--json")
+    assert s.returncode == 0, s.stderr
+    assert [x["rows"] for x in json.loads(s.stdout)["conflicting_rows"]] == [3]
+    assert s.stderr.count("warning:") == 1 and "-liar.jsonl" in s.stderr, s.stderr
+
+
+def test_a_future_dated_batch_hides_no_later_batch(aws, deposited, tmp_path):
+    """A batch named hours ahead (a writer with a fast clock) must not blind a reader to the batches written after."""
+    from kvgraft_cli.store.local import Store
+    from kvgraft_cli.store.remote import RemoteStore, export_rows
+
+    c, _ = deposited
+    url = new_url(aws, "clock")
+    with Store(c.store, create=False) as local:
+        a, b = [e.artifact for e in local.entries()][:2]
+        rows = {sha: export_rows(local, [sha]) for sha in (a, b)}
+        files = {sha: local.object_path(sha) for sha in (a, b)}
+    with RemoteStore(url, cache=tmp_path / "w") as w:
+        for sha in (a, b):
+            w.upload(sha, source=files[sha])
+    put_batch(aws, url, batch_name("fastclock", timedelta(hours=4)), rows[a])
+    with RemoteStore(url, cache=tmp_path / "reader", create=False) as reader:
+        assert {e.artifact for e in reader.entries()} == {a}
+    with RemoteStore(url, cache=tmp_path / "w") as w:  # an honest writer, now
+        w.publish(rows[b])
+    with RemoteStore(url, cache=tmp_path / "reader", create=False) as reader:
+        assert {e.artifact for e in reader.entries()} == {a, b}
+
+
+def test_a_malformed_batch_is_skipped_reported_and_read_once_fixed(aws, deposited, tmp_path):
+    """A malformed batch (or one with a row type this kvgraft does not know) is skipped, not marked merged, and
+    reported by `store stats` / `store list` (one warning line each; --json lists it); every command still works,
+    and once the batch is readable a later open merges it."""
+    from kvgraft_cli.store.local import Store
+    from kvgraft_cli.store.remote import RemoteStore, export_rows
+
+    c, _ = deposited
+    url = new_url(aws, "malformed")
+    push_all(c, url, tmp_path / "w")
+    bad, newer = batch_name("bad"), batch_name("newer")
+    put_batch(aws, url, bad, b'{"t":"nope"}\n')
+    with Store(c.store, create=False) as local:
+        n = len(local.entries())
+        good = export_rows(local, [local.entries()[0].artifact])
+    put_batch(aws, url, newer, good + [{"t": "signature", "by": "a newer kvgraft"}])
+
+    with RemoteStore(url, cache=tmp_path / "r", create=False) as r:
+        assert len(r.entries()) == n
+        skipped = {x["batch"]: x["reason"] for x in r.skipped_batches}
+        assert set(skipped) == {f"{url}/index/{bad}", f"{url}/index/{newer}"}, skipped
+        assert "nope" in skipped[f"{url}/index/{bad}"] and "signature" in skipped[f"{url}/index/{newer}"]
+        merged = {x[0] for x in r._db.execute("SELECT name FROM remote_batches")}
+        assert bad not in merged and newer not in merged
+
+    for args in (("store", "stats"), ("store", "list")):
+        p = cli(aws, tmp_path, "r2", *args, "--store", url)
+        assert p.returncode == 0, p.stderr
+        warnings = [line for line in p.stderr.splitlines() if line.startswith("warning:")]
+        assert len(warnings) == 2 and "Error" not in p.stderr, p.stderr
+        assert any(bad in w for w in warnings) and any(newer in w for w in warnings)
+        j = cli(aws, tmp_path, "r2", *args, "--store", url, "--json")
+        assert j.returncode == 0, j.stderr
+        data = json.loads(j.stdout)
+        assert sorted(x["batch"] for x in data["skipped_batches"]) == sorted(f"{url}/index/{x}" for x in (bad, newer))
+    g = cli(aws, tmp_path, "r3", "inspect", "sum-1", "--store", url, "--json")
+    assert g.returncode == 0, g.stderr
+
+    put_batch(aws, url, bad, good)  # repaired (as a later kvgraft would read it): merged on the next open
+    with RemoteStore(url, cache=tmp_path / "r", create=False) as r:
+        assert [x["batch"] for x in r.skipped_batches] == [f"{url}/index/{newer}"]
+        assert bad in {x[0] for x in r._db.execute("SELECT name FROM remote_batches")}
+
+
+def endpoint_failures(server, tmp_path: Path, url: str, endpoint: str) -> list[subprocess.CompletedProcess]:
+    """`store stats` and `store list` on ``url`` through ``endpoint``, each checked to be one Error line, exit 2."""
+    runs = []
+    for args in (("store", "stats"), ("store", "list")):
+        p = run_cli(*args, "--store", url, cwd=tmp_path,
+                    env=server.env(XDG_CACHE_HOME=str(tmp_path / "x"), AWS_ENDPOINT_URL=endpoint))
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert p.stderr.count("Error:") == 1 and "Traceback" not in p.stderr, p.stderr
+        assert "internal error" not in p.stderr and url in p.stderr, p.stderr
+        no_credentials_in(server, p.stdout, p.stderr)
+        runs.append(p)
+    return runs
+
+
+def test_an_invalid_endpoint_is_one_error_line_naming_the_url(aws, tmp_path):
+    url = new_url(aws, "endpoint")
+    for endpoint in ("not a url", "http://", "http://user:hunter2@[bad"):
+        for p in endpoint_failures(aws, tmp_path, url, endpoint):
+            assert "not a usable endpoint URL" in p.stderr and "hunter2" not in p.stdout + p.stderr, p.stderr
+
+
+def test_a_password_in_the_endpoint_is_never_printed(aws, tmp_path):
+    url = new_url(aws, "endpoint")
+    port = _closed_port()
+    for p in endpoint_failures(aws, tmp_path, url, f"http://user:hunter2@127.0.0.1:{port}"):
+        assert f"cannot reach the endpoint http://127.0.0.1:{port}" in p.stderr, p.stderr
+        assert "hunter2" not in p.stdout + p.stderr and "user:" not in p.stderr, p.stderr
+
+
+def test_a_failed_open_leaves_no_cache_folder(aws, tmp_path):
+    from kvgraft_cli.errors import InputError, StoreError
+    from kvgraft_cli.store.remote import RemoteStore
+
+    with pytest.raises(InputError, match="no store at"):
+        RemoteStore(new_url(aws, "empty"), create=False, cache=tmp_path / "c1")
+    assert not (tmp_path / "c1").exists()
+    with pytest.raises(StoreError, match="bucket does not exist"):
+        RemoteStore(f"s3://no-such-bucket-{secrets.token_hex(3)}/p", cache=tmp_path / "c2")
+    assert not (tmp_path / "c2").exists()
+    # The CLI, with the default cache location: nothing left under it either, however often it fails.
+    for where in (new_url(aws, "empty"), f"s3://no-such-bucket-{secrets.token_hex(3)}/p"):
+        for _ in range(2):
+            p = cli(aws, tmp_path, "xdg", "store", "list", "--store", where)
+            assert p.returncode == 2, p.stderr
+    remote = tmp_path / "xdg" / "kvgraft" / "remote"
+    assert not remote.exists() or not list(remote.iterdir())
+    # An existing cache folder (a store opened before) stays.
+    url = new_url(aws, "kept")
+    with RemoteStore(url, cache=tmp_path / "c3") as s:
+        s.publish([])  # nothing: no batch, so the prefix still holds no store
+    with pytest.raises(InputError):
+        RemoteStore(url, create=False, cache=tmp_path / "c3")
+    assert (tmp_path / "c3" / "index.sqlite").is_file()

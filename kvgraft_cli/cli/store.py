@@ -28,9 +28,9 @@ def list_entries(
 
     ctx = context(manifest, store, None, False)
     with ctx.open_store(create=False) as s:
-        entries, stats = s.entries(limit), s.stats()
+        entries, stats, notes = s.entries(limit), s.stats(), _remote_warnings(s)
     if as_json:
-        print_json({"stats": stats, "entries": [e.__dict__ for e in entries]})
+        print_json({"stats": stats, "entries": [e.__dict__ for e in entries], **notes})
         return
     t = table(f"store {ctx.store_name}: {stats['objects']} objects, {stats['entries']} entries, "
               f"{human_bytes(stats['file_bytes'])}", ("problem id", "artifact", "tokens", "bytes", "verified"),
@@ -54,7 +54,7 @@ def stats(
 
     ctx = context(manifest, store, None, False)
     with ctx.open_store(create=False) as s:
-        st = s.stats()
+        st = {**s.stats(), **_remote_warnings(s)}
     win = window or context_window(ctx.manifest.model_dir)
     st["context_window"] = win
     st["tokens_per_window"] = st["tokens"] / win if win else None
@@ -73,6 +73,23 @@ def stats(
     if win:
         t.add_row("stored tokens / context window", f"{st['tokens']:,} / {win:,} = {st['tokens_per_window']:.2f}x")
     out.print(t)
+
+
+def _remote_warnings(s) -> dict:
+    """A remote store's index batches skipped on open (malformed, or from a newer kvgraft) and rows refused (they
+    restate a key or artifact already indexed differently): one warning line each on stderr; {} for a local store,
+    else the lists for --json."""
+    if not hasattr(s, "skipped_batches"):
+        return {}
+    from ._output import err, printable
+
+    notes = {"skipped_batches": s.skipped_batches, "conflicting_rows": s.conflicts}
+    lines = [f"warning: index batch {x['batch']} skipped (not merged): {x['reason']}" for x in notes["skipped_batches"]]
+    lines += [f"warning: index batch {x['batch']}: {x['rows']} rows refused: they restate a prefix key, artifact or "
+              "library row already indexed differently (the first row stands)" for x in notes["conflicting_rows"]]
+    for line in lines:
+        err.print(printable(line, newlines=False), markup=False, soft_wrap=True)
+    return notes
 
 
 @app.command("gc", cls=Command)

@@ -13,12 +13,16 @@ from disk. What it adds:
   ``index/<utc-time>-<random>.jsonl``, written once and never rewritten, so concurrent writers never overwrite one
   another. A writer publishes the rows of the artifacts a ledger line has recorded (:meth:`RemoteStore.mark_recorded`,
   which the ledger append calls afterwards), in one batch per command (or every :data:`FLUSH_EVERY` artifacts).
-  A reader lists ``index/`` on open and merges the batches it has not merged yet into the cache's SQLite, noting
-  their names in the ``remote_batches`` table. The listing starts a safety window (:data:`LIST_OVERLAP`) before
-  the newest batch already merged, so a batch that lands late (a slow writer, a skewed clock) is still found.
+  A reader lists all of ``index/`` on open and merges the batches it has not merged yet into the cache's SQLite,
+  noting their names in the ``remote_batches`` table. Every name is listed every time (no window from the newest
+  name merged), so no batch name, however it is dated, can hide another batch. A malformed batch, or one with a
+  row type this kvgraft does not know, is skipped and not noted as merged (a later kvgraft reads it), and is listed
+  in :attr:`RemoteStore.skipped_batches`.
 
-The rows are only an index: a row can at worst point at an object the remote lacks or describe it wrongly; the
-bytes used are always the ones that re-hash to the identity.
+The rows are only an index, and whoever can write to the bucket can write a batch: merging never changes a row the
+cache already holds (first row wins; a later row restating a key, artifact or library row differently is refused
+and counted in ``remote_conflicts``), and the bytes used are always the ones that re-hash to the identity.
+docs/REMOTE.md states the trust model.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ import hashlib
 import json
 import os
 import secrets
-from datetime import datetime, timedelta, timezone
+import sqlite3
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable
 
@@ -40,9 +45,13 @@ from .s3 import S3Remote, endpoint_hint, is_remote, parse_url
 MARKER = "remote.json"  # in a cache folder: which remote it caches (RunContext.open_store reads it)
 INDEX = "index/"
 FLUSH_EVERY = 256  # recorded artifacts per index batch at most (a command's batch is usually one)
-LIST_OVERLAP = timedelta(hours=1)  # how far before the newest merged batch a reader lists again
 MAX_BATCH_BYTES = 256 * 1024**2
-BATCH_SCHEMA = "CREATE TABLE IF NOT EXISTS remote_batches (name TEXT PRIMARY KEY, merged TEXT NOT NULL);"
+# remote_batches: the batches merged into the cache. remote_conflicts: how many rows of a merged batch were refused
+# because they restate a key, artifact or library row the cache already held differently (first row wins).
+BATCH_SCHEMA = """
+CREATE TABLE IF NOT EXISTS remote_batches (name TEXT PRIMARY KEY, merged TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS remote_conflicts (name TEXT PRIMARY KEY, rows INTEGER NOT NULL);
+"""
 
 __all__ = ["RemoteStore", "is_remote", "cache_dir", "remote_of", "export_rows", "merge_rows", "missing_rows"]
 
@@ -85,19 +94,30 @@ class RemoteStore(Store):
     def __init__(self, url: str, create: bool = True, codec: str = "auto", cache: Path | None = None):
         self.url = normalize(url)
         self.remote = S3Remote(self.url)
-        super().__init__(Path(cache) if cache else cache_dir(self.url), create=True, codec=codec)
+        root = Path(cache) if cache else cache_dir(self.url)
+        made = _missing_folders(root)  # what this open creates, so a failed open can take it away again
         self._pending: set[str] = set()
-        with _store_errors(self.root, "open"):
-            self._db.executescript(BATCH_SCHEMA)
-            if remote_of(self.root) != self.url:
-                atomic_write_bytes(self.root / MARKER, json.dumps({"url": self.url}).encode() + b"\n")
+        self.skipped_batches: list[dict] = []  # {"batch": URL, "reason": ...}: not merged this open (see refresh)
         try:
+            super().__init__(root, create=True, codec=codec)
+        except BaseException:
+            _remove_made(made, root)
+            raise
+        try:
+            with _store_errors(self.root, "open"):
+                self._db.executescript(BATCH_SCHEMA)
+                if remote_of(self.root) != self.url:
+                    atomic_write_bytes(self.root / MARKER, json.dumps({"url": self.url}).encode() + b"\n")
             merged = self.refresh()
-            if not create and not merged and not self._has_batches() and not self._remote_has_objects():
+            if not create and not merged and not self._has_batches() and not self.skipped_batches \
+                    and not self._remote_has_objects():
                 raise InputError(f"no store at {self.url}",
                                  f"deposit with --store {self.url}, or `kvgraft store push {self.url}`")
         except BaseException:
+            empty = made and self._is_empty()
             super().close()
+            if empty:  # a cache folder this failed open created and nothing was merged into: leave nothing behind
+                _remove_made(made, root)
             raise
 
     def __str__(self) -> str:
@@ -106,39 +126,65 @@ class RemoteStore(Store):
     # -- the index ---------------------------------------------------------------------------------------------
 
     def refresh(self) -> int:
-        """Merge the index batches not merged yet into the cache; returns how many were merged."""
+        """Merge the index batches not merged yet into the cache, in name order; returns how many were merged.
+
+        The whole of ``index/`` is listed every time (one LIST request per 1,000 batches) and the names merged
+        already are skipped: a window starting from the newest name merged would let one batch dated in the
+        future hide every later one. A malformed batch (or one holding a row type this kvgraft does not know) is
+        skipped, not noted as merged, and listed in :attr:`skipped_batches`; the other batches still merge."""
         merged = 0
+        self.skipped_batches = []
         known = {r[0] for r in self._db.execute("SELECT name FROM remote_batches")}
-        for rel, _ in self.remote.list(INDEX, self._list_from()):
+        for rel, size in self.remote.list(INDEX):
             name = rel[len(INDEX):]
             if name in known or not name.endswith(".jsonl"):
                 continue
+            where = self.remote.where.url(rel)
+            if size > MAX_BATCH_BYTES:
+                self._skip(where, f"{size} bytes, more than an index batch may be ({MAX_BATCH_BYTES})")
+                continue
             try:
                 data = self.remote.get_bytes(rel, MAX_BATCH_BYTES)
+                rows = parse_batch(data, where)
             except FileNotFoundError:  # listed, then gone: someone cleaned up; nothing to merge
                 continue
-            rows = parse_batch(data, self.remote.where.url(rel))
-            with _store_errors(self.root, "write to"), self._db:
-                self._db.execute("BEGIN IMMEDIATE")
-                merge_rows(self, rows)
-                self._db.execute("INSERT OR IGNORE INTO remote_batches VALUES (?, ?)", (name, _now()))
+            except MalformedBatch as e:
+                self._skip(where, e.reason)
+                continue
+            self._merge(name, rows)
             merged += 1
         return merged
 
-    def _list_from(self) -> str:
-        """Where the listing of ``index/`` starts: :data:`LIST_OVERLAP` before the newest batch merged (batch names
-        begin with their UTC time, so key order is time order)."""
-        row = self._db.execute("SELECT max(name) FROM remote_batches").fetchone()
-        if not row or not row[0]:
-            return ""
-        try:
-            newest = datetime.strptime(row[0].split("-", 1)[0], "%Y%m%dT%H%M%S.%fZ")
-        except ValueError:
-            return ""
-        return INDEX + (newest - LIST_OVERLAP).strftime("%Y%m%dT%H%M%S")
+    def _skip(self, where: str, reason: str) -> None:
+        self.skipped_batches.append({"batch": where, "reason": reason})
+
+    def _merge(self, name: str, rows: list[dict]) -> None:
+        """Merge one batch's rows and note the batch (and the rows refused, if any) in one transaction."""
+        with _store_errors(self.root, "write to"), self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            if self._db.execute("SELECT 1 FROM remote_batches WHERE name = ?", (name,)).fetchone():
+                return  # another process on this cache merged it meanwhile
+            refused = merge_rows(self, rows)
+            self._db.execute("INSERT OR IGNORE INTO remote_batches VALUES (?, ?)", (name, _now()))
+            if refused:
+                self._db.execute("INSERT OR IGNORE INTO remote_conflicts VALUES (?, ?)", (name, refused))
+
+    @property
+    def conflicts(self) -> list[dict]:
+        """The merged batches some of whose rows were refused ({"batch": URL, "rows": how many}): rows restating a
+        key, artifact or library row the cache already held differently (the first row stands)."""
+        return [{"batch": self.remote.where.url(INDEX + name), "rows": n}
+                for name, n in self._db.execute("SELECT name, rows FROM remote_conflicts ORDER BY name")]
 
     def _has_batches(self) -> bool:
         return self._db.execute("SELECT 1 FROM remote_batches LIMIT 1").fetchone() is not None
+
+    def _is_empty(self) -> bool:
+        """No batch merged and no object cached: a cache folder holding nothing worth keeping."""
+        try:
+            return not self._has_batches() and not any((self.root / "objects").iterdir())
+        except (OSError, sqlite3.Error):
+            return False
 
     def _remote_has_objects(self) -> bool:
         return next(iter(self.remote.list("objects/")), None) is not None
@@ -169,10 +215,7 @@ class RemoteStore(Store):
         name = new_batch_name()
         body = b"".join(json.dumps(r, sort_keys=True, separators=(",", ":")).encode() + b"\n" for r in rows)
         self.remote.put_bytes(INDEX + name, body)
-        with _store_errors(self.root, "write to"), self._db:
-            self._db.execute("BEGIN IMMEDIATE")
-            merge_rows(self, rows)  # the cache holds what it published (rows from elsewhere: a push)
-            self._db.execute("INSERT OR IGNORE INTO remote_batches VALUES (?, ?)", (name, _now()))
+        self._merge(name, rows)  # the cache holds what it published (rows from elsewhere: a push)
         return name
 
     def close(self) -> None:
@@ -308,6 +351,33 @@ class RemoteStore(Store):
         return tmp
 
 
+def _missing_folders(root: Path) -> list[Path]:
+    """``root`` and those of its parents that do not exist yet, deepest first."""
+    missing, p = [], Path(root).absolute()
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    return missing
+
+
+def _remove_made(made: list[Path], root: Path) -> None:
+    """Take away a cache folder a failed open created: the files an open writes (the SQLite index, the marker, the
+    empty objects folder), then each folder it made, only while empty (rmdir never removes anyone else's files)."""
+    if not made:
+        return
+    root = Path(root).absolute()
+    for name in ("index.sqlite", "index.sqlite-journal", "index.sqlite-wal", "index.sqlite-shm", MARKER):
+        try:
+            (root / name).unlink(missing_ok=True)
+        except OSError:
+            pass
+    for folder in [root / "objects", *made]:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def _tmp_beside(dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     return dest.with_name(f"{dest.name}.{secrets.token_hex(6)}.tmp")  # store gc removes leftovers (*.tmp)
@@ -364,15 +434,28 @@ def export_rows(store: Store, sha256s: Iterable[str]) -> list[dict]:
     return rows
 
 
+class MalformedBatch(StoreError):
+    """An index batch that is not (or not yet: a row type from a newer kvgraft) kvgraft's; ``reason`` names the
+    line and what is wrong with it."""
+
+    def __init__(self, source: str, reason: str):
+        super().__init__(f"index batch {source}: {reason}", "remove or repair that batch; the objects are unaffected")
+        self.reason = reason
+
+
 def parse_batch(data: bytes, source: str) -> list[dict]:
     """The rows of an index batch, each checked (table, columns, types, hex hashes); a malformed batch is refused
-    whole with a StoreError naming it."""
+    whole (:class:`MalformedBatch`, naming it and the line), as is one with a row type this kvgraft does not know."""
     rows = []
     for n, line in enumerate(data.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
+            if not isinstance(row, dict) or "t" not in row:
+                raise ValueError("not a JSON object with a row type \"t\"")
+            if row["t"] not in _COLUMNS:
+                raise ValueError(f"unknown row type {str(row['t'])[:40]!r} (a newer kvgraft's?)")
             cols = _COLUMNS[row["t"]]
             if set(row) != {"t", *cols}:
                 raise ValueError(f"columns {sorted(set(row) - {'t'})}")
@@ -382,44 +465,69 @@ def parse_batch(data: bytes, source: str) -> list[dict]:
                 if c in _HASHES and not HEX64.match(row[c]):
                     raise ValueError(f"{c} is not a SHA-256")
         except (ValueError, KeyError, TypeError) as e:
-            raise StoreError(f"index batch {source}, line {n}: not a kvgraft index row ({str(e)[:120]})",
-                             "remove or repair that batch; the objects are unaffected") from None
+            raise MalformedBatch(source, f"line {n}: not a kvgraft index row ({str(e)[:120]})") from None
         rows.append(row)
     return rows
 
 
-def merge_rows(store: Store, rows: list[dict]) -> None:
-    """Add batch rows to a store's index, inside the caller's transaction. Rows that travel are recorded ones
-    (a ledger line names each), so artifacts merge as recorded; entries merge as :meth:`Store.index` writes them;
-    library rows with their full-text rows (:meth:`Store._add_library`). An artifact row first, as the index's
-    references need."""
-    db = store._db
+# The columns two honest rows for the same artifact (or library row) agree on: what the artifact's bytes fix. Not
+# compared: `created` (each writer's own clock), an artifact's `file_bytes` (the codec it was written with), a library
+# row's `problem_id` and `answer` (labels from the input file: one problem deposited under two ids or references).
+_SAME_ARTIFACT = ("payload_bytes", "num_tokens", "model_sha256", "manifest_sha256")
+_SAME_LIBRARY = ("problem_key", "manifest_sha256", "problem", "solution", "num_tokens")
+
+
+def merge_rows(store: Store, rows: list[dict]) -> int:
+    """Add batch rows to a store's index, inside the caller's transaction; returns how many rows were refused.
+
+    A row never changes what the index holds already (first row wins): an entry whose key is indexed is kept as
+    it is (an entry key is fixed by the prefix's content, so an honest second row names the same artifact), and a
+    row for an artifact or library row already indexed adds nothing but, for an artifact, that it is recorded
+    (every row that travels is a recorded one: a ledger line names it). A row that restates a key with another
+    artifact, or an artifact or library row with other content, is refused and counted. New artifacts merge as
+    recorded, entries as :meth:`Store.index` writes them, library rows with their full-text rows
+    (:meth:`Store._add_library`); artifact rows first, as the index's references need."""
+    db, refused = store._db, 0
     for r in sorted(rows, key=lambda r: r["t"] != "artifact"):
         if r["t"] == "artifact":
-            db.execute("INSERT INTO artifacts (sha256, file_bytes, payload_bytes, num_tokens, model_sha256, "
-                       "manifest_sha256, created, recorded) VALUES (?,?,?,?,?,?,?,1) "
-                       "ON CONFLICT(sha256) DO UPDATE SET recorded = 1",
-                       tuple(r[c] for c in _COLUMNS["artifact"]))
+            have = db.execute("SELECT " + ", ".join(_SAME_ARTIFACT) + " FROM artifacts WHERE sha256 = ?",
+                              (r["sha256"],)).fetchone()
+            if have is None:
+                db.execute("INSERT INTO artifacts (sha256, file_bytes, payload_bytes, num_tokens, model_sha256, "
+                           "manifest_sha256, created, recorded) VALUES (?,?,?,?,?,?,?,1)",
+                           tuple(r[c] for c in _COLUMNS["artifact"]))
+            elif have != tuple(r[c] for c in _SAME_ARTIFACT):
+                refused += 1
+            elif store._tracks_recording:
+                db.execute("UPDATE artifacts SET recorded = 1 WHERE sha256 = ? AND recorded = 0", (r["sha256"],))
         elif r["t"] == "entry":
-            db.execute("INSERT INTO entries VALUES (?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET problem_id="
-                       "excluded.problem_id, artifact=excluded.artifact, verified=max(verified, excluded.verified)",
-                       tuple(r[c] for c in _COLUMNS["entry"]))
+            have = db.execute("SELECT artifact FROM entries WHERE key = ?", (r["key"],)).fetchone()
+            if have is None:
+                db.execute("INSERT INTO entries VALUES (?,?,?,?,?,?)", tuple(r[c] for c in _COLUMNS["entry"]))
+            elif have[0] != r["artifact"]:
+                refused += 1
         else:
-            store._add_library(r["artifact"], r["problem_id"], r["manifest_sha256"], r["num_tokens"],
-                               {k: r[k] for k in ("problem_key", "problem", "solution", "answer")})
+            have = db.execute("SELECT " + ", ".join(_SAME_LIBRARY) + " FROM library WHERE artifact = ?",
+                              (r["artifact"],)).fetchone()
+            if have is None:
+                store._add_library(r["artifact"], r["problem_id"], r["manifest_sha256"], r["num_tokens"],
+                                   {k: r[k] for k in ("problem_key", "problem", "solution", "answer")})
+            elif have != tuple(r[c] for c in _SAME_LIBRARY):
+                refused += 1
+    return refused
 
 
 def missing_rows(rows: list[dict], target: Store) -> list[dict]:
-    """The rows ``target``'s index lacks (an artifact not recorded there, an entry key naming another artifact or
-    absent, a library row absent): what a push or pull must still send."""
+    """The rows ``target``'s index lacks, as :func:`merge_rows` would add them (an artifact absent or not recorded
+    there, an entry key absent, a library row absent): what a push or pull must still send. A row restating
+    differently what ``target`` holds is not sent: no reader would take it."""
     db, out = target._db, []
     for r in rows:
         if r["t"] == "artifact":
             have = db.execute("SELECT recorded FROM artifacts WHERE sha256 = ?", (r["sha256"],)).fetchone()
             lacking = not have or not have[0]
         elif r["t"] == "entry":
-            have = db.execute("SELECT artifact, verified FROM entries WHERE key = ?", (r["key"],)).fetchone()
-            lacking = not have or have[0] != r["artifact"] or have[1] < r["verified"]
+            lacking = db.execute("SELECT 1 FROM entries WHERE key = ?", (r["key"],)).fetchone() is None
         else:
             lacking = db.execute("SELECT 1 FROM library WHERE artifact = ?", (r["artifact"],)).fetchone() is None
         if lacking:

@@ -8,7 +8,7 @@ Credentials and the endpoint come only from boto3's own chain: ``AWS_ACCESS_KEY_
 ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` (or ``endpoint_url`` in the config file) for a server other than
 AWS. kvgraft never reads, prints or records a credential: every error from S3 becomes one :class:`StoreError` line
 naming the URL, the operation and the server's error code, with any credential value the message might echo
-blanked out.
+blanked out, and with the user information (``user:password@``) of any endpoint URL taken out of it.
 """
 
 from __future__ import annotations
@@ -64,6 +64,22 @@ def parse_url(url: str) -> S3URL:
     return S3URL(bucket, "".join(p + "/" for p in parts))
 
 
+_USERINFO = re.compile(r"(?<=://)[^/\s]*@")  # the user:password@ of a URL (up to the last @ before its path)
+
+
+def redact(text: str) -> str:
+    """``text`` with the user information (``user:password@``) of every URL in it taken out, and that of the
+    endpoints the environment names blanked out wherever else it appears (a password holding a "/" or a space)."""
+    for url in (os.environ.get("AWS_ENDPOINT_URL_S3"), os.environ.get("AWS_ENDPOINT_URL")):
+        userinfo = url.split("://", 1)[-1].rpartition("@")[0] if url and "@" in url else ""
+        if userinfo:
+            text = text.replace(userinfo + "@", "").replace(userinfo, "***")
+            password = userinfo.partition(":")[2]
+            if len(password) >= 4:
+                text = text.replace(password, "***")
+    return _USERINFO.sub("", text)
+
+
 def endpoint_hint() -> str:
     """The endpoint as the environment names it ("" for AWS or one set in a config file): part of a remote cache's
     name, so the same bucket and prefix on two servers never share a cache."""
@@ -96,8 +112,15 @@ class S3Remote:
         config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=60,
                         user_agent_extra="kvgraft")
         with self.errors("connect to"):
-            self.client = boto3.session.Session().client("s3", config=config)
-        self.endpoint = self.client.meta.endpoint_url
+            try:
+                self.client = boto3.session.Session().client("s3", config=config)
+            except ValueError as e:  # botocore: "Invalid endpoint: ..." (and urllib's "Invalid IPv6 URL")
+                named = endpoint_hint()
+                what = repr(redact(named)) if named else "the endpoint_url of the AWS config file"
+                raise StoreError(f"cannot connect to {self.where}: {what} is not a usable endpoint URL "
+                                 f"({redact(str(e))})", "set AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3) to "
+                                 "http(s)://HOST[:PORT], or unset it for AWS") from None
+        self.endpoint = redact(self.client.meta.endpoint_url or "") or None
 
     def __str__(self) -> str:
         return str(self.where)
@@ -275,4 +298,4 @@ class _s3_errors:
             reason = str(exc)
         for secret in (r._secrets() if isinstance(r, S3Remote) and hasattr(r, "client") else []):
             reason = reason.replace(secret, "***")
-        raise StoreError(f"cannot {self.doing} {where}: {reason}", hint) from None
+        raise StoreError(f"cannot {self.doing} {where}: {redact(reason)}", hint) from None

@@ -3,7 +3,9 @@
 Only recorded artifacts travel (those a ledger line names; an artifact left by a failed append stays where it is),
 with their index rows: the artifact row, its entries and its library row. Objects go first and index rows last, so
 whoever reads the other side never finds a row before its object. What the other side already has is skipped: an
-object by its key, a row when the other index already holds it.
+object by its key, a row when the other index already holds it. Rows merge as a remote store's batches do
+(:func:`.remote.merge_rows`): a row never changes one the other index holds already; one that restates a key or an
+artifact differently is not sent, or, pulled, is refused and counted (``conflicts``).
 
 Every copied object is re-hashed on arrival. ``pull`` streams each downloaded object through the payload hash
 (torch-free) and renames it into the local store only when it matches its identity. ``push`` re-hashes the local
@@ -39,6 +41,7 @@ class SyncReport:
     index_rows: int = 0
     batch: str | None = None
     missing: list[str] = field(default_factory=list)  # recorded in the source's index, but no object there
+    conflicts: int = 0  # rows refused: they restate a key or artifact the destination indexes differently
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -113,5 +116,5 @@ def pull(remote: RemoteStore, local: Store, on_start: Callable[[int], None] | No
     if rows:
         with _store_errors(local.root, "write to"), local._db:
             local._db.execute("BEGIN IMMEDIATE")
-            merge_rows(local, rows)
+            report.conflicts = merge_rows(local, rows)
     return report

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from conftest import EXAMPLES, MATH500, run_cli
+from kvgraft_cli.config.profiles import environ_without_pins
 
 pytest.importorskip("ray")
 
@@ -92,14 +93,47 @@ def single(tmp_path_factory, inputs) -> tuple[Path, dict]:
     return d, deposit_and_solve(d, *inputs)
 
 
+def _ray(*args: str, timeout: float = 120, auth: bool = False) -> subprocess.CompletedProcess:
+    env = {**environ_without_pins(), "RAY_USAGE_STATS_ENABLED": "0", **({"RAY_AUTH_MODE": "token"} if auth else {})}
+    return subprocess.run([str(Path(sys.executable).parent / "ray"), *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
 @pytest.fixture(scope="module")
-def sharded(tmp_path_factory, inputs) -> tuple[Path, dict]:
-    """The Ray run, 2 workers; one of them dies once mid-shard while depositing (the EXIT_ONCE_ENV hook: a second
-    run just for that would double this file's time), so every check of it holds across a retried shard."""
+def cluster() -> str:
+    """A Ray cluster someone else started (`ray start --head`, as on a head node), for the runs to join with
+    --ray-address; stopped at the end of the module. (A local instance that kvgraft starts itself is exercised by
+    the drift test here and by tests/test_s3.py's sharded deposit into S3.)"""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = _ray("start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+                   "--include-dashboard=false", "--disable-usage-stats")
+    assert started.returncode == 0, started.stdout + started.stderr
+    yield f"127.0.0.1:{port}"
+    _ray("stop", "--force")
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory, inputs, cluster) -> tuple[Path, dict]:
+    """The Ray run, 2 workers on a running cluster (joined with --ray-address); one of them dies once mid-shard
+    while depositing (the EXIT_ONCE_ENV hook: a second run just for that would double this file's time), so every
+    check of it holds across a retried shard."""
     runs = tmp_path_factory.mktemp("runs")
     d = runs / "ray"
-    result = deposit_and_solve(d, *inputs, "--ray", "--workers", "2", env={EXIT_ONCE_ENV: str(runs / "died")})
+    # `ray start --head` turns on token authentication (its token in ~/.ray/auth_token); a client joins with
+    # RAY_AUTH_MODE=token, as the README says.
+    result = deposit_and_solve(d, *inputs, "--ray-address", cluster, "--workers", "2",
+                               env={EXIT_ONCE_ENV: str(runs / "died"), "RAY_AUTH_MODE": "token"})
     return d, result
+
+
+def test_a_joined_cluster_is_left_running(sharded, cluster):
+    """kvgraft stops only a Ray instance it started: the cluster it joined is still up after deposit and solve."""
+    status = _ray("status", f"--address={cluster}", timeout=60, auth=True)
+    assert status.returncode == 0, status.stdout + status.stderr
 
 
 def test_sharded_deposit_records_what_one_process_records(single, sharded):
@@ -211,3 +245,4 @@ def test_an_address_where_nothing_listens_is_one_error_in_seconds(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: cannot join the Ray cluster at 127.0.0.1:{port}"), p.stderr
     assert not (tmp_path / "st").exists() and not (tmp_path / "l.jsonl").exists()
+

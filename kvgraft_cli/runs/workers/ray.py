@@ -114,7 +114,9 @@ class RayPool:
             except Exception as e:  # noqa: BLE001  (ConnectionError, ValueError, RuntimeError: Ray's own)
                 raise InputError(f"cannot {'join the Ray cluster at ' + self.address if self.address else 'start a local Ray instance'}: "
                                  f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-                                 "check the address (`ray status` on the cluster), or run without --ray-address "
+                                 "check the address (`ray status` on the cluster); a cluster with token "
+                                 "authentication (what `ray start --head` sets up) needs RAY_AUTH_MODE=token here, "
+                                 "with its token in ~/.ray/auth_token or RAY_AUTH_TOKEN; or run without --ray-address "
                                  "for a local instance") from None
             self.started_ray = True
         gpu = runtime["device"] == "cuda"

@@ -21,6 +21,9 @@ from conftest import EXAMPLES, MATH500, run_cli
 from kvgraft_cli.config.profiles import environ_without_pins
 
 pytest.importorskip("ray")
+# Run by one xdist worker, together with the other Ray/S3 tests: `ray stop` ends every Ray process on the machine,
+# and one SeaweedFS server serves them all.
+pytestmark = pytest.mark.xdist_group("ray-s3")
 
 from kvgraft_cli.eval import answers  # noqa: E402
 from kvgraft_cli.runs.workers.ray import EXIT_ONCE_ENV  # noqa: E402
@@ -113,7 +116,7 @@ def cluster() -> str:
                    "--include-dashboard=false", "--disable-usage-stats")
     assert started.returncode == 0, started.stdout + started.stderr
     yield f"127.0.0.1:{port}"
-    _ray("stop", "--force")
+    _ray("stop", "--force", "--grace-period", "2")
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,9 @@ from conftest import EXAMPLES, run_cli
 from seaweed import s3_server  # noqa: F401  (the session fixture)
 
 pytest.importorskip("boto3")
+# Run by one xdist worker, together with the other Ray/S3 tests: `ray stop` ends every Ray process on the machine,
+# and one SeaweedFS server serves them all.
+pytestmark = pytest.mark.xdist_group("ray-s3")
 
 
 def sha256_file(path: Path) -> str:

@@ -122,3 +122,22 @@ def test_link_metadata_must_agree(engine, library, chain_store):
     bad = kvg.encode(link.token_ids, link.layers, meta)
     with pytest.raises(ArtifactError, match="disagree|inconsistent"):
         kvg.decode(bad, "bad")
+
+
+def test_a_library_row_or_link_key_naming_another_artifact_is_refused(engine, library, chain_store):
+    """Which artifact a library row or a link key names is only a label in the index (an edited index, a lying
+    remote batch): the artifact grafted must hold exactly what its entry's text renders to."""
+    import dataclasses
+
+    from kvgraft_cli.errors import IntegrityError
+
+    _, hits = library
+    swapped = dataclasses.replace(hits[0], artifact=hits[1].artifact)  # problem 0's text, problem 1's artifact
+    with Store(chain_store) as store:
+        with pytest.raises(IntegrityError, match=f"names artifact {hits[1].artifact[:16]}"):
+            build_chain(store, engine, [swapped])
+        chain = build_chain(store, engine, hits[:2])  # deposits the link (hits[0] -> hits[1])
+        key = chain.new_links[0][0]
+        store._db.execute("UPDATE entries SET artifact = ? WHERE key = ?", (hits[2].artifact, key))
+        with pytest.raises(IntegrityError, match="after its parent"):
+            build_chain(store, engine, hits[:2])

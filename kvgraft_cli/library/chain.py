@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..artifacts import format as kvg
 from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
+from ..errors import IntegrityError
 from ..store.local import LibraryHit, Store, check_chain, link_key
 from ..util.hashing import sha256_bytes
 
@@ -39,10 +40,25 @@ class Chain:
         return sum(a.num_tokens for a in self.artifacts)
 
 
+def _rendered(engine: Engine, hit: LibraryHit) -> str:
+    fields = {"id": hit.problem_id, "problem": hit.problem, "solution": hit.solution, "answer": hit.answer or ""}
+    return engine.manifest.data["prompt"]["prefix"].format(**fields)
+
+
 def segment_ids(engine: Engine, hit: LibraryHit) -> list[int]:
     """A link's tokens: the prefix template rendered for a library entry, without BOS (it continues a context)."""
-    fields = {"id": hit.problem_id, "problem": hit.problem, "solution": hit.solution, "answer": hit.answer or ""}
-    return engine.encode(engine.manifest.data["prompt"]["prefix"].format(**fields))
+    return engine.encode(_rendered(engine, hit))
+
+
+def _check_bound(hit: LibraryHit, sha: str, art: kvg.Artifact, ids: list[int], parent: str | None) -> None:
+    """Refuse an index row that names an artifact other than the one its text makes. The bytes always re-hash to
+    their identity, but which identity a library row or link key names is only a label (an edited index, a lying
+    remote batch): grafting it would put another problem's solution in the context while the ledger says this one."""
+    if art.token_ids != ids or art.parent != parent:
+        raise IntegrityError(
+            f"the library entry {hit.problem_id!r} names artifact {sha[:16]}..., which holds other tokens than its "
+            f"problem and solution render to{' after its parent' if parent else ''}: the store's index was altered",
+            "rebuild the index from trusted deposits (or re-import a checked bundle); docs/REMOTE.md for remote stores")
 
 
 def build_chain(store: Store, engine: Engine, hits: list[LibraryHit], level: int = 3) -> Chain:
@@ -54,6 +70,7 @@ def build_chain(store: Store, engine: Engine, hits: list[LibraryHit], level: int
         if not chain.links:
             _, root = store.load(hit.artifact)
             kvg.check_compatible(root.meta, engine.compatibility(0), hit.artifact)
+            _check_bound(hit, hit.artifact, root, engine.prefix_ids(_rendered(engine, hit)), None)
             chain.links.append((hit.artifact, root))
             continue
         parent = chain.links[-1][0]
@@ -62,6 +79,7 @@ def build_chain(store: Store, engine: Engine, hits: list[LibraryHit], level: int
         existing = store.lookup_key(key)
         if existing is not None and store.has_object(existing.artifact):
             _, art = store.load(existing.artifact)
+            _check_bound(hit, existing.artifact, art, ids, parent)
             chain.links.append((existing.artifact, art))
             continue
         start = chain.num_tokens

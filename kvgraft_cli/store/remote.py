@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
@@ -263,10 +264,10 @@ class RemoteStore(Store):
         rel = object_key(sha256)
         if self.remote.head(rel) is not None:
             return False
-        uploaded = self.remote.put_file(rel, path, {"kvg-sha256": sha256})
+        want = self.remote.put_file(rel, path, {"kvg-sha256": sha256})  # the file's SHA-256, hashed for the PUT
+        uploaded = want is not None
         if uploaded:
             head = self.remote.head(rel)
-            want = _file_sha256(path)
             if head is None or head["ContentLength"] != path.stat().st_size or \
                     head.get("Metadata", {}).get("file-sha256") != want:
                 raise StoreError(f"upload of {self.object_url(sha256)} did not arrive as sent (size or SHA-256 "
@@ -290,16 +291,9 @@ class RemoteStore(Store):
             return super().load(sha256, remember)
         if not HEX64.match(sha256):
             raise ArtifactError(f"not an artifact identity: {sha256!r}")
-        tmp = self._download(sha256)
-        try:
-            loaded = kvg.open_file(tmp, expected_sha256=sha256)
-        except ArtifactError as e:
-            tmp.unlink(missing_ok=True)
-            raise type(e)(e.message.replace(str(tmp), self.object_url(sha256)), e.hint) from None
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        os.replace(tmp, self.object_path(sha256))
+        path = self.object_path(sha256)
+        loaded = self._keep_if_verified(sha256, self._download(sha256), path,
+                                        lambda tmp: kvg.open_file(tmp, expected_sha256=sha256))
         if remember:
             VERIFIED.put(sha256, loaded)
         return loaded
@@ -311,28 +305,35 @@ class RemoteStore(Store):
         from ..artifacts.payload import kvg_payload_sha256
 
         if super().has_object(sha256):  # the cache has it: no network, still re-hashed on arrival
-            src = self.object_path(sha256)
             tmp = _tmp_beside(dest)
             with _store_errors(dest.parent, "write to"):
-                with open(src, "rb") as a, open(tmp, "wb") as b:
-                    while chunk := a.read(8 << 20):
-                        b.write(chunk)
+                shutil.copyfile(self.object_path(sha256), tmp)
         else:
             tmp = self._download(sha256, dest)
-        try:
-            got = kvg_payload_sha256(tmp)
+
+        def check(path: Path) -> int:
+            got = kvg_payload_sha256(path)
             if got != sha256:
                 raise IntegrityError(f"{self.object_url(sha256)}: payload hashes to {got[:16]}..., not its identity "
                                      f"{sha256[:16]}...: the remote object was altered; not copied")
+            return path.stat().st_size
+
+        return self._keep_if_verified(sha256, tmp, dest, check)
+
+    def _keep_if_verified(self, sha256: str, tmp: Path, dest: Path, check):
+        """Run ``check`` on a downloaded temporary file and rename it to ``dest`` only when it passes; otherwise
+        delete it and re-raise, naming the remote object rather than the temporary file. Returns what ``check``
+        returned."""
+        try:
+            result = check(tmp)
         except ArtifactError as e:
             tmp.unlink(missing_ok=True)
             raise type(e)(e.message.replace(str(tmp), self.object_url(sha256)), e.hint) from None
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        size = tmp.stat().st_size
         os.replace(tmp, dest)
-        return size
+        return result
 
     def _download(self, sha256: str, dest: Path | None = None) -> Path:
         """Download an object to a temporary file beside ``dest`` (default: its cache path); nothing re-hashed yet."""
@@ -381,14 +382,6 @@ def _remove_made(made: list[Path], root: Path) -> None:
 def _tmp_beside(dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     return dest.with_name(f"{dest.name}.{secrets.token_hex(6)}.tmp")  # store gc removes leftovers (*.tmp)
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _now() -> str:

@@ -140,8 +140,9 @@ class S3Remote:
                     return None
                 raise
 
-    def put_file(self, rel: str, path: Path, metadata: dict[str, str]) -> bool:
-        """Upload a file unless the key exists; returns whether this call wrote it. The body's SHA-256 (and MD5) go
+    def put_file(self, rel: str, path: Path, metadata: dict[str, str]) -> str | None:
+        """Upload a file unless the key exists; returns the file's SHA-256 (hex, recorded in the object's metadata as
+        ``file-sha256``) when this call wrote it, else None. The body's SHA-256 (and MD5) go
         with it, so a server that checks them refuses a body damaged on the way (BadDigest), and the PUT is
         conditional (If-None-Match: *), so two writers never overwrite one another's object."""
         sha_hex, sha_raw, md5_raw, size = file_digests(path)
@@ -156,9 +157,9 @@ class S3Remote:
                 self.client.upload_file(str(path), self.where.bucket, key, ExtraArgs={
                     "Metadata": meta, "ChecksumAlgorithm": "SHA256"},
                     Config=TransferConfig(multipart_threshold=SINGLE_PUT_MAX, multipart_chunksize=256 * 1024**2))
-                return True
+                return sha_hex
             with open(path, "rb") as body:
-                return self._put(key, body, size, sha_raw, md5_raw, meta)
+                return sha_hex if self._put(key, body, size, sha_raw, md5_raw, meta) else None
 
     def put_bytes(self, rel: str, data: bytes, metadata: dict[str, str] | None = None) -> bool:
         """Upload bytes unless the key exists (see :meth:`put_file`); returns whether this call wrote them."""

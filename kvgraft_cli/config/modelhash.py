@@ -89,6 +89,14 @@ def hash_model_dir(model_dir: Path) -> ModelHashes:
     )
 
 
+def tokenizer_sha256(model_dir: Path) -> str | None:
+    """The tokenizer hash of :func:`hash_model_dir` alone, reading only the tokenizer files (no weights); None when
+    the folder has none. (OSError when one cannot be read.)"""
+    model_dir = Path(model_dir)
+    tok = {n: sha256_file(model_dir / n) for n in TOKENIZER_FILES if (model_dir / n).is_file()}
+    return sha256_bytes(listing(tok).encode()) if tok else None
+
+
 def context_window(model_dir: Path) -> int | None:
     """The model's position limit read from its config.json (``max_position_embeddings``, also inside a
     multimodal ``text_config``, or GPT-2's ``n_positions``), without loading the model; None if it names none."""

@@ -472,19 +472,15 @@ def _prefix_tokenizer(manifest):
     to the manifest's pinned tokenizer_sha256, or the binding would be checked against another tokenizer."""
     from types import SimpleNamespace
 
-    from ..config.modelhash import TOKENIZER_FILES, listing
+    from ..config.modelhash import tokenizer_sha256
     from ..engine.engine import Engine
 
     model_dir = manifest.model_dir
     want = manifest.data["model"]["tokenizer_sha256"]
     try:
-        files = {n: sha256_file(model_dir / n) for n in TOKENIZER_FILES if (model_dir / n).is_file()}
+        got, why = tokenizer_sha256(model_dir), "no tokenizer files"
     except OSError as e:
-        files = {}
-        why = str(e)
-    else:
-        why = "no tokenizer files"
-    got = sha256_bytes(listing(files).encode()) if files else None
+        got, why = None, str(e)
     if got != want:
         raise CheckFailed(f"cannot check the bundle's library rows against their artifacts: the tokenizer in "
                           f"{model_dir} " + (f"hashes to {got[:16]}..." if got else f"is not readable ({why})")

@@ -16,7 +16,7 @@ from ._output import cell, human_bytes, out, print_json, printable, table
 def inspect(
     ref: str = typer.Argument(..., metavar="REF", help="A .kvg file, or an artifact in the store: its hash, a unique "
                               "prefix of it (at least 6 hex characters) or a problem id."),
-    store: Optional[Path] = STORE_OPT,
+    store: Optional[str] = STORE_OPT,
     manifest: Optional[Path] = MANIFEST_OPT,
     rehash: bool = typer.Option(False, "--hash", help="Also re-hash the whole payload (streamed) and check it "
                                 "against the artifact's identity; exit 1 if it differs."),
@@ -42,7 +42,7 @@ def inspect(
     _render(info, rehash, named)
 
 
-def _locate(ref: str, store: Optional[Path], manifest: Optional[Path]) -> tuple[Path, str | None]:
+def _locate(ref: str, store: Optional[str], manifest: Optional[Path]) -> tuple[Path, str | None]:
     """(the .kvg file, the identity its name or the store gives it, if any)."""
     p = Path(ref)
     if ref.endswith(".kvg") or p.is_file() or "/" in ref or "\\" in ref:

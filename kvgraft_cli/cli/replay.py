@@ -17,7 +17,7 @@ def replay(
                                   "hash, so replay takes no --manifest: the prereg's manifest is the one it runs."),
     register: bool = typer.Option(False, "--register", help="Only register the prereg (append its hash to the ledger)."),
     target: Optional[str] = typer.Option(None, "--target", help="Which target's expected hashes to compare with."),
-    store: Optional[Path] = STORE_OPT,
+    store: Optional[str] = STORE_OPT,
     ledger: Optional[Path] = LEDGER_OPT,
     allow_drift: bool = DRIFT_OPT,
     as_json: bool = JSON_OPT,

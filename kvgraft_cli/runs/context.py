@@ -34,7 +34,7 @@ class RunContext:
     def make(cls, manifest: Manifest, store: Path | str | None = None, ledger: Path | None = None,
              allow_drift: bool = False) -> "RunContext":
         paths = manifest.data["paths"]
-        ref = store_ref(store if store is not None else paths["store"])
+        ref = str(store if store is not None else paths["store"])
         if ref.startswith(REMOTE_SCHEME):
             from ..store.remote import cache_dir, normalize
 
@@ -97,12 +97,3 @@ class RunContext:
             if engine.drift:
                 base["drift"] = engine.drift.items
         return base
-
-
-def store_ref(store: Path | str) -> str:
-    """A store reference as given: a folder path or an ``s3://`` URL. A URL that went through ``Path`` arrives
-    with its double slash collapsed (``s3:/bucket/prefix``); it is read as the URL it was."""
-    ref = str(store)
-    if ref.startswith("s3:/") and not ref.startswith(REMOTE_SCHEME):
-        ref = REMOTE_SCHEME + ref[len("s3:/"):]
-    return ref

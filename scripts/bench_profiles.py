@@ -1,11 +1,14 @@
-"""Benchmark: what the portable profile costs against the native one, measured side by side in one run.
+"""Benchmark: what the portable profile costs against the native one, and the invariant prefill schedule against
+the single one, measured side by side in one run.
 
 Kernel flags are fixed when torch is imported, so every measurement runs in its own child process; the parent
 alternates profiles round by round (portable, native 1 thread, native N threads, portable, ...) so that a noisy
 neighbour hits all of them alike, and reports the median over rounds of each child's median. Measured per prefix
 length: prefill (the deposit's and a fresh computation's cost) and 16 greedy decode steps after it (what every
-graft pays per generated token). Usage:
+graft pays per generated token). With ``--schedules single invariant`` every profile also runs under the invariant
+schedule (one token a forward, issue #13), and the table adds invariant / single per profile. Usage:
     python scripts/bench_profiles.py [--lengths 128 512] [--rounds 3] [--model smol|tiny]
+                                     [--schedules single invariant]
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--model", default="smol", choices=["smol", "tiny"])
+    ap.add_argument("--schedules", nargs="+", default=["single"], choices=["single", "invariant"])
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -65,7 +69,8 @@ def main() -> None:
     from kvgraft_cli.config.modelhash import hash_model_dir
 
     n_cpu = os.cpu_count() or 1
-    configs = [("portable", 1), ("native", 1), ("native", n_cpu)]
+    profiles = [("portable", 1), ("native", 1), ("native", n_cpu)]
+    configs = [(p, t, s) for s in args.schedules for p, t in profiles]
     env = environ_without_pins()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -73,10 +78,10 @@ def main() -> None:
                         "--model", args.model], check=True, capture_output=True)
         h = hash_model_dir(tmp / "model")
         manifests = []
-        for prof, threads in configs:
-            path = tmp / f"{prof}-{threads}.yaml"
+        for prof, threads, schedule in configs:
+            path = tmp / f"{prof}-{threads}-{schedule}.yaml"
             path.write_text(dump_yaml(make_manifest(str(tmp / "model"), h.model_sha256, h.tokenizer_sha256,
-                                                    profile=prof, threads=threads)))
+                                                    profile=prof, threads=threads, schedule=schedule)))
             manifests.append(path)
         runs: dict[int, list[dict]] = {i: [] for i in range(len(configs))}
         for r in range(args.rounds):
@@ -90,16 +95,23 @@ def main() -> None:
     def med(i, n, what):
         return statistics.median(run[str(n)][what] for run in runs[i])
 
-    names = [f"{p} {t}t" for p, t in configs]
     print(f"model {args.model}, float32, {args.rounds} rounds x median of {args.repeat}; seconds")
-    for what in ("prefill", "decode"):
-        print(f"\n{what}{' (per token)' if what == 'decode' else ''}")
-        print(f"{'tokens':>7} " + " ".join(f"{n:>13}" for n in names)
-              + f" {'portable/native 1t':>19} {'portable/native ' + str(n_cpu) + 't':>19}")
-        for n in args.lengths:
-            vals = [med(i, n, what) for i in range(len(configs))]
-            print(f"{n:>7} " + " ".join(f"{v:>13.4f}" for v in vals)
-                  + f" {vals[0] / vals[1]:>18.2f}x {vals[0] / vals[2]:>18.2f}x")
+    k = len(profiles)
+    for s, schedule in enumerate(args.schedules):
+        names = [f"{p} {t}t" for p, t in profiles]
+        for what in ("prefill", "decode"):
+            print(f"\n{schedule} schedule, {what}{' (per token)' if what == 'decode' else ''}")
+            print(f"{'tokens':>7} " + " ".join(f"{n:>13}" for n in names)
+                  + f" {'portable/native 1t':>19} {'portable/native ' + str(n_cpu) + 't':>19}"
+                  + ("".join(f" {'inv/single ' + n:>22}" for n in names) if schedule != "single" else ""))
+            for n in args.lengths:
+                vals = [med(s * k + i, n, what) for i in range(k)]
+                line = (f"{n:>7} " + " ".join(f"{v:>13.4f}" for v in vals)
+                        + f" {vals[0] / vals[1]:>18.2f}x {vals[0] / vals[2]:>18.2f}x")
+                if schedule != "single" and "single" in args.schedules:
+                    base = args.schedules.index("single") * k
+                    line += "".join(f" {v / med(base + i, n, what):>21.2f}x" for i, v in enumerate(vals))
+                print(line)
 
 
 if __name__ == "__main__":

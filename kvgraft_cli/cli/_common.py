@@ -25,6 +25,7 @@ Device = _choices("Device", DEVICES)
 Dtype = _choices("Dtype", DTYPES)
 Attn = _choices("Attn", ATTN_IMPLEMENTATIONS)
 SdpaBackend = _choices("SdpaBackend", SDPA_BACKENDS)
+Schedule = _choices("Schedule", ("single", "invariant"))  # what `manifest init` and `matrix` offer
 Codec = _choices("Codec", ("auto", "raw", "zstd"))  # artifacts.container.CODECS and "auto"
 
 MANIFEST_OPT = typer.Option(None, "--manifest", "-m", help="Run-manifest YAML (default: the embedded tiny Gemma-4).")

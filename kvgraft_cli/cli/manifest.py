@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from ..errors import InputError
-from ._common import Attn, Device, Dtype, JSON_OPT, MAX_THREADS, Profile
+from ._common import Attn, Device, Dtype, JSON_OPT, MAX_THREADS, Profile, Schedule
 from ._help import Command, Group
 from ._output import err, out, print_json
 
@@ -52,6 +52,9 @@ def init(
     dtype: Dtype = typer.Option(Dtype.float32, "--dtype"),
     attn: Attn = typer.Option(Attn.eager, "--attn", help="Attention implementation."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, max=MAX_THREADS, help="Pin this many threads (default: the profile's)."),
+    schedule: Schedule = typer.Option(Schedule.single, "--schedule", help="Prefill schedule: single (one forward "
+                                      "for the prefix) or invariant (one token a forward: a graft equals one "
+                                      "forward over the whole prompt, whatever the chunking; prefill at decode speed)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
 ) -> None:
     """Write a pinned manifest for a local model directory (model and tokenizer hashes computed here)."""
@@ -65,7 +68,7 @@ def init(
         gpu = visible_gpu_name()
     text, hashes = manifest_for_model_dir(model_dir, output, profile=profile.value, device=device.value,
                                           dtype=dtype.value, attn_implementation=attn.value, threads=threads,
-                                          gpu_name=gpu)
+                                          gpu_name=gpu, schedule=schedule.value)
     if output is None:
         sys.stdout.write(text)
         return

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ..errors import CheckFailed
-from ._common import (JSON_OPT, MAX_THREADS, Attn, Device, Dtype, Profile, SdpaBackend,
+from ._common import (JSON_OPT, MAX_THREADS, Attn, Device, Dtype, Profile, Schedule, SdpaBackend,
                       at_most_max_count)
 from ._output import cell, err, out, print_json, short, table
 
@@ -23,6 +23,10 @@ def matrix(
     samples: int = typer.Option(50, "--samples", min=1, callback=at_most_max_count, help="Samples per cell."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, max=MAX_THREADS, help="Pin this many threads (default: the profile's)."),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Where the tiny models are written (default: a temporary folder)."),
+    schedule: Schedule = typer.Option(Schedule.single, "--schedule",
+                                      help="Prefill schedule of every cell's manifest (invariant: one token a forward)."),
+    single_pass: bool = typer.Option(False, "--single-pass", help="Fresh side: one forward over prefix+suffix "
+                                     "instead of prefill then suffix (byte-equal only under --schedule invariant)."),
     markdown: bool = typer.Option(False, "--markdown", help="Print the README's table (one row per architecture)."),
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -43,7 +47,7 @@ def matrix(
 
         cells = run_matrix(archs, dtypes, profiles, samples, device=device.value, attn=attn.value,
                            sdpa_backend=sdpa_backend.value if sdpa_backend else None, threads=threads,
-                           workdir=workdir, on_cell=progress)
+                           workdir=workdir, schedule=schedule.value, single_pass=single_pass, on_cell=progress)
     if as_json:
         print_json({"cells": [c.to_json() for c in cells], "samples": samples,
                      "exact": sum(c.exact for c in cells), "unsupported": sum(c.unsupported is not None for c in cells),
@@ -51,7 +55,9 @@ def matrix(
     elif markdown:
         out.print(markdown_table(cells), markup=False, soft_wrap=True)
     else:
-        t = table(f"graft vs fresh, {samples} samples per cell ({device.value}, {attn.value})",
+        fresh = "one forward over prefix+suffix" if single_pass else "fresh"
+        t = table(f"graft vs {fresh}, {samples} samples per cell ({device.value}, {attn.value}, "
+                  f"schedule {schedule.value})",
                   ("architecture", "dtype", "profile", "SHA-equal", "max KL", "argmax", "fingerprint", "s"),
                   right=("SHA-equal", "max KL", "argmax", "s"))
         for c in cells:

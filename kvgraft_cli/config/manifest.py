@@ -102,9 +102,18 @@ def compute_pin(data: dict[str, Any]) -> dict[str, Any]:
     return {
         "model": model,
         "runtime": data["runtime"],
-        "prefill": data["prefill"],
+        "prefill": pinned_prefill(data["prefill"]),
         "prompt": {"add_bos": data["prompt"]["add_bos"], "prefix": data["prompt"]["prefix"]},
     }
+
+
+def pinned_prefill(prefill: dict[str, Any]) -> dict[str, Any]:
+    """The prefill schedule as it decides cache bits. Under ``invariant`` every token is computed in a forward of
+    its own, so how calls are grouped (``chunk_size``) changes no bit and is left out: artifacts deposited with one
+    chunk size graft into runs that use another. ``single`` and ``chunked`` are pinned whole."""
+    if prefill.get("schedule") == "invariant":
+        return {"schedule": "invariant"}
+    return prefill
 
 
 MAX_YAML_DEPTH = 32  # a manifest nests 4 levels, a prereg 6
@@ -320,10 +329,11 @@ def dump_yaml(data: dict[str, Any]) -> str:
 def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, profile: str = "portable",
                   device: str = "cpu", dtype: str = "float32", attn_implementation: str = "eager",
                   threads: int | None = None, gpu_name: str | None = None, name: str | None = None,
-                  sdpa_backend: str | None = None) -> dict[str, Any]:
+                  sdpa_backend: str | None = None, schedule: str = "single") -> dict[str, Any]:
     """A complete pinned manifest for a model directory, with this environment's library versions.
 
-    ``profile`` names a kernel-flag profile (see profiles.PROFILES). Every bit-affecting environment variable
+    ``profile`` names a kernel-flag profile (see profiles.PROFILES); ``schedule`` the prefill schedule (single or
+    invariant; chunked needs a chunk size: edit the file). Every bit-affecting environment variable
     the profile does not set is pinned to null (must be unset), so a stray one in the shell shows up as drift.
     """
     from importlib.metadata import version
@@ -345,7 +355,7 @@ def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, 
                     "sdpa_backend": (sdpa_backend or "math") if attn_implementation == "sdpa" else None,
                     "env": env,
                     "versions": {"torch": torch_version(), "transformers": version("transformers")}},
-        "prefill": {"schedule": "single", "chunk_size": None},
+        "prefill": {"schedule": schedule, "chunk_size": None},
         "prompt": {"add_bos": True, "prefix": "Problem: {problem}\nSolution: {solution}\n",
                    "query": "\nQuestion: {query}\nAnswer:"},
         "input": {"id": "id", "problem": "problem", "solution": "solution", "answer": "answer",

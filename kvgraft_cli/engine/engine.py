@@ -16,7 +16,7 @@ from . import determinism
 from ..artifacts.format import LayerState
 from .determinism import Drift
 from ..errors import InputError, UnsupportedModel
-from ..config.manifest import Manifest, clip
+from ..config.manifest import Manifest, clip, pinned_prefill
 from ..config.modelhash import CHARS_PER_TOKEN, ModelHashes, hash_model_dir
 
 # Architectures whose cache is not kvgraft's (refused by config.json's model_type before the weights load): their
@@ -117,6 +117,8 @@ class Engine:
         """
         import torch
 
+        if self.invariant and len(ids) > 1:
+            return self._forward_token_by_token(cache, ids, last_only, start)
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         extra = {}
         if start is not None:
@@ -124,6 +126,46 @@ class Engine:
         with self._infer():
             out = self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1 if last_only else 0, **extra)
         return out.logits[0]
+
+    @property
+    def invariant(self) -> bool:
+        """Whether the manifest's schedule is ``invariant``: every forward computes one token at a time."""
+        return self.manifest.data["prefill"]["schedule"] == "invariant"
+
+    def _forward_token_by_token(self, cache, ids: list[int], last_only: bool, start: int | None):
+        """The invariant schedule's forward: one model call per token, in order, on ``cache``.
+
+        Why this is schedule-invariant: the call for the token at position p always has the same shapes (one query
+        row; the p cached keys before it) and the same inputs (by induction, the cache rows before p were computed
+        the same way), so on a deterministic backend it runs the same kernels on the same bytes whichever way the
+        prompt was split into calls. Batched kernels are not: a GEMM's row, a reduction's order, depend on how
+        many rows are computed together (scripts/schedule_diff.py names the first such module). The cost is that
+        a prefill runs at decode speed; a graft's decode steps were one token a call already."""
+        import torch
+
+        rows = []
+        for i, token in enumerate(ids):
+            logits = self.forward(cache, [token], start=None if start is None else start + i)
+            if not last_only or i == len(ids) - 1:
+                rows.append(logits)
+        return torch.cat(rows)
+
+    def single_pass(self, ids: list[int], keep: int):
+        """Logits of the last ``keep`` positions of one forward over ``ids`` from position 0 on a fresh cache: the
+        reference a user would compute by simply running the model on the whole prompt (under the invariant
+        schedule, the schedule's own forward; otherwise one batched call of the model)."""
+        if self.invariant:
+            return self.forward(self.new_cache(), ids)[-keep:]
+        return self.batched_pass(ids, keep)
+
+    def batched_pass(self, ids: list[int], keep: int):
+        """Logits of the last ``keep`` positions of one batched model call over ``ids`` (whatever the schedule):
+        what the model's own kernels compute, for comparison with the invariant schedule's bits."""
+        import torch
+
+        with self._infer():
+            x = torch.tensor([ids], dtype=torch.long, device=self.device)
+            return self.model(input_ids=x, logits_to_keep=keep).logits[0]
 
     @property
     def max_positions(self) -> int | None:
@@ -147,7 +189,7 @@ class Engine:
         if cache is None:
             cache = self.new_cache()
         sched = self.manifest.data["prefill"]
-        step = len(ids) if sched["schedule"] == "single" else sched["chunk_size"]
+        step = len(ids) if sched["schedule"] == "single" else (sched.get("chunk_size") or len(ids))
         logits = None
         for start in range(0, len(ids), step):
             logits = self.forward(cache, ids[start : start + step], last_only=True,
@@ -249,7 +291,7 @@ class Engine:
             "manifest_sha256": self.manifest.compute_sha256,
             "dtype": m["model"]["dtype"],
             "device": m["runtime"]["device"],
-            "prefill": json.dumps(m["prefill"], sort_keys=True, separators=(",", ":")),
+            "prefill": json.dumps(pinned_prefill(m["prefill"]), sort_keys=True, separators=(",", ":")),
             "start_position": str(start),
             "logits_sha256": logits_sha256,
             "logits_dtype": m["model"]["dtype"],

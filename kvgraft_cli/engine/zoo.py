@@ -112,7 +112,7 @@ def get_arch(name: str) -> TinyArch:
 
 def tiny_manifest(arch: str, workdir: Path, *, dtype: str = "float32", profile: str = "portable",
                   device: str = "cpu", attn_implementation: str = "eager", threads: int | None = None,
-                  gpu_name: str | None = None, sdpa_backend: str | None = None):
+                  gpu_name: str | None = None, sdpa_backend: str | None = None, schedule: str = "single"):
     """Write ``arch``'s tiny checkpoint under ``workdir`` (reused when already there) and a pinned manifest for it.
 
     Returns the loaded :class:`~kvgraft_cli.manifest.Manifest`. Import order matters: call this before torch is
@@ -133,7 +133,7 @@ def tiny_manifest(arch: str, workdir: Path, *, dtype: str = "float32", profile: 
     h = hash_model_dir(model_dir)
     data = make_manifest(str(model_dir.resolve()), h.model_sha256, h.tokenizer_sha256, profile=profile, device=device,
                          dtype=dtype, attn_implementation=attn_implementation, threads=threads, gpu_name=gpu_name,
-                         sdpa_backend=sdpa_backend, name=f"tiny-{arch}-{dtype}-{profile}-{device}")
-    path = workdir / f"{arch}-{dtype}-{profile}-{device}-{attn_implementation}{sdpa_backend or ''}.yaml"
+                         sdpa_backend=sdpa_backend, schedule=schedule, name=f"tiny-{arch}-{dtype}-{profile}-{device}")
+    path = workdir / f"{arch}-{dtype}-{profile}-{device}-{attn_implementation}{sdpa_backend or ''}-{schedule}.yaml"
     path.write_text(dump_yaml(data), encoding="utf-8")
     return load_manifest(path)

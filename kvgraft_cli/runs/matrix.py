@@ -5,6 +5,10 @@ captured, encoded to ``.kvg`` bytes and decoded again (the on-disk path), restor
 suffix and a few greedy steps run on it; the same runs on a freshly prefilled cache. A sample counts as SHA-equal
 when the two logits tensors have the same SHA-256 (equal bytes). KL is computed in float64.
 
+With ``single_pass`` the fresh side is instead one forward over prefix+suffix from position 0 (what a user gets by
+simply running the model on the whole prompt): under the ``invariant`` schedule that must be byte-equal too; under
+``single`` it is not (the single-pass difference the graft check reports), and the matrix says so.
+
 A cell's ``fingerprint`` is the SHA-256 over its fresh logits hashes: the number a second machine must reproduce
 for the profile to be called portable (see tests/test_portable.py and scripts/portability.py).
 
@@ -52,6 +56,8 @@ class Cell:
     fingerprint: str = ""  # SHA-256 over the per-sample fresh logits hashes
     unsupported: str | None = None  # the reason, when the cell cannot run here
     seconds: float = 0.0
+    schedule: str = "single"  # the manifests' prefill schedule
+    single_pass: bool = False  # the fresh side is one forward over prefix+suffix
 
     @property
     def exact(self) -> bool:
@@ -73,7 +79,8 @@ def sample_text(seed: int, i: int, what: str, lo: int, hi: int) -> str:
 
 
 def run_cell(engine: Engine, cell: Cell, samples: int, seed: int = 0) -> Cell:
-    """Fill ``cell`` with ``samples`` graft-vs-fresh comparisons on ``engine``."""
+    """Fill ``cell`` with ``samples`` graft-vs-fresh comparisons on ``engine`` (fresh: the manifest's schedule, or
+    with ``cell.single_pass`` one forward over prefix+suffix)."""
     import torch
 
     t0 = time.perf_counter()
@@ -87,7 +94,11 @@ def run_cell(engine: Engine, cell: Cell, samples: int, seed: int = 0) -> Cell:
         grafted = engine.restore(kvg.decode(payload).layers)
         runs = []
         for c in (fresh, grafted):
-            logits = engine.forward(c, suffix)
+            if c is fresh and cell.single_pass:
+                c = engine.new_cache()
+                logits = engine.forward(c, prefix + suffix)[-len(suffix):]
+            else:
+                logits = engine.forward(c, suffix)
             _, steps = engine.greedy(c, logits[-1], DECODE_STEPS)
             runs.append(torch.cat([logits, steps]))
         want, got = runs
@@ -103,21 +114,27 @@ def run_cell(engine: Engine, cell: Cell, samples: int, seed: int = 0) -> Cell:
     return cell
 
 
-def check_selection(archs: list[str], dtypes: list[str], profiles: list[str]) -> None:
-    """Refuse unknown architectures, dtypes and profiles by name (before any model is built)."""
+MATRIX_SCHEDULES = ("single", "invariant")  # chunked needs a chunk size; the matrix compares whole prefixes
+
+
+def check_selection(archs: list[str], dtypes: list[str], profiles: list[str], schedule: str = "single") -> None:
+    """Refuse unknown architectures, dtypes, profiles and schedules by name (before any model is built)."""
     bad = ([a for a in archs if a not in ARCHS] + [d for d in dtypes if d not in DTYPES]
            + [p for p in profiles if p not in PROFILES])
     if bad:
         raise InputError(f"unknown architecture, dtype or profile: {', '.join(bad)}",
                          f"architectures: {', '.join(ARCHS)}; dtypes: {', '.join(DTYPES)}; "
                          f"profiles: {', '.join(PROFILES)}")
+    if schedule not in MATRIX_SCHEDULES:
+        raise InputError(f"unknown matrix schedule {schedule!r}", f"choose one of {', '.join(MATRIX_SCHEDULES)}")
 
 
 def run_profile(profile: str, workdir: Path, archs: list[str], dtypes: list[str], samples: int, *,
                 device: str = "cpu", attn: str = "eager", sdpa_backend: str | None = None,
-                threads: int | None = None, on_cell=None) -> list[Cell]:
+                threads: int | None = None, schedule: str = "single", single_pass: bool = False,
+                on_cell=None) -> list[Cell]:
     """Every arch x dtype cell under one profile, in this process. Pins the profile's environment first."""
-    check_selection(archs, dtypes, [profile])
+    check_selection(archs, dtypes, [profile], schedule)
     drift = determinism.apply_environment({"env": profile_env(profile, device)})
     drift.enforce(False, f"profile {profile}")  # torch imported earlier with other flags: refuse, never mislabel
     try:
@@ -129,10 +146,12 @@ def run_profile(profile: str, workdir: Path, archs: list[str], dtypes: list[str]
     cells = []
     for arch in archs:
         for dtype in dtypes:
-            cell = Cell(arch, dtype, profile, device, attn if attn != "sdpa" else f"sdpa-{sdpa_backend or 'math'}")
+            cell = Cell(arch, dtype, profile, device, attn if attn != "sdpa" else f"sdpa-{sdpa_backend or 'math'}",
+                        schedule=schedule, single_pass=single_pass)
             try:
                 manifest = tiny_manifest(arch, workdir, dtype=dtype, profile=profile, device=device,
-                                         attn_implementation=attn, threads=threads, sdpa_backend=sdpa_backend)
+                                         attn_implementation=attn, threads=threads, sdpa_backend=sdpa_backend,
+                                         schedule=schedule)
                 try:
                     engine = load_engine(manifest)
                 except ValueError as e:  # transformers refuses this attention implementation for the architecture
@@ -185,21 +204,23 @@ def describe(c: Cell) -> str:
 
 
 def profile_job(profile: str, workdir: str, archs: list[str], dtypes: list[str], samples: int, device: str,
-                attn: str, sdpa_backend: str | None, threads: int | None, emit) -> None:
+                attn: str, sdpa_backend: str | None, threads: int | None, emit, schedule: str = "single",
+                single_pass: bool = False) -> None:
     """The worker job behind :func:`run_matrix`: one profile's cells, each emitted as a record when done."""
     run_profile(profile, Path(workdir), archs, dtypes, samples, device=device, attn=attn, sdpa_backend=sdpa_backend,
-                threads=threads, on_cell=lambda c: emit(c.to_json()))
+                threads=threads, schedule=schedule, single_pass=single_pass, on_cell=lambda c: emit(c.to_json()))
 
 
 def run_matrix(archs: list[str], dtypes: list[str], profiles: list[str], samples: int, *, device: str = "cpu",
                attn: str = "eager", sdpa_backend: str | None = None, threads: int | None = None,
-               workdir: Path | None = None, on_cell=None) -> list[Cell]:
+               workdir: Path | None = None, schedule: str = "single", single_pass: bool = False,
+               on_cell=None) -> list[Cell]:
     """Every arch x dtype x profile cell, each profile in a fresh worker process (its own kernel flags)."""
     import tempfile
 
     from .workers.local import run_job
 
-    check_selection(archs, dtypes, profiles)
+    check_selection(archs, dtypes, profiles, schedule)
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory(prefix="kvgraft-matrix-") as tmp:
         base = Path(workdir) if workdir is not None else Path(tmp)
@@ -211,6 +232,7 @@ def run_matrix(archs: list[str], dtypes: list[str], profiles: list[str], samples
 
             run_job("matrix-profile", {"profile": prof, "workdir": str(base / prof), "archs": archs, "dtypes": dtypes,
                                        "samples": samples, "device": device, "attn": attn,
-                                       "sdpa_backend": sdpa_backend, "threads": threads},
+                                       "sdpa_backend": sdpa_backend, "threads": threads, "schedule": schedule,
+                                       "single_pass": single_pass},
                     arrived, where=f"matrix worker for profile {prof}")
     return cells

@@ -6,7 +6,8 @@
 #   bash scripts/gpu_check.sh
 # Results land in $OUT (default ./gpu-out): log.txt and one JSON/text file per step. Each step has its own time
 # limit so one slow step cannot cost the others: at most about 9 minutes on an H200 (measured: the eager matrix
-# took 140 s, the CPU fingerprints 60 s). GPU_BENCH=1 adds the graft benchmark (about 50 s); mind the 10-minute call cap.
+# took 140 s, the CPU fingerprints 60 s). GPU_BENCH=1 adds the graft benchmark (about 50 s), GPU_INVARIANT=1 the
+# invariant schedule's matrices (issue #13; not yet run on a GPU); mind the 10-minute call cap.
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -48,6 +49,17 @@ step "CPU portability fingerprints on this machine's CPU (compare with scripts/p
 for prof in portable native; do
   timeout 50 $K matrix --device cpu --profile $prof --samples 10 --json > "$OUT/matrix-cpu-$prof.json"; echo "rc=$?"
 done
+
+if [ "${GPU_INVARIANT:-0}" = 1 ]; then
+  # Issue #13 on CUDA and on a second CPU: the invariant schedule (one token a forward), graft against one forward
+  # over prefix+suffix; the CPU fingerprints compare with this project's machine through scripts/portability.py.
+  step "invariant schedule: CUDA matrix against the single pass, 10 samples"
+  timeout 150 $K matrix --device cuda --schedule invariant --single-pass --samples 10 --json \
+    > "$OUT/matrix-cuda-invariant.json"; echo "rc=$?"
+  step "invariant schedule: CPU portable fingerprints on this machine's CPU"
+  timeout 90 $K matrix --device cpu --profile portable --schedule invariant --single-pass --samples 10 --json \
+    > "$OUT/matrix-cpu-portable-invariant.json"; echo "rc=$?"
+fi
 
 if [ "${GPU_BENCH:-0}" = 1 ]; then
   step "graft benchmark on the GPU (SmolLM-135M shape, bfloat16)"

@@ -1,11 +1,12 @@
 """An independent reader written from docs/FORMAT.md (zstandard, json, struct, hashlib, numpy: no kvgraft, no
-safetensors, no torch) agrees with kvgraft on a real artifact."""
+safetensors, no torch) agrees with kvgraft on a real artifact, in every codec."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import struct
+from pathlib import Path
 
 import numpy as np
 import zstandard
@@ -13,14 +14,31 @@ import zstandard
 
 def read_kvg(path):
     data = path.read_bytes()
-    if data[:8] == b"\x89KVG\r\n\x1a\n":  # the v2 container: the payload stored raw at its offset
+    if data[:8] == b"\x89KVG\r\n\x1a\n":  # the v2 container
         (h,) = struct.unpack("<I", data[8:12])
         container = json.loads(data[12:12 + h])
-        assert container["version"] == 2 and container["codec"] == "raw"
-        assert not any(data[12 + h:container["payload_offset"]])
-        payload = data[container["payload_offset"]:]
+        assert container["version"] == 2 and not any(data[12 + h:container["payload_offset"]])
+        assert container["payload_offset"] == -(-(12 + h) // 4096) * 4096
+        pos = container["payload_offset"]
+        if container["codec"] == "raw":  # the payload stored as it is
+            payload = data[pos:]
+        else:  # shuffle-zstd: chunks, each byte-plane shuffled and one zstd frame
+            assert container["codec"] == "shuffle-zstd"
+            payload, e, size = bytearray(), container["element_bytes"], container["chunk_bytes"]
+            assert len(container["chunks"]) == -(-container["payload_bytes"] // size)
+            for stored, sha in container["chunks"]:
+                frame = data[pos:pos + stored]
+                pos += stored
+                assert hashlib.sha256(frame).hexdigest() == sha
+                planes = zstandard.ZstdDecompressor().decompress(frame)
+                m = len(planes) // e
+                chunk = bytearray(planes)
+                for j in range(e):
+                    chunk[j:m * e:e] = planes[j * m:(j + 1) * m]
+                payload += chunk
+            assert pos == len(data)
         assert len(payload) == container["payload_bytes"]
-    else:  # a bare zstd frame (v1 files; 16-bit dtypes)
+    else:  # a bare zstd frame (v1 files)
         payload = zstandard.ZstdDecompressor().decompress(data)
     assert hashlib.sha256(payload).hexdigest() == path.stem
     (n,) = struct.unpack("<Q", payload[:8])
@@ -39,7 +57,8 @@ def read_kvg(path):
     return meta, tensors
 
 
-def test_independent_reader_reads_both_codecs(deposited, tmp_path):
+def test_independent_reader_reads_every_codec(deposited, tmp_path):
+    from kvgraft_cli.artifacts import container
     from kvgraft_cli.artifacts import format as kvg
 
     ctx, report = deposited
@@ -47,12 +66,20 @@ def test_independent_reader_reads_both_codecs(deposited, tmp_path):
     path = ctx.store / "objects" / r.artifact[:2] / f"{r.artifact}.kvg"
     payload, _ = kvg.read_file(path, expected_sha256=r.artifact)
     got = {}
-    for codec in ("raw", "zstd"):
+    for codec in ("raw", "zstd", "shuffle-zstd", "shuffle-zstd in small chunks"):
         (tmp_path / codec).mkdir()
         p = tmp_path / codec / f"{r.artifact}.kvg"
-        kvg.write_file(p, bytes(payload), codec=codec)
+        if codec == "shuffle-zstd in small chunks":  # several chunks, the last one shorter
+            p.write_bytes(container.shuffle_zstd_file(bytes(payload), 4, chunk_bytes=64 << 10))
+            head = p.read_bytes()
+            assert len(json.loads(head[12:12 + struct.unpack("<I", head[8:12])[0]])["chunks"]) >= 2
+            assert len(payload) % (64 << 10)
+        else:
+            kvg.write_file(p, bytes(payload), codec=codec)
         got[codec] = read_kvg(p)
-    assert got["raw"][0] == got["zstd"][0] and all(np.array_equal(got["raw"][1][k], v) for k, v in got["zstd"][1].items())
+    for codec in got:
+        assert got[codec][0] == got["zstd"][0] and all(np.array_equal(got[codec][1][k], v)
+                                                       for k, v in got["zstd"][1].items())
 
 
 def test_independent_reader_agrees(deposited):
@@ -75,3 +102,25 @@ def test_independent_reader_agrees(deposited):
     entry = next(e for e in __import__("kvgraft_cli.ledger.log").ledger.log.read(ctx.ledger)
                  if e["kind"] == "deposit" and e["outputs"]["artifact"]["sha256"] == r.artifact)
     assert hashlib.sha256(t["token_ids"].astype("<i8").tobytes()).hexdigest() == entry["inputs"]["token_ids"]["sha256"]
+
+
+def test_the_documented_reader_runs(deposited, tmp_path):
+    """docs/FORMAT.md's "Reading one by hand" code, run as it is written on a file in every codec."""
+    import re
+
+    from kvgraft_cli.artifacts import format as kvg
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md").read_text()
+    section = doc[doc.index("## Reading one by hand"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    ctx, report = deposited
+    r = next(r for r in report.results if r.id == "angle-1")
+    payload, _ = kvg.read_file(ctx.store / "objects" / r.artifact[:2] / f"{r.artifact}.kvg", expected_sha256=r.artifact)
+    for codec in ("raw", "zstd", "shuffle-zstd"):
+        p = tmp_path / f"{codec}.kvg"
+        kvg.write_file(p, bytes(payload), codec=codec)
+        run = code.replace('"objects/ab/ab12....kvg"', repr(str(p))).replace('"ab12..."', repr(r.artifact))
+        scope: dict = {}
+        exec(compile(run, "FORMAT.md", "exec"), scope)
+        assert bytes(scope["payload"]) == bytes(payload) and scope["meta"]["format"] == "kvgraft.kvg"
+        assert list(scope["ids"]) == list(scope["tensor"]("token_ids"))

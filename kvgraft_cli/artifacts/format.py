@@ -3,8 +3,8 @@
 Payload = safetensors bytes (tensors ``token_ids`` and ``layers.NNN.keys`` / ``layers.NNN.values``) written by
 :func:`canonical_safetensors`, so equal content gives equal bytes. (``safetensors.torch.save`` does not: it keeps
 ``__metadata__`` in a hash map whose order changes from call to call.) Identity = SHA-256 of the payload. File = the
-payload in one of two codecs (artifacts.container: raw in the v2 container, or one zstd frame); neither the codec nor
-the compression level ever changes the identity. docs/FORMAT.md specifies it for third parties.
+payload in one of three codecs (artifacts.container: raw or shuffle-zstd in the v2 container, or one zstd frame);
+neither the codec nor the compression level ever changes the identity. docs/FORMAT.md specifies it for third parties.
 No pickle: tensors are parsed by safetensors, metadata by ``json``.
 """
 
@@ -242,10 +242,15 @@ def _assemble(tensors: dict, meta: dict[str, str], source: str) -> Artifact:
 def write_file(path: Path, payload: bytes, level: int = 3, codec: str = "auto") -> str:
     """Write a ``.kvg`` file atomically in ``codec`` (``auto``: by the payload's dtype, container.default_codec);
     returns the codec written. The identity (the payload's SHA-256) is the same whatever the codec."""
-    if codec == "auto":
-        codec = container.default_codec(read_header(payload)["__metadata__"].get("dtype", ""))
-    codec = container.pick_codec(codec, "")
-    atomic_write_bytes(path, container.raw_file(payload) if codec == "raw" else compress(payload, level))
+    dtype = read_header(payload)["__metadata__"].get("dtype", "") if codec in ("auto", "shuffle-zstd") else ""
+    codec = container.pick_codec(codec, dtype)
+    if codec == "raw":
+        data = container.raw_file(payload)
+    elif codec == "shuffle-zstd":
+        data = container.shuffle_zstd_file(payload, container.element_bytes(dtype), level)
+    else:
+        data = compress(payload, level)
+    atomic_write_bytes(path, data)
     return codec
 
 
@@ -261,12 +266,13 @@ def open_file(path: Path, expected_sha256: str | None = None) -> tuple[str, Arti
     """(identity, artifact) of a ``.kvg`` file, re-hashed (against ``expected_sha256`` when given), the fastest way
     its codec allows. A raw file's tensors are each read once into memory of their own while a second thread hashes
     what was read (the header first, then the tensors in data order: exactly the payload's bytes), so the bytes
-    hashed are the bytes used, the file is read once, and nothing is returned before the digest matches. A zstd file is decompressed
-    into one buffer while its chunks are hashed (payload.read_payload) and viewed in place."""
+    hashed are the bytes used, the file is read once, and nothing is returned before the digest matches. A zstd or
+    shuffle-zstd file is decompressed into one buffer while its chunks are hashed (payload.read_payload) and viewed
+    in place."""
     path = Path(path)
     with _payload._open(path) as f:
-        raw = container.is_container(f.read(8))
-    if not raw:
+        codec = container.peek_codec(f)
+    if codec != "raw":  # zstd, shuffle-zstd: decompressed into one buffer while a thread hashes, viewed in place
         payload = read_payload(path, expected_sha256)
         import hashlib
 

@@ -143,10 +143,8 @@ def read_info(path: Path) -> ArtifactInfo:
         head = f.read(18)  # the longest zstd frame header
         if not head:
             raise IntegrityError(f"{source}: empty file (a .kvg file is one zstd frame)", _REFETCH)
-        if container.is_container(head):  # the raw codec: the payload lies at its offset as it is
-            offset, size = container.check_container(f, file_bytes, source, 1 << 62)
-            f.seek(offset)
-            reader, codec = f, "raw"
+        if container.is_container(head):  # the v2 container: raw in place, shuffle-zstd through its chunk reader
+            reader, size, codec = container.open_payload(f, file_bytes, source, 1 << 62)
         else:
             size = _frame_size(head, source)
             f.seek(0)

@@ -238,7 +238,7 @@ def decompress(data: bytes, source: str, max_size: int | None = None, strict: bo
 
     cap = max_payload() if max_size is None else max_size
     if container.is_container(data[:8]):
-        return bytes(container.read_raw(io.BytesIO(data), len(data), source, cap, None))
+        return bytes(container.read_container(io.BytesIO(data), len(data), source, cap, None))
     size = _frame_size(lambda o, n: data[o:o + n], len(data), source, cap)
     _check_header_only(_checked(_stream(io.BytesIO(data), source), size, source, strict))
     return _one_shot(data, size, source)
@@ -271,8 +271,8 @@ def read_payload(path: Path, expected_sha256: str | None = None, max_size: int |
     source = str(path)
     cap = max_payload() if max_size is None else max_size
     with _open(Path(path)) as f:
-        if container.is_container(f.read(8)):  # the raw codec: read in place while a thread hashes
-            return container.read_raw(f, os.fstat(f.fileno()).st_size, source, cap, expected_sha256)
+        if container.is_container(f.read(8)):  # the v2 container (raw, shuffle-zstd): hashed while it is read
+            return container.read_container(f, os.fstat(f.fileno()).st_size, source, cap, expected_sha256)
 
         def read_at(offset: int, n: int) -> bytes:
             f.seek(offset)
@@ -315,7 +315,7 @@ def iter_payload(path: Path, max_size: int | None = None, strict: bool = False) 
     cap = max_payload() if max_size is None else max_size
     with _open(Path(path)) as f:
         if container.is_container(f.read(8)):
-            yield from container.iter_raw(f, os.fstat(f.fileno()).st_size, source, cap)
+            yield from container.iter_container(f, os.fstat(f.fileno()).st_size, source, cap)
             return
 
         def read_at(offset: int, n: int) -> bytes:

@@ -26,7 +26,7 @@ Dtype = _choices("Dtype", DTYPES)
 Attn = _choices("Attn", ATTN_IMPLEMENTATIONS)
 SdpaBackend = _choices("SdpaBackend", SDPA_BACKENDS)
 Schedule = _choices("Schedule", ("single", "invariant"))  # what `manifest init` and `matrix` offer
-Codec = _choices("Codec", ("auto", "raw", "zstd"))  # artifacts.container.CODECS and "auto"
+Codec = _choices("Codec", ("auto", "raw", "zstd", "shuffle-zstd"))  # artifacts.container.CODECS and "auto"
 
 MANIFEST_OPT = typer.Option(None, "--manifest", "-m", help="Run-manifest YAML (default: the embedded tiny Gemma-4).")
 # A store is a folder or an s3:// URL: typed str, since a Path would fold "s3://b/p" into "s3:/b/p".

@@ -20,7 +20,7 @@ def deposit(
     answer_extract: Optional[str] = typer.Option(None, "--answer-extract", help="Read the reference answer: verbatim, boxed or trailer."),
     allow_unverified: bool = typer.Option(False, "--allow-unverified", help="Also deposit unverifiable or wrong solutions (marked unverified)."),
     recompute: bool = typer.Option(False, "--recompute", help="Prefill again even when the store has the prefix; fail if the bytes differ."),
-    codec: Codec = typer.Option("auto", "--codec", help="How new artifact files are written: raw (auto's choice: restored at page-cache speed) or zstd (smaller files, slower restores); the identity is the same."),
+    codec: Codec = typer.Option("auto", "--codec", help="How new artifact files are written: raw (auto's choice: restored at page-cache speed), zstd or shuffle-zstd (smaller files, slower restores; shuffle-zstd the smallest); the identity is the same."),
     ray: bool = RAY_OPT,
     ray_address: Optional[str] = RAY_ADDRESS_OPT,
     workers: Optional[int] = WORKERS_OPT,

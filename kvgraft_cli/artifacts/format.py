@@ -301,7 +301,10 @@ def _open_raw(path: Path, expected_sha256: str | None) -> tuple[str, Artifact]:
             for name, t in sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
                                   key=lambda kv: kv[1]["data_offsets"][0]):
                 begin, end = t["data_offsets"]
-                own = torch.empty(end - begin, dtype=torch.uint8)
+                # Not torch.empty: under deterministic algorithms (every pinned manifest) it fills new memory, a
+                # second write of every byte before the read writes it; a bytearray's pages arrive zeroed by the OS.
+                own = torch.frombuffer(bytearray(end - begin), dtype=torch.uint8) if end > begin else \
+                    torch.empty(0, dtype=torch.uint8)
                 container.read_hashed(f, memoryview(own.numpy()), hasher, source)
                 tensors[name] = (own, t)
         finally:

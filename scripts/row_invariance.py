@@ -6,8 +6,8 @@ Checks, on seeded random inputs:
   qk         the last 121 query rows of q @ k.T vs the same rows computed alone
   softmax    a row's softmax over 300 keys vs over the same keys plus 8 masked (-inf) ones
   elementwise   exp, cos, sin, tanh, silu, gelu, rsqrt of a 4,099-element tensor vs the same values sliced out
-             (lengths 1..4,095, and 37-element slices at other offsets): ATen computes a tensor's tail apart from
-             its vectorized body, so an element's bits may depend on where it falls
+             (lengths 1..4,095, and 37-element slices at other offsets): does an element's bits depend on where
+             it falls in the tensor (a vectorized body and a separately computed tail would make it so)?
 
 Usage (flags are read when torch is imported: run it under the flags you want to know about):
     python scripts/row_invariance.py                       # this machine's native flags

@@ -9,6 +9,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zstandard
 
 
@@ -40,11 +41,11 @@ def read_kvg(path):
         assert len(payload) == container["payload_bytes"]
     else:  # a bare zstd frame (v1 files)
         payload = zstandard.ZstdDecompressor().decompress(data)
-    assert hashlib.sha256(payload).hexdigest() == path.stem
     (n,) = struct.unpack("<Q", payload[:8])
     assert n % 8 == 0
     header = json.loads(payload[8 : 8 + n])
     meta = header.pop("__metadata__")
+    assert identity(payload, meta.get("identity", "sha256")) == path.stem
     body = payload[8 + n :]
     offset, tensors = 0, {}
     for name, h in header.items():  # header order is data order, no gaps
@@ -57,18 +58,47 @@ def read_kvg(path):
     return meta, tensors
 
 
-def test_independent_reader_reads_every_codec(deposited, tmp_path):
-    from kvgraft_cli.artifacts import container
+def identity(payload: bytes, scheme: str) -> str:
+    """The identity by the document's words: SHA-256 of the payload, or of the tag, the length and the 1 MiB
+    leaves' digests."""
+    if scheme == "sha256":
+        return hashlib.sha256(payload).hexdigest()
+    assert scheme == "sha256-tree"
+    leaves = [hashlib.sha256(payload[i:i + 1048576]).digest() for i in range(0, len(payload), 1048576)]
+    return hashlib.sha256(b"kvgraft/sha256-tree/v1\n" + len(payload).to_bytes(8, "little") + b"".join(leaves)).hexdigest()
+
+
+def payload_in(deposited, scheme: str) -> tuple[bytes, str]:
+    """The deposited angle-1 artifact's payload (sha256: as deposited; sha256-tree: re-encoded with the key that
+    names the tree, over 1 MiB so it has several leaves) and its identity as kvgraft computes it."""
     from kvgraft_cli.artifacts import format as kvg
 
     ctx, report = deposited
     r = next(r for r in report.results if r.id == "angle-1")
-    path = ctx.store / "objects" / r.artifact[:2] / f"{r.artifact}.kvg"
-    payload, _ = kvg.read_file(path, expected_sha256=r.artifact)
+    payload, a = kvg.read_file(ctx.store / "objects" / r.artifact[:2] / f"{r.artifact}.kvg", expected_sha256=r.artifact)
+    if scheme == "sha256":
+        return bytes(payload), r.artifact
+    import torch
+
+    # 20x the kv heads (same tokens, same layout): a payload of several leaves, the last one short.
+    wide = [kvg.LayerState(st.kind, torch.cat([st.keys] * 20, 1), torch.cat([st.values] * 20, 1), st.sliding_window,
+                           st.cumulative_length) if st.kind != "empty" else st for st in a.layers]
+    payload = kvg.encode(a.token_ids, wide, {**a.meta, "identity": "sha256-tree"})
+    assert len(payload) > 1 << 20 and len(payload) % (1 << 20), len(payload)  # several leaves, the last one short
+    return payload, kvg.payload_identity(payload)
+
+
+@pytest.mark.parametrize("scheme", ["sha256", "sha256-tree"])
+def test_independent_reader_reads_every_codec(deposited, tmp_path, scheme):
+    from kvgraft_cli.artifacts import container
+    from kvgraft_cli.artifacts import format as kvg
+
+    payload, sha = payload_in(deposited, scheme)
+    assert identity(payload, scheme) == sha
     got = {}
     for codec in ("raw", "zstd", "shuffle-zstd", "shuffle-zstd in small chunks"):
         (tmp_path / codec).mkdir()
-        p = tmp_path / codec / f"{r.artifact}.kvg"
+        p = tmp_path / codec / f"{sha}.kvg"
         if codec == "shuffle-zstd in small chunks":  # several chunks, the last one shorter
             p.write_bytes(container.shuffle_zstd_file(bytes(payload), 4, chunk_bytes=64 << 10))
             head = p.read_bytes()
@@ -104,8 +134,10 @@ def test_independent_reader_agrees(deposited):
     assert hashlib.sha256(t["token_ids"].astype("<i8").tobytes()).hexdigest() == entry["inputs"]["token_ids"]["sha256"]
 
 
-def test_the_documented_reader_runs(deposited, tmp_path):
-    """docs/FORMAT.md's "Reading one by hand" code, run as it is written on a file in every codec."""
+@pytest.mark.parametrize("scheme", ["sha256", "sha256-tree"])
+def test_the_documented_reader_runs(deposited, tmp_path, scheme):
+    """docs/FORMAT.md's "Reading one by hand" code, run as it is written on a file in every codec, in both
+    identity schemes (and it refuses the other scheme's digest)."""
     import re
 
     from kvgraft_cli.artifacts import format as kvg
@@ -113,13 +145,15 @@ def test_the_documented_reader_runs(deposited, tmp_path):
     doc = (Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md").read_text()
     section = doc[doc.index("## Reading one by hand"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    ctx, report = deposited
-    r = next(r for r in report.results if r.id == "angle-1")
-    payload, _ = kvg.read_file(ctx.store / "objects" / r.artifact[:2] / f"{r.artifact}.kvg", expected_sha256=r.artifact)
+    payload, sha = payload_in(deposited, scheme)
+    other = identity(payload, "sha256" if scheme == "sha256-tree" else "sha256-tree")
     for codec in ("raw", "zstd", "shuffle-zstd"):
         p = tmp_path / f"{codec}.kvg"
         kvg.write_file(p, bytes(payload), codec=codec)
-        run = code.replace('"objects/ab/ab12....kvg"', repr(str(p))).replace('"ab12..."', repr(r.artifact))
+        with pytest.raises(AssertionError):
+            exec(compile(code.replace('"objects/ab/ab12....kvg"', repr(str(p))).replace('"ab12..."', repr(other)),
+                         "FORMAT.md", "exec"), {})
+        run = code.replace('"objects/ab/ab12....kvg"', repr(str(p))).replace('"ab12..."', repr(sha))
         scope: dict = {}
         exec(compile(run, "FORMAT.md", "exec"), scope)
         assert bytes(scope["payload"]) == bytes(payload) and scope["meta"]["format"] == "kvgraft.kvg"

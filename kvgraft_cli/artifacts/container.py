@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import queue
 import struct
 import sys
 import threading
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import ArtifactError, InputError, IntegrityError
+from .identity import PayloadHasher
 
 MAGIC = b"\x89KVG\r\n\x1a\n"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -332,7 +332,7 @@ def read_payload_header(f, n: int, source: str) -> tuple[bytes, dict]:
     return head, header
 
 
-def read_hashed(f, view: memoryview, hasher: "Hasher | None", source: str) -> None:
+def read_hashed(f, view: memoryview, hasher: "PayloadHasher | None", source: str) -> None:
     """Fill ``view`` from ``f`` in CHUNK reads, handing each chunk to ``hasher`` as soon as it is in memory: the
     bytes hashed are the bytes kept, never a second read of the file."""
     pos = 0
@@ -343,28 +343,6 @@ def read_hashed(f, view: memoryview, hasher: "Hasher | None", source: str) -> No
         if hasher is not None:
             hasher.add(view[pos:pos + got])
         pos += got
-
-
-class Hasher:
-    """SHA-256 of a buffer's chunks in a second thread, in the order they are handed over."""
-
-    def __init__(self):
-        self.h = hashlib.sha256()
-        self.q: queue.Queue = queue.Queue()
-        self.t = threading.Thread(target=self._run, daemon=True)
-        self.t.start()
-
-    def _run(self) -> None:
-        while (chunk := self.q.get()) is not None:
-            self.h.update(chunk)
-
-    def add(self, chunk) -> None:
-        self.q.put(chunk)
-
-    def digest(self) -> str:
-        self.q.put(None)
-        self.t.join()
-        return self.h.hexdigest()
 
 
 def read_container(f, file_size: int, source: str, cap: int, expected_sha256: str | None) -> bytearray:
@@ -385,7 +363,7 @@ def _read_raw(f, c: Container, source: str, expected_sha256: str | None) -> byte
     buf = bytearray(n)  # at most the file's own size: a raw file cannot declare more than it holds
     view = memoryview(buf)
     view[:len(head)] = head
-    hasher = Hasher() if expected_sha256 is not None else None
+    hasher = PayloadHasher(source) if expected_sha256 is not None else None
     if hasher is not None:
         hasher.add(view[:len(head)])
     try:
@@ -505,16 +483,16 @@ def _read_shuffled(f, c: Container, file_size: int, source: str, expected_sha256
     reader = _ChunkReader(f, c, source)
     read_payload_header(reader, n, source)
     if expected_sha256 is not None and n > EAGER and n > 8 * file_size:
-        h = hashlib.sha256()
+        h = PayloadHasher(source)
         for d in reader.decoded:
-            h.update(d)
+            h.add(d)
         for d in _iter_shuffled(f, c, source, len(reader.decoded)):
-            h.update(d)
-        if h.hexdigest() != expected_sha256:
-            raise identity_mismatch(source, h.hexdigest(), expected_sha256)
+            h.add(d)
+        if (got := h.digest()) != expected_sha256:
+            raise identity_mismatch(source, got, expected_sha256)
     buf = bytearray(n)
     view = memoryview(buf)
-    hasher = Hasher() if expected_sha256 is not None else None
+    hasher = PayloadHasher(source) if expected_sha256 is not None else None
     first = len(reader.decoded)
     try:
         pos = 0

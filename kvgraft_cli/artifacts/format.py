@@ -2,7 +2,8 @@
 
 Payload = safetensors bytes (tensors ``token_ids`` and ``layers.NNN.keys`` / ``layers.NNN.values``) written by
 :func:`canonical_safetensors`, so equal content gives equal bytes. (``safetensors.torch.save`` does not: it keeps
-``__metadata__`` in a hash map whose order changes from call to call.) Identity = SHA-256 of the payload. File = the
+``__metadata__`` in a hash map whose order changes from call to call.) Identity = SHA-256 of the payload, or the
+sha256-tree of its 1 MiB leaves when its metadata says ``identity: sha256-tree`` (identity.py). File = the
 payload in one of three codecs (artifacts.container: raw or shuffle-zstd in the v2 container, or one zstd frame);
 neither the codec nor the compression level ever changes the identity. docs/FORMAT.md specifies it for third parties.
 No pickle: tensors are parsed by safetensors, metadata by ``json``.
@@ -22,7 +23,7 @@ from . import container, layout
 from . import payload as _payload
 from .layout import FORMAT, FORMAT_VERSION, LAYER_KINDS, REQUIRED_META  # noqa: F401  (defined in layout.py)
 from .payload import compress, decompress, read_payload  # noqa: F401  (the frame rules live in payload.py)
-from ..util.hashing import sha256_bytes
+from .identity import SCHEMES, PayloadHasher, payload_identity
 
 MAX_HEADER = _payload.MAX_HEADER  # the largest safetensors header a reader accepts (payload.py, docs/FORMAT.md)
 
@@ -116,6 +117,28 @@ def encode(token_ids: list[int], layers: list[LayerState], meta: dict[str, str])
     return canonical_safetensors(tensors, {k: str(v) for k, v in full_meta.items()})
 
 
+def with_scheme(payload: bytes, scheme: str) -> bytes:
+    """The same artifact named in another identity scheme: only the metadata's ``identity`` key changes (absent for
+    sha256), in the canonical header form; the tensor bytes are copied as they are. What lets a check compare a
+    re-deposit with an artifact named the other way (the scheme is no part of the compute pin)."""
+    header = read_header(payload)
+    n = struct.unpack("<Q", payload[:8])[0]
+    meta = {k: v for k, v in header["__metadata__"].items() if k != "identity"}
+    if scheme != "sha256":
+        meta["identity"] = scheme
+    header["__metadata__"] = {k: meta[k] for k in sorted(meta)}
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + bytes(payload[8 + n:])
+
+
+def same_cache(payload: bytes, identity: str) -> bool:
+    """Whether ``payload`` is the artifact named ``identity`` in either scheme (same bytes, whatever the name)."""
+    if payload_identity(payload) == identity:
+        return True
+    return any(payload_identity(with_scheme(payload, s)) == identity for s in SCHEMES)
+
+
 def read_header(payload: bytes, source: str = "artifact") -> dict[str, Any]:
     """Parse the safetensors JSON header of a payload (no tensor is touched)."""
     if len(payload) < 8:
@@ -135,7 +158,7 @@ def read_header(payload: bytes, source: str = "artifact") -> dict[str, Any]:
 def decode(payload: bytes, source: str = "artifact", expected_sha256: str | None = None) -> Artifact:
     """Check the identity (when expected), parse and validate a payload. Raises ArtifactError with the reason."""
     if expected_sha256 is not None:
-        got = sha256_bytes(payload)
+        got = payload_identity(payload, source)
         if got != expected_sha256:
             raise IntegrityError(
                 f"{source}: content hash {got[:16]}... does not match its identity {expected_sha256[:16]}... "
@@ -274,9 +297,7 @@ def open_file(path: Path, expected_sha256: str | None = None) -> tuple[str, Arti
         codec = container.peek_codec(f)
     if codec != "raw":  # zstd, shuffle-zstd: decompressed into one buffer while a thread hashes, viewed in place
         payload = read_payload(path, expected_sha256)
-        import hashlib
-
-        sha = expected_sha256 or hashlib.sha256(payload).hexdigest()
+        sha = expected_sha256 or payload_identity(payload, str(path))
         return sha, decode(payload, str(path))
     return _open_raw(path, expected_sha256)
 
@@ -292,7 +313,7 @@ def _open_raw(path: Path, expected_sha256: str | None) -> tuple[str, Artifact]:
         offset, n = container.check_container(f, container.file_size(f), source, _payload.max_payload())
         f.seek(offset)
         head, header = container.read_payload_header(f, n, source)  # consistent before any tensor is read
-        hasher = container.Hasher()
+        hasher = PayloadHasher(source)
         hasher.add(head)
         tensors = {}
         try:

@@ -37,6 +37,7 @@ from typing import Callable, Iterator
 
 from ..errors import ArtifactError, InputError, IntegrityError
 from . import container, layout
+from .identity import PayloadHasher
 
 CHUNK = 1 << 22
 MAX_HEADER = 8 << 20  # a payload's safetensors header; a kvgraft header takes about 250 bytes a layer
@@ -282,16 +283,16 @@ def read_payload(path: Path, expected_sha256: str | None = None, max_size: int |
         if expected_sha256 is not None and size > EAGER:
             # Large: its identity is checked in a streamed pass before its size is allocated.
             f.seek(0)
-            h = hashlib.sha256()
+            h = PayloadHasher(source)
             for chunk in _checked(_stream(f, source), size, source, strict=True):
-                h.update(chunk)
-            if h.hexdigest() != expected_sha256:
-                raise identity_mismatch(source, h.hexdigest(), expected_sha256)
+                h.add(chunk)
+            if (got := h.digest()) != expected_sha256:
+                raise identity_mismatch(source, got, expected_sha256)
         # Decompressed in chunks into one buffer of the checked size while a second thread hashes each chunk: the
         # bytes hashed are the bytes returned (never a second read of the file), and zstd and SHA-256 overlap.
         f.seek(0)
         buf = view = None
-        hasher = container.Hasher() if expected_sha256 is not None else None
+        hasher = PayloadHasher(source) if expected_sha256 is not None else None
         pos = 0
         try:
             for chunk in _checked(_stream(f, source), size, source, strict=True):
@@ -328,10 +329,11 @@ def iter_payload(path: Path, max_size: int | None = None, strict: bool = False) 
 
 
 def kvg_payload_sha256(path: Path) -> str:
-    """SHA-256 of a ``.kvg`` file's payload (its identity), decompressing and hashing in parallel.
+    """A ``.kvg`` file's identity (the SHA-256 of its payload, or the sha256-tree its header names: identity.py),
+    decompressing and hashing in parallel.
     Raises IntegrityError for a frame that breaks the rules above (even one whose data is whole but whose checksum
     is cut off), ArtifactError for one larger than the payload limit."""
-    h = hashlib.sha256()
+    h = PayloadHasher(str(path))
     chunks: queue.Queue = queue.Queue(maxsize=4)
     stop = threading.Event()
 
@@ -354,7 +356,7 @@ def kvg_payload_sha256(path: Path) -> str:
                 raise chunk
             if not chunk:
                 break
-            h.update(chunk)
+            h.add(chunk)
     finally:
         stop.set()
         while worker.is_alive():  # unblock a producer waiting on a full queue
@@ -363,4 +365,4 @@ def kvg_payload_sha256(path: Path) -> str:
             except queue.Empty:
                 pass
             worker.join(0.01)
-    return h.hexdigest()
+    return h.digest()

@@ -26,6 +26,7 @@ Dtype = _choices("Dtype", DTYPES)
 Attn = _choices("Attn", ATTN_IMPLEMENTATIONS)
 SdpaBackend = _choices("SdpaBackend", SDPA_BACKENDS)
 Schedule = _choices("Schedule", ("single", "invariant"))  # what `manifest init` and `matrix` offer
+Identity = _choices("Identity", ("sha256-tree", "sha256"))  # artifacts.identity.SCHEMES, the default first
 Codec = _choices("Codec", ("auto", "raw", "zstd", "shuffle-zstd"))  # artifacts.container.CODECS and "auto"
 
 MANIFEST_OPT = typer.Option(None, "--manifest", "-m", help="Run-manifest YAML (default: the embedded tiny Gemma-4).")

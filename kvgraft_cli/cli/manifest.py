@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from ..errors import InputError
-from ._common import Attn, Device, Dtype, JSON_OPT, MAX_THREADS, Profile, Schedule
+from ._common import Attn, Device, Dtype, JSON_OPT, MAX_THREADS, Identity, Profile, Schedule
 from ._help import Command, Group
 from ._output import err, out, print_json
 
@@ -55,6 +55,9 @@ def init(
     schedule: Schedule = typer.Option(Schedule.single, "--schedule", help="Prefill schedule: single (one forward "
                                       "for the prefix) or invariant (one token a forward: a graft equals one "
                                       "forward over the whole prompt, whatever the chunking; prefill at decode speed)."),
+    identity: Identity = typer.Option("sha256-tree", "--identity", help="How deposited artifacts are named: "
+                                      "sha256-tree (SHA-256 over 1 MiB leaves: every core verifies a restore) or "
+                                      "sha256 (one SHA-256 stream of the payload, what sha256sum of it prints)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
 ) -> None:
     """Write a pinned manifest for a local model directory (model and tokenizer hashes computed here)."""
@@ -68,7 +71,8 @@ def init(
         gpu = visible_gpu_name()
     text, hashes = manifest_for_model_dir(model_dir, output, profile=profile.value, device=device.value,
                                           dtype=dtype.value, attn_implementation=attn.value, threads=threads,
-                                          gpu_name=gpu, schedule=schedule.value)
+                                          gpu_name=gpu, schedule=schedule.value,
+                                          identity=identity.value)
     if output is None:
         sys.stdout.write(text)
         return

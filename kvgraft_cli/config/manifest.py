@@ -329,11 +329,13 @@ def dump_yaml(data: dict[str, Any]) -> str:
 def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, profile: str = "portable",
                   device: str = "cpu", dtype: str = "float32", attn_implementation: str = "eager",
                   threads: int | None = None, gpu_name: str | None = None, name: str | None = None,
-                  sdpa_backend: str | None = None, schedule: str = "single") -> dict[str, Any]:
+                  sdpa_backend: str | None = None, schedule: str = "single",
+                  identity: str = "sha256-tree") -> dict[str, Any]:
     """A complete pinned manifest for a model directory, with this environment's library versions.
 
     ``profile`` names a kernel-flag profile (see profiles.PROFILES); ``schedule`` the prefill schedule (single or
-    invariant; chunked needs a chunk size: edit the file). Every bit-affecting environment variable
+    invariant; chunked needs a chunk size: edit the file); ``identity`` how deposited artifacts are named (sha256-tree:
+    verified on every core; sha256: one SHA-256 stream, what every manifest without the key means). Every bit-affecting environment variable
     the profile does not set is pinned to null (must be unset), so a stray one in the shell shows up as drift.
     """
     from importlib.metadata import version
@@ -362,6 +364,7 @@ def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, 
                   "answer_extract": "verbatim"},
         "decode": {"max_new_tokens": 16},
         "paths": {"store": "kvgraft-store", "ledger": "kvgraft-ledger.jsonl"},
+        "artifact": {"identity": identity},
     }
     problems = validate_data(data, "generated manifest")
     if problems:  # a bug here, not user input

@@ -284,8 +284,12 @@ class Engine:
 
         m = self.manifest.data
         link = {"parent_sha256": parent} if parent is not None else {}
+        # Named only when not the default, so a manifest without the key deposits the bytes it always did.
+        scheme = m.get("artifact", {}).get("identity", "sha256")
+        named = {"identity": scheme} if scheme != "sha256" else {}
         return {
             **link,
+            **named,
             "model_sha256": self.hashes.model_sha256,
             "tokenizer_sha256": self.hashes.tokenizer_sha256,
             "manifest_sha256": self.manifest.compute_sha256,

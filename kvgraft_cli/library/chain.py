@@ -16,7 +16,6 @@ from ..artifacts import format as kvg
 from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
 from ..errors import IntegrityError
 from ..store.local import LibraryHit, Store, check_chain, link_key
-from ..util.hashing import sha256_bytes
 
 
 @dataclass
@@ -85,7 +84,7 @@ def build_chain(store: Store, engine: Engine, hits: list[LibraryHit], level: int
         start = chain.num_tokens
         cache, last = engine.prefill(ids, cache=engine.restore_chain(chain.artifacts))
         payload = kvg.encode(ids, engine.capture(cache, start), engine.artifact_meta(tensor_sha256(last), start, parent))
-        sha = sha256_bytes(payload)
+        sha = kvg.payload_identity(payload)
         store.put(sha, payload, key=key, problem_id=f"{hit.problem_id}@{parent[:12]}", num_tokens=len(ids),
                   model_sha256=engine.hashes.model_sha256, manifest_sha256=manifest_sha, verified=True, level=level)
         chain.links.append((sha, kvg.decode(payload, sha)))  # sha was computed from these bytes just above

@@ -10,7 +10,7 @@ from ..artifacts import format as kvg
 from ..ledger import log as ledger
 from ..engine.engine import Engine, load_engine, tensor_sha256, token_ids_sha256
 from ..errors import CheckFailed, IntegrityError, StoreError
-from ..util.hashing import digest, sha256_bytes, sha256_file
+from ..util.hashing import digest, sha256_file
 from ..config.modelhash import context_window
 from ..eval.problems import Problem, check_lengths, normalize_key, read_problems, verify_solution
 from .context import RunContext
@@ -173,14 +173,15 @@ def compute_deposit(m, engine: Engine, store: Store, p: Problem, ids: list[int],
     cache, last = engine.prefill(ids)
     logits_sha = tensor_sha256(last)
     payload = kvg.encode(ids, engine.capture(cache), engine.artifact_meta(logits_sha))
-    sha = sha256_bytes(payload)
-    _check_same(p, existing.artifact if existing else None, sha)
+    sha = kvg.payload_identity(payload)
+    _check_same(p, existing.artifact if existing else None, sha, lambda: payload)
     store.put_object(sha, payload, level)
     return Computed(key, ids_sha, len(ids), sha, logits_sha, len(payload), engine.hashes.model_sha256, facts)
 
 
-def _check_same(p: Problem, stored: str | None, sha: str) -> None:
-    if stored is not None and stored != sha:
+def _check_same(p: Problem, stored: str | None, sha: str, payload: Callable[[], bytes]) -> None:
+    # Under another identity scheme the same cache has another name: then compare the bytes, not the names.
+    if stored is not None and stored != sha and not kvg.same_cache(payload(), stored):
         raise CheckFailed(
             f"{p.id}: re-deposit gave artifact {sha[:16]}..., the store holds {stored[:16]}... "
             "for the same prefix and pin: this environment does not reproduce the deposit",
@@ -201,7 +202,8 @@ def record_deposit(ctx: RunContext, store: Store, report: DepositReport, p: Prob
         # In a sharded run an earlier problem of the same run may have indexed this prefix since a worker computed
         # it: record it as the single-process run would have (already stored), so the ledgers agree.
         existing = store.lookup_key(c.key)
-        _check_same(p, existing.artifact if existing else None, c.artifact)
+        _check_same(p, existing.artifact if existing else None, c.artifact,
+                    lambda: kvg.read_file(store.object_path(c.artifact), c.artifact)[0])
         if existing and store.has_object(existing.artifact) and not recompute:
             payload_len = None
     sha = c.artifact

@@ -268,7 +268,7 @@ def graft_check(ctx: RunContext, engine: Engine, ref: Loaded | str | None, sampl
     reproduced_payload = kvg.encode(art.token_ids, engine.capture(fresh_cache, art.start),
                                     engine.artifact_meta(tensor_sha256(last), art.start, art.parent))
     report = CheckReport(loaded.sha256, len(prefix), ctx.manifest.data["prefill"],
-                         deposit_reproduced=sha256_bytes(reproduced_payload) == loaded.sha256,
+                         deposit_reproduced=kvg.same_cache(reproduced_payload, loaded.sha256),
                          logits_reproduced=tensor_sha256(last) == art.meta["logits_sha256"],
                          single_pass_max_abs_diff=0.0, identity=loaded.identity)
     del fresh_cache, reproduced_payload

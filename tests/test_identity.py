@@ -1,0 +1,192 @@
+"""An artifact's identity in its two schemes (artifacts/identity.py, docs/FORMAT.md): sha256 (one stream, every
+artifact deposited before the tree) and sha256-tree (1 MiB leaves, verified on every core). The digests are checked
+against ones computed here from the document's words with hashlib alone."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import struct
+import threading
+import time
+
+import pytest
+import torch
+from conftest import EXAMPLES, run_cli
+
+from kvgraft_cli.artifacts import container
+from kvgraft_cli.artifacts import format as kvg
+from kvgraft_cli.artifacts import identity as ident
+from kvgraft_cli.artifacts.payload import kvg_payload_sha256
+from kvgraft_cli.errors import ArtifactError, IntegrityError
+
+MIB = 1 << 20
+
+
+def by_hand(payload: bytes) -> str:
+    """docs/FORMAT.md's sha256-tree, written from the document."""
+    leaves = b"".join(hashlib.sha256(payload[i:i + MIB]).digest() for i in range(0, len(payload), MIB))
+    return hashlib.sha256(b"kvgraft/sha256-tree/v1\n" + struct.pack("<Q", len(payload)) + leaves).hexdigest()
+
+
+def _payload(scheme: str | None, tokens: int, seed: int = 0) -> bytes:
+    g = torch.Generator().manual_seed(seed)
+    layers = [kvg.LayerState("full", torch.randn(1, 2, tokens, 64, generator=g), torch.randn(1, 2, tokens, 64, generator=g))
+              for _ in range(2)]
+    meta = {k: "x" for k in kvg.REQUIRED_META}
+    meta.update(dtype="float32", start_position="0", prefill="{}")
+    if scheme is not None:
+        meta["identity"] = scheme
+    return kvg.encode(list(range(tokens)), layers, meta)
+
+
+@pytest.mark.parametrize("tokens", [16, 512, 1111])  # one short leaf; about 2 MiB; several leaves, the last short
+def test_the_tree_is_the_documented_one_however_the_payload_arrives(tokens):
+    payload = _payload("sha256-tree", tokens)
+    want = by_hand(payload)
+    assert ident.payload_identity(payload) == want
+    assert want != hashlib.sha256(payload).hexdigest()
+    rng = random.Random(tokens)
+    for _ in range(5):  # chunks of any size, a header split across them, leaves spanning chunks
+        h, pos = ident.PayloadHasher(), 0
+        while pos < len(payload):
+            k = rng.choice([1, 7, 100, MIB - 1, MIB, MIB + 3, 3 * MIB])
+            h.add(memoryview(payload)[pos:pos + k])
+            pos += k
+        assert h.digest() == want and h.scheme == "sha256-tree"
+
+
+@pytest.mark.parametrize("scheme", [None, "sha256"])
+def test_a_payload_that_names_no_tree_keeps_its_plain_sha256(scheme):
+    payload = _payload(scheme, 600)
+    want = hashlib.sha256(payload).hexdigest()
+    assert ident.payload_identity(payload) == want
+    h = ident.PayloadHasher()
+    for i in range(0, len(payload), 3 * MIB + 1):
+        h.add(payload[i:i + 3 * MIB + 1])
+    assert h.digest() == want and h.scheme == "sha256"
+
+
+def test_an_unknown_scheme_is_refused_by_every_reader(tmp_path):
+    payload = _payload("blake3", 16)
+    with pytest.raises(ArtifactError, match="unknown identity scheme 'blake3'"):
+        ident.payload_identity(payload)
+    for codec in container.CODECS:
+        p = tmp_path / f"{codec}.kvg"
+        kvg.write_file(p, payload, codec=codec)
+        with pytest.raises(ArtifactError, match="unknown identity scheme"):
+            kvg.open_file(p, expected_sha256="0" * 64)
+        with pytest.raises(ArtifactError, match="unknown identity scheme"):
+            kvg_payload_sha256(p)
+
+
+@pytest.mark.parametrize("codec", container.CODECS)
+def test_a_changed_byte_in_any_leaf_is_refused(tmp_path, codec):
+    payload = _payload("sha256-tree", 1111)
+    sha = by_hand(payload)
+    good = tmp_path / f"{sha}.kvg"
+    kvg.write_file(good, payload, codec=codec)
+    assert kvg.open_file(good, expected_sha256=sha)[0] == sha == kvg_payload_sha256(good)
+    for at in (len(payload) - 1, 2 * MIB + 5, MIB - 1):  # the last, short leaf; a middle one; a leaf's last byte
+        bad = bytearray(payload)
+        bad[at] ^= 1
+        p = tmp_path / f"bad-{at}.kvg"
+        kvg.write_file(p, bytes(bad), codec=codec)
+        with pytest.raises(IntegrityError, match="does not match its identity"):
+            kvg.open_file(p, expected_sha256=sha)
+        assert kvg_payload_sha256(p) != sha
+
+
+def test_one_schemes_digest_never_passes_for_the_others(tmp_path):
+    """The bytes whose plain SHA-256 equals a payload's tree identity (the tag, the length, the leaves) are no
+    readable payload: the tag's first 8 bytes are a header length far over the limit."""
+    payload = _payload("sha256-tree", 1111)
+    tree = by_hand(payload)
+    forged = (b"kvgraft/sha256-tree/v1\n" + struct.pack("<Q", len(payload))
+              + b"".join(hashlib.sha256(payload[i:i + MIB]).digest() for i in range(0, len(payload), MIB)))
+    assert hashlib.sha256(forged).hexdigest() == tree  # the forgery does carry the digest ...
+    assert ident.payload_identity(forged) == tree
+    with pytest.raises(ArtifactError):  # ... but is refused as a payload, by every reader
+        kvg.decode(forged, "forged", expected_sha256=tree)
+    p = tmp_path / f"{tree}.kvg"
+    p.write_bytes(container.raw_file(forged))
+    with pytest.raises((ArtifactError, IntegrityError)):
+        kvg.open_file(p, expected_sha256=tree)
+    # and a payload named sha256 does not pass for the tree digest of the same bytes, nor the other way round
+    plain = _payload(None, 1111)
+    with pytest.raises(IntegrityError):
+        kvg.decode(plain, "plain", expected_sha256=by_hand(plain))
+    with pytest.raises(IntegrityError):
+        kvg.decode(payload, "tree", expected_sha256=hashlib.sha256(payload).hexdigest())
+
+
+def test_leaves_are_hashed_on_several_threads_while_chunks_arrive(monkeypatch):
+    if ident.workers() < 2:
+        pytest.skip("one core: one hashing thread")
+    seen, real = set(), ident._hash_parts
+
+    def slow(parts):
+        seen.add(threading.get_ident())
+        time.sleep(0.02)  # long enough that one thread cannot take every leaf
+        return real(parts)
+
+    monkeypatch.setattr(ident, "_hash_parts", slow)
+    payload = _payload("sha256-tree", 2048)  # 4 MiB: 4 leaves
+    h = ident.PayloadHasher()
+    h.add(payload)
+    assert h.digest() == by_hand(payload)
+    assert len(seen) >= 2 and threading.get_ident() not in seen
+
+
+def test_wait_hashed_says_when_a_buffer_may_be_reused():
+    payload = _payload("sha256-tree", 2048)  # 4.2 MB: leaves 0-3 whole, leaf 4 short
+    h = ident.PayloadHasher()
+    h.add(memoryview(payload)[: 3 * MIB + 10])
+    h.wait_hashed(3 * MIB)  # leaves 0-2 are whole
+    with pytest.raises(RuntimeError, match="not whole"):
+        h.wait_hashed(3 * MIB + 10)  # leaf 3 needs the bytes after it
+    with pytest.raises(RuntimeError, match="handed over"):
+        h.wait_hashed(4 * MIB)
+    h.add(memoryview(payload)[3 * MIB + 10:])
+    assert h.digest() == by_hand(payload)
+    s = ident.PayloadHasher()
+    plain = _payload(None, 1111)
+    s.add(plain)
+    s.wait_hashed(len(plain))  # one stream: everything handed over can be waited for
+    assert s.digest() == hashlib.sha256(plain).hexdigest()
+
+
+def _manifest(tmp_path, name: str, identity: str | None) -> str:
+    args = ["manifest", "init", "builtin:tiny-gemma4"] + (["--identity", identity] if identity else [])
+    (tmp_path / name).write_text(run_cli(*args, cwd=tmp_path, check_rc=0).stdout, encoding="utf-8")
+    return name
+
+
+def test_a_new_manifest_names_artifacts_by_the_tree_and_grafts_across_schemes(tmp_path):
+    """`manifest init` writes artifact.identity: sha256-tree; a deposit under it is stored under its tree identity
+    (checked by hand), `verify --full` re-checks it without torch's help, and since the scheme is not part of the
+    compute pin, it grafts under a manifest that names artifacts by sha256 (and that one deposits sha256 names)."""
+    tree_m, plain_m = _manifest(tmp_path, "tree.yaml", None), _manifest(tmp_path, "plain.yaml", "sha256")
+    assert "identity: sha256-tree" in (tmp_path / tree_m).read_text()
+    pins = [json.loads(run_cli("manifest", "validate", m, "--json", cwd=tmp_path, check_rc=0).stdout)["compute_sha256"]
+            for m in (tree_m, plain_m)]
+    assert pins[0] == pins[1]
+    dep = json.loads(run_cli("deposit", str(EXAMPLES), "-m", tree_m, "--limit", "1", "--json", cwd=tmp_path,
+                             check_rc=0).stdout)
+    sha = dep["results"][0]["artifact"]
+    payload, art = kvg.read_file(next((tmp_path / "kvgraft-store" / "objects").rglob(f"{sha}.kvg")))
+    assert art.meta["identity"] == "sha256-tree" and by_hand(bytes(payload)) == sha
+    run_cli("verify", "--full", cwd=tmp_path, check_rc=0)
+    check = json.loads(run_cli("graft", sha, "--check", "--samples", "2", "-m", plain_m, "--json", cwd=tmp_path,
+                               check_rc=0).stdout)
+    assert check["passed"] and check["sha_equal"] == 2
+    assert check["deposit_reproduced"]  # its own deposit is named by sha256: another name, the same bytes
+    # Re-deposited with --recompute under the sha256 manifest: the store holds the prefix under its tree name, the
+    # recomputed cache is named by sha256; the check compares the bytes, so it passes.
+    dep2 = json.loads(run_cli("deposit", str(EXAMPLES), "-m", plain_m, "--limit", "1", "--recompute", "--json",
+                              cwd=tmp_path, check_rc=0).stdout)
+    sha2 = dep2["results"][0]["artifact"]
+    payload2, art2 = kvg.read_file(next((tmp_path / "kvgraft-store" / "objects").rglob(f"{sha2}.kvg")))
+    assert "identity" not in art2.meta and hashlib.sha256(bytes(payload2)).hexdigest() == sha2 != sha
+    assert kvg.with_scheme(payload2, "sha256-tree") == bytes(payload)

@@ -62,3 +62,38 @@ def test_matrix_on_cuda(tmp_path):
                 "--samples", "5", "--json", cwd=tmp_path, check_rc=0)
     cells = json.loads(p.stdout)["cells"]
     assert len(cells) == 9 and all(c["exact"] for c in cells), cells
+
+
+@pytest.mark.parametrize("scheme", ["sha256", "sha256-tree"])
+def test_device_restore_on_cuda_is_byte_identical_to_open_file(tmp_path, scheme):
+    """artifacts.device_restore for real: pinned staging, async copies on a side stream, the hash overlapping them
+    (tests/test_device_restore.py runs the same pipeline on the CPU). In-process: no CLI path uses it yet."""
+    import torch
+    from test_device_restore import _bytes, _payload, _raw
+
+    from kvgraft_cli.artifacts import format as kvg
+    from kvgraft_cli.artifacts.device_restore import open_file_on_device
+    from kvgraft_cli.errors import IntegrityError
+
+    for dtype in (torch.float32, torch.bfloat16):
+        path, ident = _raw(tmp_path, _payload(dtype, scheme))
+        _, want = kvg.open_file(path)
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        for kw in ({}, {"chunk_bytes": 1 << 20, "ring": 2}, {"deterministic": True}):
+            # Deterministic algorithms make torch.empty fill the destination on the current stream: the copies on
+            # the side stream must land after that fill, not under it.
+            torch.use_deterministic_algorithms(kw.pop("deterministic", deterministic))
+            try:
+                got_ident, art = open_file_on_device(path, "cuda", ident, **kw)
+            finally:
+                torch.use_deterministic_algorithms(deterministic)
+            assert got_ident == ident and art.token_ids == want.token_ids and art.meta == want.meta
+            for a, b in zip(art.layers, want.layers):
+                for x, y in ((a.keys, b.keys), (a.values, b.values)):
+                    assert x.device.type == "cuda" and x.dtype == y.dtype and x.shape == y.shape
+                    assert torch.equal(x, y.to("cuda")) and torch.equal(_bytes(x), _bytes(y).to("cuda"))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="does not match its identity"):
+        open_file_on_device(path, "cuda", ident, chunk_bytes=1 << 20, ring=2)

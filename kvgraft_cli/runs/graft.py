@@ -73,12 +73,12 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
     if ref is not None and ref.endswith(".kvg") and Path(ref).is_file():
         stem = Path(ref).name[: -len(".kvg")]
         expected = stem if re.fullmatch(r"[0-9a-f]{64}", stem) else None
-        sha, art = kvg.open_file(Path(ref), expected_sha256=expected)
+        sha, art = _open_file(ctx, Path(ref), expected)
         identity = "file name" if expected else _identity_in_store(ctx, sha)
         if art.parent is None:
             return Loaded(sha, art, ref, identity=identity)
         with ctx.open_store(create=False) as store:  # a link's parents come from the store
-            parents = store.load_chain(art.parent, remember=False)
+            parents = store.load_chain(art.parent, remember=False, device=ctx.manifest.data["runtime"]["device"])
         chain = parents + [(sha, art)]
         check_chain(chain, ref)
         return Loaded(sha, art, ref, chain, identity=identity)
@@ -86,8 +86,19 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
         sha = store.resolve(ref, ctx.manifest.compute_sha256)
         # Not remembered: graft, probe and replay hold the Loaded artifact as long as they need it; a graft then
         # hands its tensors to the cache alone (Loaded.release).
-        chain = store.load_chain(sha, remember=False)
+        chain = store.load_chain(sha, remember=False, device=ctx.manifest.data["runtime"]["device"])
         return Loaded(sha, chain[-1][1], str(store.object_path(sha)), chain)
+
+
+def _open_file(ctx: RunContext, path: Path, expected: str | None) -> tuple[str, kvg.Artifact]:
+    """A .kvg file read for this run's device: on a GPU straight into device memory through pinned staging,
+    verified on the way (artifacts.device_restore); on the CPU by kvg.open_file."""
+    device = ctx.manifest.data["runtime"]["device"]
+    if device == "cpu":
+        return kvg.open_file(path, expected_sha256=expected)
+    from ..artifacts.device_restore import open_file_on_device
+
+    return open_file_on_device(path, device, expected_sha256=expected)
 
 
 def _identity_in_store(ctx: RunContext, sha: str) -> str:

@@ -281,14 +281,14 @@ class RemoteStore(Store):
             self.fetch(sha256, path)
         return path
 
-    def load(self, sha256: str, remember: bool = True) -> tuple[str, kvg.Artifact]:
+    def load(self, sha256: str, remember: bool = True, device: str = "cpu") -> tuple[str, kvg.Artifact]:
         """As :meth:`Store.load`; an object the cache lacks is fetched first, re-hashed while it is read, and kept
-        only when it matches its identity."""
+        only when it matches its identity (in host memory: the engine copies it to its device)."""
         hit = VERIFIED.get(sha256)
         if hit is not None:
             return hit
         if super().has_object(sha256):
-            return super().load(sha256, remember)
+            return super().load(sha256, remember, device)
         if not HEX64.match(sha256):
             raise ArtifactError(f"not an artifact identity: {sha256!r}")
         path = self.object_path(sha256)

@@ -31,6 +31,7 @@ import zstandard
 from conftest import REPO, run_cli
 from kvgraft_cli.audit import hashcache
 from kvgraft_cli.audit.verify import verify_ledger
+from kvgraft_cli.artifacts.identity import payload_identity as kvg_identity
 from kvgraft_cli.errors import InputError
 from kvgraft_cli.ledger import log as ledger
 from kvgraft_cli.ledger.checkpoint import Checkpoint, generate_key, sign
@@ -295,7 +296,7 @@ def file_digest(path: Path) -> str | None:
             return None
         if c.get("version") != 2 or c.get("codec") != "raw" or len(data) != c["payload_offset"] + c["payload_bytes"]:
             return None
-        return hashlib.sha256(data[c["payload_offset"]:]).hexdigest()
+        return identity(data[c["payload_offset"]:])
     try:
         size = zstandard.get_frame_parameters(data).content_size
         if not 0 < size < 2**64 - 1:
@@ -303,7 +304,25 @@ def file_digest(path: Path) -> str | None:
         payload = zstandard.ZstdDecompressor().decompress(data, allow_extra_data=False)
     except zstandard.ZstdError:
         return None
-    return hashlib.sha256(payload).hexdigest() if len(payload) == size else None
+    return identity(payload) if len(payload) == size else None
+
+
+def identity(payload: bytes) -> str | None:
+    """A payload's identity: SHA-256, or the sha256-tree its safetensors header names (None: another name)."""
+    scheme = "sha256"
+    n = int.from_bytes(payload[:8], "little") if len(payload) >= 8 else 0
+    if 2 <= n <= 8 << 20 and len(payload) >= 8 + n:
+        try:
+            meta = json.loads(payload[8:8 + n]).get("__metadata__")
+            scheme = meta.get("identity", "sha256") if isinstance(meta, dict) else "sha256"
+        except (ValueError, AttributeError):
+            pass
+    if scheme == "sha256":
+        return hashlib.sha256(payload).hexdigest()
+    if scheme != "sha256-tree":
+        return None
+    leaves = b"".join(hashlib.sha256(payload[i:i + (1 << 20)]).digest() for i in range(0, len(payload), 1 << 20))
+    return hashlib.sha256(b"kvgraft/sha256-tree/v1\n" + len(payload).to_bytes(8, "little") + leaves).hexdigest()
 
 
 def referenced_files(entry: dict) -> list[tuple[str, dict]]:
@@ -781,12 +800,18 @@ def _files_ledger(tmp_path: Path) -> tuple[Path, dict]:
     (tmp_path / "outside.txt").write_bytes(b"outside")
     payload = os.urandom(4096)
     other = b"\x00" * 4096
+    body = os.urandom(3 << 20)  # a payload whose header names the tree: 4 leaves, the last one short
+    head = json.dumps({"__metadata__": {"identity": "sha256-tree"},
+                       "t": {"dtype": "U8", "shape": [len(body)], "data_offsets": [0, len(body)]}}).encode()
+    head += b" " * (-len(head) % 8)
+    tree = len(head).to_bytes(8, "little") + head + body
     files = {
         "plain.txt": b"hello\n", "changed.txt": b"hello\n", "sub/m.yaml": b"model: x\n",
         "a.kvg": _zstd(payload), "b.kvg": _zstd(payload, level=19, write_checksum=False),
         "swapped.kvg": _zstd(other), "trailing.kvg": _zstd(payload) + _zstd(b"more"),
         "truncated.kvg": _zstd(payload)[:-6], "nosize.kvg": _zstd(payload, write_content_size=False),
         "empty.kvg": _zstd(b""), "zero.kvg": b"", "upper.KVG": _zstd(payload), "dir.kvg/x": b"",
+        "tree.kvg": _zstd(tree), "unknown.kvg": _zstd(tree.replace(b'"sha256-tree"', b'"sha256-trie"')),
     }
     for name, data in files.items():
         (d / name).parent.mkdir(parents=True, exist_ok=True)
@@ -813,12 +838,16 @@ def _files_ledger(tmp_path: Path) -> tuple[Path, dict]:
                      "empty": {"path": "empty.kvg", "sha256": sha(b"")},
                      "zero": {"path": "zero.kvg", "sha256": sha(b"")},
                      "upper": {"path": "upper.KVG", "sha256": sha(files["upper.KVG"])},
-                     "dir": {"path": "dir.kvg", "sha256": H}}},
+                     "dir": {"path": "dir.kvg", "sha256": H},
+                     "tree": {"path": "tree.kvg", "sha256": kvg_identity(tree)},
+                     "tree_as_sha256": {"path": "tree.kvg", "sha256": sha(tree)},
+                     "unknown": {"path": "unknown.kvg", "sha256": sha(tree.replace(b'"sha256-tree"', b'"sha256-trie"'))}}},
          {(2, "inputs.level19", "b.kvg"): "ok", (2, "inputs.swapped", "swapped.kvg"): "mismatch",
           (2, "inputs.trailing", "trailing.kvg"): "mismatch", (2, "inputs.truncated", "truncated.kvg"): "mismatch",
           (2, "inputs.nosize", "nosize.kvg"): "mismatch", (2, "inputs.empty", "empty.kvg"): "mismatch",
           (2, "inputs.zero", "zero.kvg"): "mismatch", (2, "inputs.upper", "upper.KVG"): "ok",
-          (2, "inputs.dir", "dir.kvg"): "missing"}),
+          (2, "inputs.dir", "dir.kvg"): "missing", (2, "inputs.tree", "tree.kvg"): "ok",
+          (2, "inputs.tree_as_sha256", "tree.kvg"): "mismatch", (2, "inputs.unknown", "unknown.kvg"): "mismatch"}),
         ({"inputs": {"abs": {"path": str(tmp_path / "outside.txt"), "sha256": sha(b"outside")},
                      "up": {"path": "../outside.txt", "sha256": sha(b"outside")},
                      "link": {"path": "link.txt", "sha256": sha(b"hello\n")},

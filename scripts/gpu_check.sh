@@ -45,6 +45,17 @@ step "CUDA CLI tests (tests/test_cuda.py)"
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py > /tmp/test-cuda.txt 2>&1
 echo "rc=$?"; tail -25 /tmp/test-cuda.txt  # into log.txt: the device returns at most 8 files
 
+step "restore to the GPU: pinned staging + async copies vs open_file + .to (issue #10: >= 5 GB/s from the page cache)"
+timeout 40 python3 -m pytest -q -p no:cacheprovider tests/test_device_restore.py > /tmp/test-device.txt 2>&1
+echo "rc=$?"; tail -3 /tmp/test-device.txt
+for ident in sha256 sha256-tree; do
+  for spec in "bfloat16 8192" "float32 8192"; do
+    set -- $spec
+    timeout 60 python3 scripts/bench_device_restore.py --device cuda --dtype $1 --tokens $2 --identity $ident \
+      --repeat 5 | tee -a "$OUT/bench-device-restore.txt"; echo "rc=$?"
+  done
+done
+
 step "CPU portability fingerprints on this machine's CPU (compare with scripts/portability.py here)"
 for prof in portable native; do
   timeout 50 $K matrix --device cpu --profile $prof --samples 10 --json > "$OUT/matrix-cpu-$prof.json"; echo "rc=$?"

@@ -77,7 +77,7 @@ def _run(manifest, args, tmp: Path) -> None:
     from kvgraft_cli.ledger import log as ledger
     from kvgraft_cli.runs.context import RunContext
     from kvgraft_cli.runs.deposit import DepositReport, deposit_one, prefix_job
-    from kvgraft_cli.util.hashing import sha256_bytes, sha256_file
+    from kvgraft_cli.util.hashing import sha256_file
 
     eng = load_engine(manifest)
     path = _problems(args.math500, args.problems, tmp / "problems.jsonl")
@@ -101,7 +101,7 @@ def _run(manifest, args, tmp: Path) -> None:
             payload = kvg.encode(ids, eng.capture(cache), eng.artifact_meta(tensor_sha256(last)))
             t_encode = time.perf_counter() - t0
             t0 = time.perf_counter()
-            sha = sha256_bytes(payload)
+            sha = kvg.payload_identity(payload)
             t_hash = time.perf_counter() - t0
             t0 = time.perf_counter()
             kvg.write_file(tmp / "scratch" / f"{i}-{sha}.kvg", payload, 3, "raw")

@@ -84,7 +84,6 @@ def _sync(result):
 def _run(manifest, args, tmp) -> None:
     from kvgraft_cli.artifacts import format as kvg
     from kvgraft_cli.engine.engine import load_engine, tensor_sha256
-    from kvgraft_cli.util.hashing import sha256_bytes
 
     eng = load_engine(manifest)
     import torch
@@ -102,7 +101,7 @@ def _run(manifest, args, tmp) -> None:
 
         def deposit():
             payload = kvg.encode(ids, eng.capture(cache), eng.artifact_meta(tensor_sha256(last)))
-            sha = sha256_bytes(payload)
+            sha = kvg.payload_identity(payload)
             kvg.write_file(path, payload)
             return payload, sha
 

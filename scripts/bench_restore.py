@@ -1,23 +1,26 @@
 """Benchmark: how fast a graft restores a deposited KV cache, stage by stage, against what the hardware allows.
 
 Builds a random-weight model from a config (no download; SmolLM-135M's shape by default, as bench_graft.py does),
-prefills a random prefix, deposits it in each codec, and prints for every (dtype, tokens), as medians of --repeat
+prefills a random prefix, deposits it in each codec and each identity scheme (--identities: the same cache named by
+its plain SHA-256 and by its sha256-tree, docs/FORMAT.md), and prints for every (dtype, tokens), as medians of --repeat
 runs measured side by side in this one process:
 
   restore      the whole graft restore as `kvgraft graft` runs it: kvg.open_file (read, decode the codec, re-hash
                against the identity, parse) then engine.restore (fill the model's cache); a second restore of the
                same artifact in one process comes from the verified cache (store.local.VERIFIED): the fill alone
   read / codec / sha256 / parse / fill: its stages alone
-  baselines    (a) plain read + memcpy of the payload bytes, (b) SHA-256 alone over them, (c) torch.load of the
+  baselines    (a) plain read + memcpy of the payload bytes, (a') the same through mmap, the sha256-tree alone (on
+               identity.workers() threads), (b) SHA-256 alone over them, (c) torch.load of the
                same tensors (what pickle-based caches do), (d) safetensors load_file with every tensor copied
   prefill      engine.prefill of the prefix (what a graft saves), and graft vs prefill time to first token
                (restore + a 16-token query forward vs prefill of prefix + query)
-  codecs       a summary, one row per codec side by side: file size, payload / file (the compression ratio) and
-               the restore time, also as a ratio to the first codec's (raw by default)
+  codecs       a summary, one row per (codec, identity) side by side: file size, payload / file (the compression
+               ratio) and the restore time, also as a ratio to the first row's (raw, sha256 by default)
 
 GB/s are payload bytes (the canonical payload, whatever the file's codec) per second. Usage:
     python scripts/bench_restore.py [--tokens 2048 8192] [--dtypes float32 bfloat16] [--repeat 5]
-                                    [--codecs zstd raw shuffle-zstd] [--profile native|portable] [--no-prefill]
+                                    [--codecs zstd raw shuffle-zstd] [--identities sha256 sha256-tree]
+                                    [--profile native|portable] [--no-prefill]
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--codecs", nargs="+", default=None, help="default: every codec this kvgraft writes")
+    ap.add_argument("--identities", nargs="+", default=["sha256", "sha256-tree"],
+                    help="identity schemes to restore side by side (the same cache, named each way)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--profile", default="native", choices=["portable", "native"])
     ap.add_argument("--no-prefill", action="store_true", help="skip timing prefill (the slow part on a CPU)")
@@ -80,13 +85,11 @@ def _run(manifest, args, tmp: Path) -> None:
     from kvgraft_cli.artifacts import format as kvg
     from kvgraft_cli.artifacts import payload as pl
     from kvgraft_cli.engine.engine import load_engine, tensor_sha256
-    from kvgraft_cli.util.hashing import sha256_bytes
-
     eng = load_engine(manifest)
     dtype = manifest.data["model"]["dtype"]
-    from kvgraft_cli.artifacts import container
+    from kvgraft_cli.artifacts import container, identity
 
-    codecs = args.codecs or list(container.CODECS)
+    variants = [(codec, scheme) for scheme in args.identities for codec in (args.codecs or list(container.CODECS))]
     print(f"\n## {dtype}: {type(eng.model).__name__} {sum(p.numel() for p in eng.model.parameters()) / 1e6:.0f}M, "
           f"profile {args.profile}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs; medians of {args.repeat}")
@@ -98,8 +101,10 @@ def _run(manifest, args, tmp: Path) -> None:
         t0 = time.perf_counter()
         cache, last = eng.prefill(ids)
         t_prefill_once = time.perf_counter() - t0
-        payload = kvg.encode(ids, eng.capture(cache), eng.artifact_meta(tensor_sha256(last)))
-        sha = sha256_bytes(payload)
+        named = kvg.encode(ids, eng.capture(cache), eng.artifact_meta(tensor_sha256(last)))
+        payloads = {scheme: kvg.with_scheme(named, scheme) for scheme in args.identities}  # one cache, each name
+        shas = {scheme: kvg.payload_identity(p) for scheme, p in payloads.items()}
+        payload = payloads[args.identities[0]]
         size = len(payload)
         gbs = lambda t: size / t / 1e9  # noqa: E731
         rows: list[tuple[str, float, str]] = []
@@ -116,8 +121,17 @@ def _run(manifest, args, tmp: Path) -> None:
         import warnings
 
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        def mmap_memcpy():
+            import mmap
+
+            with open(raw_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                dst.copy_(torch.frombuffer(mm, dtype=torch.uint8))
+
         t_memcpy, _ = _median(read_memcpy, args.repeat)
+        t_mmap, _ = _median(mmap_memcpy, args.repeat)
         t_sha, _ = _median(lambda: hashlib.sha256(payload).hexdigest(), args.repeat)
+        tree = payloads.get("sha256-tree")
+        t_tree, _ = _median(lambda: kvg.payload_identity(tree), args.repeat) if tree is not None else (None, None)
         tensors = {f"l{i}.{kv}": getattr(st, kv).contiguous() for i, st in enumerate(eng.capture(cache))
                    if st.kind != "empty" for kv in ("keys", "values")}
         torch.save(tensors, tmp / "t.pt")
@@ -127,14 +141,18 @@ def _run(manifest, args, tmp: Path) -> None:
         t_tload, _ = _median(lambda: torch.load(tmp / "t.pt", weights_only=True), args.repeat)
         t_st, _ = _median(lambda: {k: v.clone() for k, v in load_file(str(tmp / "t.safetensors")).items()},
                           args.repeat)
-        rows += [("read + memcpy (a)", t_memcpy, ""), ("sha256 alone (b)", t_sha, ""),
+        rows += [("read + memcpy (a)", t_memcpy, ""), ("mmap + memcpy (a')", t_mmap, "")]
+        if t_tree is not None:
+            rows += [(f"sha256-tree alone ({identity.workers()} threads)", t_tree, "")]
+        rows += [("sha256 alone (b)", t_sha, ""),
                  ("torch.load (c)", t_tload, ""), ("safetensors load_file + copy (d)", t_st, "")]
 
         t_restore_first = None
         summary: list[tuple[str, int, float, bool]] = []
         reference = eng.forward(eng.prefill(ids)[0], query)  # what every codec's restore must give, bit for bit
-        for codec in codecs:
-            path = tmp / f"a.{codec}.kvg"
+        for codec, scheme in variants:
+            payload, sha, tag = payloads[scheme], shas[scheme], f"{codec}, {scheme}"
+            path = tmp / f"a.{codec}.{scheme}.kvg"
             t_write, _ = _median(lambda: kvg.write_file(path, payload, codec=codec), 1)
             file_bytes = path.stat().st_size
             t_read, data = _median(lambda: path.read_bytes(), args.repeat)
@@ -154,49 +172,51 @@ def _run(manifest, args, tmp: Path) -> None:
             if t_restore_first is None or t_restore < t_restore_first:
                 t_restore_first = t_restore
             exact = torch.equal(eng.forward(restored, query), reference)
-            summary.append((codec, file_bytes, t_restore, exact))
-            rows += [(f"[{codec}] file {file_bytes / 1e6:.1f} MB ({size / file_bytes:.2f}x)", t_write, "write"),
-                     (f"[{codec}] read (whole file)", t_read, ""), (f"[{codec}] read + decode, no hash", t_codec, ""),
-                     (f"[{codec}] parse (decode, no hash)", t_parse, ""), (f"[{codec}] fill (engine.restore)", t_fill, ""),
-                     (f"[{codec}] open_file (read, hash, parse)", t_open, ""),
-                     (f"[{codec}] RESTORE (open_file + restore)", t_restore, f"exact {exact}"),
-                     (f"[{codec}] again, from the verified cache", t_fill, "no read, no hash")]
+            summary.append((tag, file_bytes, t_restore, exact))
+            rows += [(f"[{tag}] file {file_bytes / 1e6:.1f} MB ({size / file_bytes:.2f}x)", t_write, "write"),
+                     (f"[{tag}] read (whole file)", t_read, ""), (f"[{tag}] read + decode, no hash", t_codec, ""),
+                     (f"[{tag}] parse (decode, no hash)", t_parse, ""), (f"[{tag}] fill (engine.restore)", t_fill, ""),
+                     (f"[{tag}] open_file (read, hash, parse)", t_open, ""),
+                     (f"[{tag}] RESTORE (open_file + restore)", t_restore, f"exact {exact}"),
+                     (f"[{tag}] again, from the verified cache", t_fill, "no read, no hash")]
+        first_codec, first_scheme = variants[0]
+        first_path, sha = tmp / f"a.{first_codec}.{first_scheme}.kvg", shas[first_scheme]
         child = subprocess.run([sys.executable, __file__, "--rss-child", manifest.source,
-                                str(tmp / f"a.{codecs[0]}.kvg"), sha], capture_output=True, text=True)
+                                str(first_path), sha], capture_output=True, text=True)
         print(f"\n{dtype}, {n} tokens, payload {size / 1e6:.1f} MB")
         if child.returncode == 0:
             rss = json.loads(child.stdout)
-            print(f"peak RSS of a graft ({codecs[0]}: as `kvgraft graft -n 16`), above the loaded model: "
+            print(f"peak RSS of a graft ({first_codec}, {first_scheme}: as `kvgraft graft -n 16`), above the model: "
                   f"{rss['peak_above_model'] / 1e6:.1f} MB = {rss['peak_above_model'] / size:.2f}x the payload")
         else:  # e.g. a prefix this long leaves no room for the query within the model's positions
             last = (child.stderr.strip().splitlines() or ["?"])[-1]
             print(f"peak RSS of a graft: not measured, the graft failed: {last[:200]}")
-        print(f"{'':44} {'seconds':>9} {'GB/s':>7} {'x memcpy':>9} {'x sha256':>9}")
+        print(f"{'':52} {'seconds':>9} {'GB/s':>7} {'x memcpy':>9} {'x sha256':>9}")
         for name, t, note in rows:
-            print(f"{name:44} {t:>9.4f} {gbs(t):>7.2f} {t_memcpy / t:>9.2f} {t_sha / t:>9.2f}  {note}")
+            print(f"{name:52} {t:>9.4f} {gbs(t):>7.2f} {t_memcpy / t:>9.2f} {t_sha / t:>9.2f}  {note}")
         # The codecs' restores again, interleaved (raw, zstd, shuffle-zstd, raw, ...): on a shared machine a burst of
         # load then slows every codec alike, so their ratios hold even when the absolute times drift.
-        laps: dict[str, list[float]] = {codec: [] for codec in codecs}
+        laps: dict[str, list[float]] = {f"{c}, {s}": [] for c, s in variants}
         for _ in range(args.repeat):
-            for codec in codecs:
+            for codec, scheme in variants:
                 t0 = time.perf_counter()
-                _, a = kvg.open_file(tmp / f"a.{codec}.kvg", expected_sha256=sha)
+                _, a = kvg.open_file(tmp / f"a.{codec}.{scheme}.kvg", expected_sha256=shas[scheme])
                 eng.restore(a.layers)
-                laps[codec].append(time.perf_counter() - t0)
+                laps[f"{codec}, {scheme}"].append(time.perf_counter() - t0)
                 del a
         import statistics
 
-        first = statistics.median(laps[codecs[0]])
-        print(f"\n{'codec':14} {'file MB':>9} {'payload/file':>13} {'restore s':>10} {'GB/s':>6} "
-              f"{'x ' + codecs[0] + ' time':>12}  {'interleaved':>11} {'x ' + codecs[0]:>7}  exact")
-        for codec, file_bytes, t, exact in summary:
-            lap = statistics.median(laps[codec])
-            print(f"{codec:14} {file_bytes / 1e6:>9.1f} {size / file_bytes:>12.3f}x {t:>10.4f} {gbs(t):>6.2f} "
-                  f"{t / summary[0][2]:>11.2f}x  {lap:>11.4f} {lap / first:>6.2f}x  {exact}")
+        first = statistics.median(laps[summary[0][0]])
+        print(f"\n{'codec, identity':26} {'file MB':>9} {'payload/file':>13} {'restore s':>10} {'GB/s':>6} "
+              f"{'x first':>8}  {'interleaved':>11} {'x first':>8}  exact")
+        for tag, file_bytes, t, exact in summary:
+            lap = statistics.median(laps[tag])
+            print(f"{tag:26} {file_bytes / 1e6:>9.1f} {size / file_bytes:>12.3f}x {t:>10.4f} {gbs(t):>6.2f} "
+                  f"{t / summary[0][2]:>7.2f}x  {lap:>11.4f} {lap / first:>7.2f}x  {exact}")
         if not args.no_prefill:
             t_pre, _ = _median(lambda: eng.forward(eng.prefill(ids + query[:-1])[0], query[-1:]), 1)
-            best = codecs[0]  # the first codec listed
-            best_path = tmp / f"a.{best}.kvg"
+            best = f"{first_codec}, {first_scheme}"  # the first codec and identity listed
+            best_path = first_path
 
             def graft_ttft():
                 _, a = kvg.open_file(best_path, expected_sha256=sha)

@@ -16,14 +16,15 @@ raw: the N payload bytes. shuffle-zstd adds ``chunk_bytes`` (C), ``element_bytes
 payload is byte-plane shuffled (plane i = byte i of every E-byte element, planes in order, a tail shorter than E kept
 as is at the end) and stored as one zstd frame, the frames back to back from payload_offset.
 
-The identity never depends on the codec: it is the SHA-256 of the payload in every case. The codec is chosen by
+The identity never depends on the codec: it is the payload's (identity.py: its SHA-256, or the sha256-tree its
+header names) in every case. The codec is chosen by
 :func:`default_codec` (raw: see there for the measurements) and overridable.
 
-A raw payload is read into one private buffer in chunks while a second thread hashes each chunk already read (both
+A raw payload is read into one private buffer in chunks while other threads hash each chunk already read (both
 release the GIL), so the identity check overlaps the read, and the bytes hashed are exactly the bytes used: the hash
 runs over the private buffer, never over the file a second time. A shuffle-zstd payload is checked chunk by chunk
 (its stored SHA-256, then a frame that declares exactly the chunk's size) and decompressed by a few threads into one
-private buffer, each chunk handed to the hashing thread once in place. Nothing is returned before the digest matches.
+private buffer, each chunk handed to the hasher once in place. Nothing is returned before the digest matches.
 Torch-free, numpy-free (the shuffle is bytes slicing with a step, a C loop).
 """
 
@@ -476,7 +477,7 @@ def _read_shuffled(f, c: Container, file_size: int, source: str, expected_sha256
     """A shuffle-zstd payload in one private buffer. Its safetensors header (in the first chunk) is checked before
     the payload's size is allocated; a payload over EAGER bytes that is also over 8x the file (genuine KV
     compresses 1.1-1.5x) is first re-hashed against ``expected_sha256`` in a streamed pass. Then the chunks are
-    decompressed by a few threads straight into the buffer, each handed to the hashing thread once in place."""
+    decompressed by a few threads straight into the buffer, each handed to the hasher once in place."""
     from .payload import identity_mismatch
 
     n = c.payload_bytes

@@ -264,7 +264,7 @@ def _assemble(tensors: dict, meta: dict[str, str], source: str) -> Artifact:
 
 def write_file(path: Path, payload: bytes, level: int = 3, codec: str = "auto") -> str:
     """Write a ``.kvg`` file atomically in ``codec`` (``auto``: by the payload's dtype, container.default_codec);
-    returns the codec written. The identity (the payload's SHA-256) is the same whatever the codec."""
+    returns the codec written. The identity (identity.py) is the same whatever the codec."""
     dtype = read_header(payload)["__metadata__"].get("dtype", "") if codec in ("auto", "shuffle-zstd") else ""
     codec = container.pick_codec(codec, dtype)
     if codec == "raw":
@@ -287,7 +287,7 @@ def read_file(path: Path, expected_sha256: str | None = None) -> tuple[bytes, Ar
 
 def open_file(path: Path, expected_sha256: str | None = None) -> tuple[str, Artifact]:
     """(identity, artifact) of a ``.kvg`` file, re-hashed (against ``expected_sha256`` when given), the fastest way
-    its codec allows. A raw file's tensors are each read once into memory of their own while a second thread hashes
+    its codec allows. A raw file's tensors are each read once into memory of their own while other threads hash
     what was read (the header first, then the tensors in data order: exactly the payload's bytes), so the bytes
     hashed are the bytes used, the file is read once, and nothing is returned before the digest matches. A zstd or
     shuffle-zstd file is decompressed into one buffer while its chunks are hashed (payload.read_payload) and viewed
@@ -318,7 +318,7 @@ def _open_raw(path: Path, expected_sha256: str | None) -> tuple[str, Artifact]:
         tensors = {}
         try:
             # Data order is offset order and has no gaps (described_size checked it): read each tensor straight
-            # into memory of its own, and hand it to the hashing thread while the next one is read.
+            # into memory of its own, and hand it to the hasher while the next one is read.
             for name, t in sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
                                   key=lambda kv: kv[1]["data_offsets"][0]):
                 begin, end = t["data_offsets"]

@@ -267,7 +267,7 @@ def _open(path: Path):
 def read_payload(path: Path, expected_sha256: str | None = None, max_size: int | None = None) -> bytes:
     """A ``.kvg`` file's payload in a private buffer, its frame (or container) and safetensors header checked first
     (see the module docstring); with ``expected_sha256`` its identity is checked too, over the very bytes returned
-    (hashed in a second thread while they are read), and for a zstd payload larger than EAGER also in a streamed
+    (hashed in other threads while they are read), and for a zstd payload larger than EAGER also in a streamed
     pass before it is allocated."""
     source = str(path)
     cap = max_payload() if max_size is None else max_size
@@ -288,7 +288,7 @@ def read_payload(path: Path, expected_sha256: str | None = None, max_size: int |
                 h.add(chunk)
             if (got := h.digest()) != expected_sha256:
                 raise identity_mismatch(source, got, expected_sha256)
-        # Decompressed in chunks into one buffer of the checked size while a second thread hashes each chunk: the
+        # Decompressed in chunks into one buffer of the checked size while other threads hash each chunk: the
         # bytes hashed are the bytes returned (never a second read of the file), and zstd and SHA-256 overlap.
         f.seek(0)
         buf = view = None

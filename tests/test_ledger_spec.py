@@ -29,6 +29,7 @@ import pytest
 import zstandard
 
 from conftest import REPO, run_cli
+from kvgraft_cli.artifacts import container
 from kvgraft_cli.audit import hashcache
 from kvgraft_cli.audit.verify import verify_ledger
 from kvgraft_cli.artifacts.identity import payload_identity as kvg_identity
@@ -294,7 +295,11 @@ def file_digest(path: Path) -> str | None:
             c = json.loads(data[12:12 + h])
         except ValueError:
             return None
-        if c.get("version") != 2 or c.get("codec") != "raw" or len(data) != c["payload_offset"] + c["payload_bytes"]:
+        if c.get("version") != 2:
+            return None
+        if c.get("codec") == "shuffle-zstd":
+            return shuffled_digest(data, c)
+        if c.get("codec") != "raw" or len(data) != c["payload_offset"] + c["payload_bytes"]:
             return None
         return identity(data[c["payload_offset"]:])
     try:
@@ -305,6 +310,33 @@ def file_digest(path: Path) -> str | None:
     except zstandard.ZstdError:
         return None
     return identity(payload) if len(payload) == size else None
+
+
+def shuffled_digest(data: bytes, c: dict) -> str | None:
+    """A shuffle-zstd container's payload identity: each frame checked against its listed SHA-256, decompressed to
+    exactly its chunk's length, its byte planes put back (None: a rule broken)."""
+    pos, size, e, payload = c["payload_offset"], c["chunk_bytes"], c["element_bytes"], bytearray()
+    if len(c["chunks"]) != -(-c["payload_bytes"] // size):
+        return None
+    for k, (stored, sha) in enumerate(c["chunks"]):
+        frame = data[pos:pos + stored]
+        pos += stored
+        want = min(size, c["payload_bytes"] - k * size)
+        if hashlib.sha256(frame).hexdigest() != sha:
+            return None
+        try:
+            planes = zstandard.ZstdDecompressor().decompress(frame, allow_extra_data=False)
+        except zstandard.ZstdError:
+            return None
+        if len(planes) != want:
+            return None
+        m, chunk = want // e, bytearray(planes)
+        for j in range(e):
+            chunk[j:m * e:e] = planes[j * m:(j + 1) * m]
+        payload += chunk
+    if pos != len(data) or len(payload) != c["payload_bytes"]:
+        return None
+    return identity(bytes(payload))
 
 
 def identity(payload: bytes) -> str | None:
@@ -793,6 +825,13 @@ def _zstd(payload: bytes, **kw) -> bytes:
     return zstandard.ZstdCompressor(**{"write_content_size": True, "write_checksum": True, **kw}).compress(payload)
 
 
+def _flip_frame(data: bytes) -> bytes:
+    """A shuffle-zstd file with one byte of its last frame changed (its listed SHA-256 no longer holds)."""
+    b = bytearray(data)
+    b[-3] ^= 1
+    return bytes(b)
+
+
 def _files_ledger(tmp_path: Path) -> tuple[Path, dict]:
     """A ledger naming files of every sort; returns it and the expected status of each (line, field, path)."""
     d = tmp_path / "run"
@@ -812,6 +851,8 @@ def _files_ledger(tmp_path: Path) -> tuple[Path, dict]:
         "truncated.kvg": _zstd(payload)[:-6], "nosize.kvg": _zstd(payload, write_content_size=False),
         "empty.kvg": _zstd(b""), "zero.kvg": b"", "upper.KVG": _zstd(payload), "dir.kvg/x": b"",
         "tree.kvg": _zstd(tree), "unknown.kvg": _zstd(tree.replace(b'"sha256-tree"', b'"sha256-trie"')),
+        "shuffled.kvg": container.shuffle_zstd_file(tree, 4, chunk_bytes=1 << 20),
+        "shuffled-bad.kvg": _flip_frame(container.shuffle_zstd_file(tree, 4, chunk_bytes=1 << 20)),
     }
     for name, data in files.items():
         (d / name).parent.mkdir(parents=True, exist_ok=True)
@@ -841,13 +882,16 @@ def _files_ledger(tmp_path: Path) -> tuple[Path, dict]:
                      "dir": {"path": "dir.kvg", "sha256": H},
                      "tree": {"path": "tree.kvg", "sha256": kvg_identity(tree)},
                      "tree_as_sha256": {"path": "tree.kvg", "sha256": sha(tree)},
-                     "unknown": {"path": "unknown.kvg", "sha256": sha(tree.replace(b'"sha256-tree"', b'"sha256-trie"'))}}},
+                     "unknown": {"path": "unknown.kvg", "sha256": sha(tree.replace(b'"sha256-tree"', b'"sha256-trie"'))},
+                     "shuffled": {"path": "shuffled.kvg", "sha256": kvg_identity(tree)},
+                     "shuffled_bad": {"path": "shuffled-bad.kvg", "sha256": kvg_identity(tree)}}},
          {(2, "inputs.level19", "b.kvg"): "ok", (2, "inputs.swapped", "swapped.kvg"): "mismatch",
           (2, "inputs.trailing", "trailing.kvg"): "mismatch", (2, "inputs.truncated", "truncated.kvg"): "mismatch",
           (2, "inputs.nosize", "nosize.kvg"): "mismatch", (2, "inputs.empty", "empty.kvg"): "mismatch",
           (2, "inputs.zero", "zero.kvg"): "mismatch", (2, "inputs.upper", "upper.KVG"): "ok",
           (2, "inputs.dir", "dir.kvg"): "missing", (2, "inputs.tree", "tree.kvg"): "ok",
-          (2, "inputs.tree_as_sha256", "tree.kvg"): "mismatch", (2, "inputs.unknown", "unknown.kvg"): "mismatch"}),
+          (2, "inputs.tree_as_sha256", "tree.kvg"): "mismatch", (2, "inputs.unknown", "unknown.kvg"): "mismatch",
+          (2, "inputs.shuffled", "shuffled.kvg"): "ok", (2, "inputs.shuffled_bad", "shuffled-bad.kvg"): "mismatch"}),
         ({"inputs": {"abs": {"path": str(tmp_path / "outside.txt"), "sha256": sha(b"outside")},
                      "up": {"path": "../outside.txt", "sha256": sha(b"outside")},
                      "link": {"path": "link.txt", "sha256": sha(b"hello\n")},
@@ -897,7 +941,12 @@ def test_only_manifest_and_direct_members_are_files(tmp_path):
     for (line, field, path) in sorted(keep, key=str):
         target = Path(path) if os.path.isabs(path) else lp.parent / path
         data = target.read_bytes()
-        if target.suffix == ".kvg":  # same payload size, one byte changed, recompressed: a valid frame
+        if target.suffix == ".kvg" and data[:8] == container.MAGIC:  # a valid shuffle-zstd file, one byte apart
+            with open(target, "rb") as f:
+                payload = bytearray(b"".join(container.iter_container(f, len(data), str(target), 1 << 40)))
+            payload[-1] ^= 1
+            target.write_bytes(container.shuffle_zstd_file(bytes(payload), 4, chunk_bytes=1 << 20))
+        elif target.suffix == ".kvg":  # same payload size, one byte changed, recompressed: a valid frame
             payload = bytearray(zstandard.ZstdDecompressor().decompress(data))
             payload[7] ^= 1
             target.write_bytes(_zstd(bytes(payload)))

@@ -190,3 +190,16 @@ def test_a_new_manifest_names_artifacts_by_the_tree_and_grafts_across_schemes(tm
     payload2, art2 = kvg.read_file(next((tmp_path / "kvgraft-store" / "objects").rglob(f"{sha2}.kvg")))
     assert "identity" not in art2.meta and hashlib.sha256(bytes(payload2)).hexdigest() == sha2 != sha
     assert kvg.with_scheme(payload2, "sha256-tree") == bytes(payload)
+
+
+def test_a_forked_child_hashes_with_a_pool_of_its_own():
+    """The pool is made in this process first; a child forked afterwards must not send leaves to threads it lacks
+    (it would wait forever: the test would time out instead of passing)."""
+    import multiprocessing
+
+    payload = _payload("sha256-tree", 1111)
+    assert ident.payload_identity(payload) == by_hand(payload)  # the parent's pool exists now
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(ident.payload_identity, (payload,)).get(timeout=60)
+    assert got == by_hand(payload)

@@ -94,6 +94,7 @@ def _hash_parts(parts: list) -> bytes:
 
 
 _POOL: ThreadPoolExecutor | None = None
+_POOL_PID = 0
 _POOL_LOCK = threading.Lock()
 
 
@@ -105,11 +106,12 @@ def workers() -> int:
 
 
 def _pool() -> ThreadPoolExecutor:
-    """One pool per process for every tree hash (its jobs never wait on each other, so sharing cannot deadlock)."""
-    global _POOL
+    """One pool per process for every tree hash (its jobs never wait on each other, so sharing cannot deadlock). A
+    forked child gets a pool of its own: the parent's threads do not exist there, and jobs sent to them never run."""
+    global _POOL, _POOL_PID
     with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(workers(), thread_name_prefix="kvgraft-hash")
+        if _POOL is None or _POOL_PID != os.getpid():
+            _POOL, _POOL_PID = ThreadPoolExecutor(workers(), thread_name_prefix="kvgraft-hash"), os.getpid()
         return _POOL
 
 

@@ -252,20 +252,26 @@ class Engine:
 
     def restore(self, layers: list[LayerState]):
         """A fresh cache holding exactly ``layers``, on the engine's device. On the CPU the cache holds the artifact's
-        own (verified, read-only by convention) tensors without a copy: a DynamicCache layer never writes into its
-        tensors, every update concatenates into new ones (tests/test_codecs.py checks that grafting leaves the
-        artifact's tensors unchanged), so many caches can start from one artifact held once in memory."""
+        own (verified, read-only by convention) tensors without a copy, and its full layers grow in place
+        (growcache.GrowingLayer: the first update copies a layer into a buffer of its own, never writing into the
+        artifact's tensors; tests/test_codecs.py checks that grafting leaves them unchanged), so many caches can
+        start from one artifact held once in memory."""
         from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+        from .growcache import GrowingLayer, enabled
 
         cache = self.new_cache()
         if len(cache.layers) != len(layers):
             raise UnsupportedModel(f"cache has {len(cache.layers)} layers, artifact {len(layers)}")
+        grow = enabled(self.device)
         for i, (layer, st) in enumerate(zip(cache.layers, layers)):
             want = DynamicSlidingWindowLayer if st.kind == "sliding" else DynamicLayer
             if st.kind == "empty":
                 continue
             if type(layer) is not want and not (st.kind == "full" and type(layer) is DynamicLayer):
                 raise UnsupportedModel(f"layer {i}: model builds {type(layer).__name__}, artifact holds a {st.kind} layer")
+            if grow and st.kind == "full":  # decode steps write in place instead of re-allocating the layer
+                layer = cache.layers[i] = GrowingLayer()
             keys = st.keys.to(self.device)
             values = st.values.to(self.device)
             layer.lazy_initialization(keys, values)

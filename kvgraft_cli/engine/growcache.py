@@ -1,0 +1,72 @@
+"""A full-attention cache layer that grows in place, for grafts on the CPU (issue #10: a graft's memory).
+
+transformers' ``DynamicLayer`` concatenates the whole layer into new tensors at every step, each a little larger than
+the one it frees: glibc cannot reuse the freed blocks for the next, larger ones, so a graft of N cached tokens peaked
+at about 2x the artifact above the model. ``GrowingLayer`` keeps keys and values in buffers with room for
+``SLACK_TOKENS`` more tokens, writes each step's states into place, and hands attention views of the filled part;
+when the room is used up it moves to buffers with room again (one copy per ``SLACK_TOKENS`` tokens). Buffers are
+anonymous memory maps: zero pages from the OS, so the room not yet written costs no resident memory (torch.empty
+would fill them first under deterministic algorithms, and a bytearray is zeroed by a write of every byte), and a
+buffer given up goes straight back to the OS instead of into the heap.
+
+Exactness: the views hold the same values as the concatenated tensors, but with another stride; measured, attention
+over them gives the same logits bits on the CPU (every zoo architecture, float32 and bfloat16, eager and SDPA, and
+every graft-vs-fresh comparison of the test suite, whose fresh side keeps ``DynamicLayer``). On CUDA a kernel's
+choice may depend on strides and alignment, so grafts there keep ``DynamicLayer`` until that is measured.
+``KVGRAFT_GROW_IN_PLACE=0`` turns it off (for comparisons).
+"""
+
+from __future__ import annotations
+
+import os
+
+from transformers.cache_utils import DynamicLayer
+
+SLACK_TOKENS = 256
+
+
+def enabled(device) -> bool:
+    """Whether a graft on ``device`` uses GrowingLayer (the CPU, unless KVGRAFT_GROW_IN_PLACE=0)."""
+    return str(device).split(":")[0] == "cpu" and os.environ.get("KVGRAFT_GROW_IN_PLACE", "1") != "0"
+
+
+def _zeroed(like, tokens: int):
+    """A tensor shaped like ``like`` with ``tokens`` positions, on an anonymous map (zero pages: no fill, no
+    resident memory until written; unmapped when the tensor is freed)."""
+    import mmap
+
+    import torch
+
+    shape = list(like.shape)
+    shape[-2] = tokens
+    n = like.element_size()
+    for d in shape:
+        n *= d
+    return torch.frombuffer(mmap.mmap(-1, n), dtype=torch.uint8).view(like.dtype).view(shape) if n else \
+        torch.empty(shape, dtype=like.dtype)
+
+
+class GrowingLayer(DynamicLayer):
+    """A DynamicLayer whose keys and values are views of buffers it grows in place (see the module doc). It never
+    writes into tensors it was given (an artifact's, shared with the verified cache): the first update copies them
+    into its own buffers."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        have = self.keys.shape[-2] if self.keys.numel() else 0
+        need = have + key_states.shape[-2]
+        kbuf = getattr(self, "_kbuf", None)
+        if kbuf is None or kbuf.shape[-2] < need:
+            kbuf, vbuf = _zeroed(key_states, need + SLACK_TOKENS), _zeroed(value_states, need + SLACK_TOKENS)
+            if have:
+                kbuf[..., :have, :] = self.keys
+                vbuf[..., :have, :] = self.values
+            # Dropping the old tensors here frees them (an artifact's, once the cache alone holds them) before the
+            # next layer's buffers are made: one layer in flight, never a second copy of the whole cache.
+            self._kbuf, self._vbuf = kbuf, vbuf
+        self._kbuf[..., have:need, :] = key_states
+        self._vbuf[..., have:need, :] = value_states
+        self.keys, self.values = self._kbuf[..., :need, :], self._vbuf[..., :need, :]
+        return self.keys, self.values
+

@@ -258,7 +258,7 @@ class Engine:
         start from one artifact held once in memory."""
         from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-        from .growcache import GrowingLayer, enabled
+        from .growcache import enabled, layer_class
 
         cache = self.new_cache()
         if len(cache.layers) != len(layers):
@@ -271,7 +271,7 @@ class Engine:
             if type(layer) is not want and not (st.kind == "full" and type(layer) is DynamicLayer):
                 raise UnsupportedModel(f"layer {i}: model builds {type(layer).__name__}, artifact holds a {st.kind} layer")
             if grow and st.kind == "full":  # decode steps write in place instead of re-allocating the layer
-                layer = cache.layers[i] = GrowingLayer()
+                layer = cache.layers[i] = layer_class()()
             keys = st.keys.to(self.device)
             values = st.values.to(self.device)
             layer.lazy_initialization(keys, values)
@@ -327,7 +327,9 @@ def _capture_layer(i: int, layer) -> LayerState:
 
     if type(layer) is DummyLayer:  # a KV-sharing consumer (Gemma-3n/4): reads another layer's KV, holds none
         return LayerState("empty")
-    kind_of = {DynamicLayer: "full", DynamicSlidingWindowLayer: "sliding"}
+    from .growcache import layer_class
+
+    kind_of = {DynamicLayer: "full", layer_class(): "full", DynamicSlidingWindowLayer: "sliding"}
     kind = kind_of.get(type(layer))
     if kind is None:
         raise UnsupportedModel(

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import os
 
-from transformers.cache_utils import DynamicLayer
-
 SLACK_TOKENS = 256
 
 
@@ -31,42 +29,52 @@ def enabled(device) -> bool:
 
 
 def _zeroed(like, tokens: int):
-    """A tensor shaped like ``like`` with ``tokens`` positions, on an anonymous map (zero pages: no fill, no
+    """A tensor shaped like ``like`` with ``tokens`` positions, on an anonymous map (util.memory.zeroed: no fill, no
     resident memory until written; unmapped when the tensor is freed)."""
-    import mmap
-
     import torch
+
+    from ..util.memory import zeroed
 
     shape = list(like.shape)
     shape[-2] = tokens
     n = like.element_size()
     for d in shape:
         n *= d
-    return torch.frombuffer(mmap.mmap(-1, n), dtype=torch.uint8).view(like.dtype).view(shape) if n else \
+    return torch.frombuffer(zeroed(n), dtype=torch.uint8).view(like.dtype).view(shape) if n else \
         torch.empty(shape, dtype=like.dtype)
 
 
-class GrowingLayer(DynamicLayer):
-    """A DynamicLayer whose keys and values are views of buffers it grows in place (see the module doc). It never
-    writes into tensors it was given (an artifact's, shared with the verified cache): the first update copies them
-    into its own buffers."""
+def layer_class():
+    """The GrowingLayer class: a DynamicLayer whose keys and values are views of buffers it grows in place (see the
+    module doc). It never writes into tensors it was given (an artifact's, shared with the verified cache): the first
+    update copies them into its own buffers. Built on first use, so importing this module imports no transformers."""
+    global _CLASS
+    if _CLASS is None:
+        from transformers.cache_utils import DynamicLayer
 
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        have = self.keys.shape[-2] if self.keys.numel() else 0
-        need = have + key_states.shape[-2]
-        kbuf = getattr(self, "_kbuf", None)
-        if kbuf is None or kbuf.shape[-2] < need:
-            kbuf, vbuf = _zeroed(key_states, need + SLACK_TOKENS), _zeroed(value_states, need + SLACK_TOKENS)
-            if have:
-                kbuf[..., :have, :] = self.keys
-                vbuf[..., :have, :] = self.values
-            # Dropping the old tensors here frees them (an artifact's, once the cache alone holds them) before the
-            # next layer's buffers are made: one layer in flight, never a second copy of the whole cache.
-            self._kbuf, self._vbuf = kbuf, vbuf
-        self._kbuf[..., have:need, :] = key_states
-        self._vbuf[..., have:need, :] = value_states
-        self.keys, self.values = self._kbuf[..., :need, :], self._vbuf[..., :need, :]
-        return self.keys, self.values
+        _CLASS = type("GrowingLayer", (DynamicLayer,), {"update": _update, "__doc__": layer_class.__doc__})
+    return _CLASS
 
+
+_CLASS = None
+
+
+def _update(self, key_states, value_states, *args, **kwargs):
+    """Write the new states into place (moving to buffers with room first when there is none); return views."""
+    if not self.is_initialized:
+        self.lazy_initialization(key_states, value_states)
+    have = self.keys.shape[-2] if self.keys.numel() else 0
+    need = have + key_states.shape[-2]
+    kbuf = getattr(self, "_kbuf", None)
+    if kbuf is None or kbuf.shape[-2] < need:
+        kbuf, vbuf = _zeroed(key_states, need + SLACK_TOKENS), _zeroed(value_states, need + SLACK_TOKENS)
+        if have:
+            kbuf[..., :have, :] = self.keys
+            vbuf[..., :have, :] = self.values
+        # Dropping the old tensors here frees them (an artifact's, once the cache alone holds them) before the next
+        # layer's buffers are made: one layer in flight, never a second copy of the whole cache.
+        self._kbuf, self._vbuf = kbuf, vbuf
+    self._kbuf[..., have:need, :] = key_states
+    self._vbuf[..., have:need, :] = value_states
+    self.keys, self.values = self._kbuf[..., :need, :], self._vbuf[..., :need, :]
+    return self.keys, self.values

@@ -215,6 +215,27 @@ def _run(manifest, args, tmp: Path) -> None:
             lap = statistics.median(laps[tag])
             print(f"{tag:26} {file_bytes / 1e6:>9.1f} {size / file_bytes:>12.3f}x {t:>10.4f} {gbs(t):>6.2f} "
                   f"{t / summary[0][2]:>7.2f}x  {lap:>11.4f} {lap / first:>7.2f}x  {exact}")
+        # Decoding after a graft, the cache growing in place (engine.growcache) vs concatenated at every step
+        # (KVGRAFT_GROW_IN_PLACE=0), interleaved; the logits must be the same bits.
+        laps2: dict[str, list[float]] = {"1": [], "0": []}
+        ends: dict[str, str] = {}
+        for _ in range(args.repeat):
+            for flag in ("1", "0"):
+                os.environ["KVGRAFT_GROW_IN_PLACE"] = flag
+                _, a = kvg.open_file(first_path, expected_sha256=sha)
+                c = eng.restore(a.layers)
+                del a
+                t0 = time.perf_counter()
+                lg = eng.forward(c, query)
+                for _ in range(32):
+                    lg = eng.forward(c, [int(lg[-1].argmax())])
+                laps2[flag].append(time.perf_counter() - t0)
+                ends[flag] = tensor_sha256(lg)
+                del c
+        os.environ.pop("KVGRAFT_GROW_IN_PLACE", None)
+        t_in, t_cat = statistics.median(laps2["1"]), statistics.median(laps2["0"])
+        print(f"query + 32 decode steps after the graft: in place {t_in:.3f} s, concatenated {t_cat:.3f} s "
+              f"(in place / concatenated {t_in / t_cat:.2f}x), same logits bits: {ends['1'] == ends['0']}")
         if not args.no_prefill:
             t_pre, _ = _median(lambda: eng.forward(eng.prefill(ids + query[:-1])[0], query[-1:]), 1)
             best = f"{first_codec}, {first_scheme}"  # the first codec and identity listed

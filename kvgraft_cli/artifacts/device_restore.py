@@ -19,7 +19,6 @@ import threading
 from pathlib import Path
 
 from ..errors import ArtifactError, DeviceError, InputError, IntegrityError, engine_not_installed
-from ..util.memory import zeroed
 from . import container, identity
 from . import format as _format
 from . import payload as _payload
@@ -105,8 +104,8 @@ def _open_raw_on_device(torch, f, source: str, device, expected_sha256: str | No
         dst = torch.empty(size, dtype=torch.uint8, device=device)
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
-    else:  # zero pages from the OS, written once by the copies (util.memory.zeroed)
-        dst = torch.frombuffer(zeroed(size), dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8)
+    else:  # no fill (torch.empty fills under deterministic algorithms); the same memory as the raw reader's
+        dst = torch.frombuffer(bytearray(size), dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8)
     with _STAGING_LOCK:
         staging = _staging(torch, chunk_bytes, ring, pinned=stream is not None)
         hasher = identity.PayloadHasher(source)

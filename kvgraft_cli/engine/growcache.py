@@ -14,6 +14,10 @@ over them gives the same logits bits on the CPU (every zoo architecture, float32
 every graft-vs-fresh comparison of the test suite, whose fresh side keeps ``DynamicLayer``). On CUDA a kernel's
 choice may depend on strides and alignment, so grafts there keep ``DynamicLayer`` until that is measured.
 ``KVGRAFT_GROW_IN_PLACE=0`` turns it off (for comparisons).
+
+Measured (README, "Restore speed"): a graft's peak above the model at 8,128 tokens went from 1.98x to 1.61x the
+artifact (float32), 1.51x to 1.31x (bfloat16); at 2,048 tokens it stays about 2.2x: the first step's copy of every
+layer, while the artifact's freed memory stays in malloc's heap.
 """
 
 from __future__ import annotations

@@ -324,7 +324,7 @@ def _open_raw(path: Path, expected_sha256: str | None) -> tuple[str, Artifact]:
                 begin, end = t["data_offsets"]
                 # Not torch.empty: under deterministic algorithms (every pinned manifest) it fills new memory with
                 # a torch kernel first. A bytearray is zeroed by one memset, cheap on heap memory a previous restore
-                # gave back; fresh anonymous maps (util.memory) measured 1.4-1.9x slower over repeated restores.
+                # gave back; fresh anonymous maps (util.memory) measured 1.06-2.3x slower over repeated restores.
                 own = torch.frombuffer(bytearray(end - begin), dtype=torch.uint8) if end > begin else \
                     torch.empty(0, dtype=torch.uint8)
                 container.read_hashed(f, memoryview(own.numpy()), hasher, source)

@@ -9,9 +9,10 @@ anonymous memory maps: zero pages from the OS, so the room not yet written costs
 would fill them first under deterministic algorithms, and a bytearray is zeroed by a write of every byte), and a
 buffer given up goes straight back to the OS instead of into the heap.
 
-Exactness: the views hold the same values as the concatenated tensors, but with another stride; measured, attention
-over them gives the same logits bits on the CPU (every zoo architecture, float32 and bfloat16, eager and SDPA, and
-every graft-vs-fresh comparison of the test suite, whose fresh side keeps ``DynamicLayer``). On CUDA a kernel's
+Exactness: the views hold the same values as the concatenated tensors, but with another stride; attention over them
+gives the same logits bits on the CPU: every graft-vs-fresh comparison of the test suite (whose fresh side keeps
+``DynamicLayer``; tests/test_architectures.py runs every zoo architecture, eager) and tests/test_growcache.py; a
+one-off script (not committed) also found 5 architectures equal under SDPA. On CUDA a kernel's
 choice may depend on strides and alignment, so grafts there keep ``DynamicLayer`` until that is measured.
 ``KVGRAFT_GROW_IN_PLACE=0`` turns it off (for comparisons).
 

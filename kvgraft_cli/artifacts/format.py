@@ -136,7 +136,8 @@ def same_cache(payload: bytes, identity: str) -> bool:
     """Whether ``payload`` is the artifact named ``identity`` in either scheme (same bytes, whatever the name)."""
     if payload_identity(payload) == identity:
         return True
-    return any(payload_identity(with_scheme(payload, s)) == identity for s in SCHEMES)
+    named = read_header(payload)["__metadata__"].get("identity", "sha256")
+    return any(payload_identity(with_scheme(payload, s)) == identity for s in SCHEMES if s != named)
 
 
 def read_header(payload: bytes, source: str = "artifact") -> dict[str, Any]:

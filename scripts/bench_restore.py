@@ -5,15 +5,19 @@ prefills a random prefix, deposits it in each codec and each identity scheme (--
 its plain SHA-256 and by its sha256-tree, docs/FORMAT.md), and prints for every (dtype, tokens), as medians of --repeat
 runs measured side by side in this one process:
 
-  restore      the whole graft restore as `kvgraft graft` runs it: kvg.open_file (read, decode the codec, re-hash
-               against the identity, parse) then engine.restore (fill the model's cache); a second restore of the
+  restore      the whole graft restore: kvg.open_file (read, decode the codec, re-hash against the identity,
+               parse) then engine.restore (fill the model's cache); also read with room, as `kvgraft graft` reads
+               (runs.graft.open_artifact: full layers in buffers the cache grows into); a second restore of the
                same artifact in one process comes from the verified cache (store.local.VERIFIED): the fill alone
   read / codec / sha256 / parse / fill: its stages alone
   baselines    (a) plain read + memcpy of the payload bytes, (a') the same through mmap, the sha256-tree alone (on
                identity.workers() threads), (b) SHA-256 alone over them, (c) torch.load of the
                same tensors (what pickle-based caches do), (d) safetensors load_file with every tensor copied
   prefill      engine.prefill of the prefix (what a graft saves), and graft vs prefill time to first token
-               (restore + a 16-token query forward vs prefill of prefix + query)
+               (restore + a 16-token query forward vs prefill of prefix + query), with the query's forward alone
+               (the most any restore could reach)
+  memory       peak RSS above the model of one graft in a fresh process: read with room (as `kvgraft graft`),
+               read without room (the cache's first step copies), concatenated at every step
   codecs       a summary, one row per (codec, identity) side by side: file size, payload / file (the compression
                ratio) and the restore time, also as a ratio to the first row's (raw, sha256 by default)
 
@@ -48,7 +52,7 @@ def main() -> None:
     ap.add_argument("--profile", default="native", choices=["portable", "native"])
     ap.add_argument("--no-prefill", action="store_true", help="skip timing prefill (the slow part on a CPU)")
     ap.add_argument("--write-model", type=Path, help=argparse.SUPPRESS)
-    ap.add_argument("--rss-child", nargs=3, help=argparse.SUPPRESS)  # MANIFEST KVG SHA: peak RSS of one graft
+    ap.add_argument("--rss-child", nargs=4, help=argparse.SUPPRESS)  # MANIFEST KVG SHA ROOM: peak RSS of one graft
     args = ap.parse_args()
     if args.rss_child:
         _rss_child(*args.rss_child)
@@ -85,6 +89,7 @@ def _run(manifest, args, tmp: Path) -> None:
     from kvgraft_cli.artifacts import format as kvg
     from kvgraft_cli.artifacts import payload as pl
     from kvgraft_cli.engine.engine import load_engine, tensor_sha256
+    from kvgraft_cli.engine.growcache import SLACK_TOKENS
     eng = load_engine(manifest)
     dtype = manifest.data["model"]["dtype"]
     from kvgraft_cli.artifacts import container, identity
@@ -174,25 +179,43 @@ def _run(manifest, args, tmp: Path) -> None:
             if t_restore_first is None or t_restore < t_restore_first:
                 t_restore_first = t_restore
             exact = torch.equal(eng.forward(restored, query), reference)
+            del restored
+
+            def restore_with_room():  # as `kvgraft graft` reads (runs.graft.open_artifact): the cache takes the room
+                _, a = kvg.open_file(path, sha, SLACK_TOKENS)
+                return eng.restore(a.layers)
+
+            t_room, roomy = _median(restore_with_room, args.repeat)
+            exact_room = torch.equal(eng.forward(roomy, query), reference)
+            del roomy
             summary.append((tag, file_bytes, t_restore, exact))
             rows += [(f"[{tag}] file {file_bytes / 1e6:.1f} MB ({size / file_bytes:.2f}x)", t_write, "write"),
                      (f"[{tag}] read (whole file)", t_read, ""), (f"[{tag}] read + decode, no hash", t_codec, ""),
                      (f"[{tag}] parse (decode, no hash)", t_parse, ""), (f"[{tag}] fill (engine.restore)", t_fill, ""),
                      (f"[{tag}] open_file (read, hash, parse)", t_open, ""),
                      (f"[{tag}] RESTORE (open_file + restore)", t_restore, f"exact {exact}"),
+                     (f"[{tag}] RESTORE read with room (as graft)", t_room,
+                      f"exact {exact_room}" + ("" if codec == "raw" else " (room: raw files only)")),
                      (f"[{tag}] again, from the verified cache", t_fill, "no read, no hash")]
         first_codec, first_scheme = variants[0]
         first_path, sha = tmp / f"a.{first_codec}.{first_scheme}.kvg", shas[first_scheme]
-        child = subprocess.run([sys.executable, __file__, "--rss-child", manifest.source,
-                                str(first_path), sha], capture_output=True, text=True)
         print(f"\n{dtype}, {n} tokens, payload {size / 1e6:.1f} MB")
-        if child.returncode == 0:
-            rss = json.loads(child.stdout)
-            print(f"peak RSS of a graft ({first_codec}, {first_scheme}: as `kvgraft graft -n 16`), above the model: "
-                  f"{rss['peak_above_model'] / 1e6:.1f} MB = {rss['peak_above_model'] / size:.2f}x the payload")
-        else:  # e.g. a prefix this long leaves no room for the query within the model's positions
-            last = (child.stderr.strip().splitlines() or ["?"])[-1]
-            print(f"peak RSS of a graft: not measured, the graft failed: {last[:200]}")
+        # Peak RSS of one graft in a fresh process, three ways: as `kvgraft graft` reads (full layers read with the
+        # growing cache's room, which the cache takes), read without room (the cache's first step copies every
+        # layer into buffers of its own), and with the cache concatenating at every step (KVGRAFT_GROW_IN_PLACE=0).
+        for how, room, grow in (("read with room, as `kvgraft graft -n 16`", "1", "1"),
+                                ("read without room, first step copies", "0", "1"),
+                                ("concatenated at every step", "0", "0")):
+            child = subprocess.run([sys.executable, __file__, "--rss-child", manifest.source, str(first_path), sha,
+                                    room], capture_output=True, text=True,
+                                   env={**os.environ, "KVGRAFT_GROW_IN_PLACE": grow})
+            if child.returncode == 0:
+                rss = json.loads(child.stdout)
+                print(f"peak RSS of a graft ({first_codec}, {first_scheme}; {how}), above the model: "
+                      f"{rss['peak_above_model'] / 1e6:.1f} MB = {rss['peak_above_model'] / size:.2f}x the payload")
+            else:  # e.g. a prefix this long leaves no room for the query within the model's positions
+                last = (child.stderr.strip().splitlines() or ["?"])[-1]
+                print(f"peak RSS of a graft ({how}): not measured, the graft failed: {last[:200]}")
         print(f"{'':52} {'seconds':>9} {'GB/s':>7} {'x memcpy':>9} {'x sha256':>9}")
         for name, t, note in rows:
             print(f"{name:52} {t:>9.4f} {gbs(t):>7.2f} {t_memcpy / t:>9.2f} {t_sha / t:>9.2f}  {note}")
@@ -241,25 +264,40 @@ def _run(manifest, args, tmp: Path) -> None:
             best = f"{first_codec}, {first_scheme}"  # the first codec and identity listed
             best_path = first_path
 
-            def graft_ttft():
-                _, a = kvg.open_file(best_path, expected_sha256=sha)
+            def graft_ttft():  # as `kvgraft graft` reads: with the growing cache's room
+                _, a = kvg.open_file(best_path, sha, SLACK_TOKENS)
                 return eng.forward(eng.restore(a.layers), query)
 
             t_graft, _ = _median(graft_ttft, args.repeat)
+            # The query's own forward over the restored prefix, the restore left out: what a graft costs with an
+            # instant restore, so prefill / this is the most any restore could reach for this query.
+            laps3 = []
+            for _ in range(args.repeat):
+                _, a = kvg.open_file(best_path, sha, SLACK_TOKENS)
+                c = eng.restore(a.layers)
+                del a
+                t0 = time.perf_counter()
+                eng.forward(c, query)
+                laps3.append(time.perf_counter() - t0)
+                del c
+            t_query = statistics.median(laps3)
             print(f"prefill {n} tokens: {t_prefill_once:.2f} s; time to first token: prefill {t_pre:.3f} s, graft "
-                  f"({best}) {t_graft:.3f} s: graft is {t_pre / t_graft:.1f}x faster")
+                  f"({best}) {t_graft:.3f} s: graft is {t_pre / t_graft:.1f}x faster; the {len(query)}-token query's "
+                  f"forward alone {t_query:.3f} s ({t_query / t_graft:.0%} of the graft): no restore can do better "
+                  f"than {t_pre / t_query:.1f}x")
 
 
-def _rss_child(manifest_path: str, kvg_path: str, sha: str) -> None:
+def _rss_child(manifest_path: str, kvg_path: str, sha: str, room: str) -> None:
     """In a fresh process: load the engine, reset the peak-RSS mark, graft once as `kvgraft graft` does (open the
-    file re-hashed, restore, release the artifact to the cache, a query and 16 decode tokens, one ledger line),
-    print how far the peak rose."""
+    file re-hashed, with room for the cache when ``room`` is "1" (runs.graft.open_artifact's), restore, release the
+    artifact to the cache, a query and 16 decode tokens, one ledger line), print how far the peak rose."""
     import tempfile
 
     from kvgraft_cli.artifacts import format as kvg
     from kvgraft_cli.config.manifest import load_manifest
     from kvgraft_cli.engine.engine import load_engine
     from kvgraft_cli.runs.context import RunContext
+    from kvgraft_cli.engine.growcache import SLACK_TOKENS
     from kvgraft_cli.runs.graft import Loaded, graft_generate
 
     def status(key: str) -> int:
@@ -273,7 +311,7 @@ def _rss_child(manifest_path: str, kvg_path: str, sha: str) -> None:
     ctx = RunContext.make(eng.manifest, tmp / "store", tmp / "ledger.jsonl")
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     base = status("VmRSS")
-    loaded = Loaded(*kvg.open_file(Path(kvg_path), expected_sha256=sha), kvg_path)
+    loaded = Loaded(*kvg.open_file(Path(kvg_path), sha, SLACK_TOKENS if room == "1" else 0), kvg_path)
     graft_generate(ctx, eng, loaded, "What is the final answer?", 16)
     print(json.dumps({"peak_above_model": status("VmHWM") - base}))
 

@@ -69,3 +69,141 @@ def test_not_on_cuda_and_off_by_environment(monkeypatch):
     assert growcache.enabled("cpu") and not growcache.enabled("cuda") and not growcache.enabled("cuda:1")
     monkeypatch.setenv("KVGRAFT_GROW_IN_PLACE", "0")
     assert not growcache.enabled("cpu")
+
+
+@pytest.fixture(scope="module")
+def raw_file(tmp_path_factory, engine, grafted):
+    """The grafted prefix as a raw .kvg file named each way (sha256, sha256-tree)."""
+    prefix, art = grafted
+    out = {}
+    for scheme in ("sha256", "sha256-tree"):
+        payload = kvg.with_scheme(kvg.encode(prefix, art.layers, art.meta), scheme)
+        path = tmp_path_factory.mktemp("room") / f"{scheme}.kvg"
+        kvg.write_file(path, payload, codec="raw")
+        out[scheme] = path, kvg.payload_identity(payload)
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["sha256", "sha256-tree"])
+def test_a_graft_read_with_room_grows_into_it_without_a_copy(engine, grafted, raw_file, scheme):
+    """open_file(room=R): the same identity and bytes as without room; full layers (only) are views of buffers with
+    R more positions; the cache restored from them writes the suffix and decode steps into that room (no copy, no
+    move), with logits byte-equal to a fresh prefill and to a graft read without room; the prefix is never written;
+    a second cache from the same state copies instead (the room is taken once)."""
+    prefix, _ = grafted
+    path, sha = raw_file[scheme]
+    suffix = engine.encode("\nQuestion: and the first twenty?\nAnswer:")
+    _, plain = kvg.open_file(path, sha)
+    ident, art = kvg.open_file(path, sha, room=len(suffix) + 8)
+    assert ident == sha
+    assert [l.room is not None for l in art.layers] == [l.kind == "full" for l in art.layers]
+    assert any(l.kind == "full" for l in art.layers) and any(l.kind != "full" for l in art.layers)
+    for a, b in zip(plain.layers, art.layers):
+        assert a.kind == b.kind and (a.keys is None or (torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)))
+    rooms = [l.room for l in art.layers if l.kind == "full"]
+    assert all(k.shape[-2] == len(prefix) + len(suffix) + 8 and k.data_ptr() == l.keys.data_ptr()
+               for (k, _), l in zip(rooms, [l for l in art.layers if l.kind == "full"]))
+    before = [(l.keys.clone(), l.values.clone()) for l in art.layers if l.kind == "full"]
+
+    cache = engine.restore(art.layers)
+    assert all(l.room is None for l in art.layers)
+    grown = _decode(engine, cache, suffix, 8)
+    full = [l for l in cache.layers if isinstance(l, growcache.layer_class())]
+    assert len(full) == len(rooms)
+    assert all(l._kbuf is k and l._vbuf is v and l.keys.data_ptr() == k.data_ptr() for l, (k, v) in zip(full, rooms))
+    assert all(l.keys.shape[-2] == len(prefix) + len(suffix) + 8 for l in full)
+    assert all(torch.equal(a, l.keys) and torch.equal(b, l.values)
+               for (a, b), l in zip(before, [l for l in art.layers if l.kind == "full"]))
+
+    again = engine.restore(art.layers)  # the room is taken: this cache copies on its first update
+    copied = _decode(engine, again, suffix, 8)
+    assert all(l._kbuf.data_ptr() != k.data_ptr() for l, (k, _) in
+               zip([l for l in again.layers if isinstance(l, growcache.layer_class())], rooms))
+    fresh, _ = engine.prefill(prefix)
+    assert tensor_sha256(grown) == tensor_sha256(copied) == tensor_sha256(_decode(engine, fresh, suffix, 8)) \
+        == tensor_sha256(_decode(engine, engine.restore(plain.layers), suffix, 8))
+
+
+@pytest.mark.parametrize("scheme", ["sha256", "sha256-tree"])
+def test_a_damaged_file_read_with_room_is_refused_as_without(tmp_path, raw_file, scheme):
+    """A flipped byte in a KV tensor, or a file cut short: the same error as the reader without room."""
+    path, sha = raw_file[scheme]
+    data = bytearray(path.read_bytes())
+    data[-5000] ^= 1
+    bad = tmp_path / "bad.kvg"
+    bad.write_bytes(bytes(data))
+    short = tmp_path / "short.kvg"
+    short.write_bytes(path.read_bytes()[:-5000])
+    from kvgraft_cli.errors import KvgraftError
+
+    for damaged in (bad, short):
+        with pytest.raises(KvgraftError) as without:
+            kvg.open_file(damaged, sha)
+        with pytest.raises(KvgraftError) as with_room:
+            kvg.open_file(damaged, sha, room=64)
+        assert str(with_room.value) == str(without.value) and type(with_room.value) is type(without.value)
+
+
+def test_a_chain_is_joined_into_buffers_its_cache_grows_into(engine):
+    """restore_chain joins the links' full layers into buffers with room (growcache.with_room) that the cache takes:
+    the suffix is written there, and the logits are byte-equal to a fresh prefill of both links."""
+    a = engine.prefix_ids("Problem: add the first ten odd numbers.\n")
+    b = engine.encode("Solution: 1+3+5+...+19 = 100.\n")
+    cache, _ = engine.prefill(a)
+    root = kvg.Artifact(a, engine.capture(cache), {})
+    cache, _ = engine.prefill(b, cache=cache)  # a link is prefilled on its parent's cache (runs.graft.prefill_chain)
+    link = kvg.Artifact(b, engine.capture(cache, start=len(a)), {"start_position": str(len(a))})
+    suffix = engine.encode("\nQuestion: and the first twenty?\nAnswer:")
+    grafted = engine.restore_chain([root, link])
+    got = _decode(engine, grafted, suffix, 4)
+    full = [l for l in grafted.layers if isinstance(l, growcache.layer_class())]
+    assert full and all(l.keys.data_ptr() == l._kbuf.data_ptr() and l._kbuf.shape[-2] == len(a) + len(b)
+                        + growcache.SLACK_TOKENS for l in full)
+    fresh, _ = engine.prefill(a)
+    fresh, _ = engine.prefill(b, cache=fresh)
+    assert tensor_sha256(got) == tensor_sha256(_decode(engine, fresh, suffix, 4))
+
+
+def test_graft_reads_its_artifact_with_room_on_the_cpu(deposited, engine, monkeypatch):
+    """`graft` (runs.graft.open_artifact: from the store, or a .kvg path) reads full layers with the growing cache's
+    room, and the graft is the same as one read without it (KVGRAFT_GROW_IN_PLACE=0: no room, concatenation)."""
+    from kvgraft_cli.runs.graft import graft_generate, open_artifact
+
+    from kvgraft_cli.store.local import VERIFIED
+
+    ctx, report = deposited
+    sha = next(r.artifact for r in report.results if r.artifact)
+    VERIFIED.clear()  # an artifact another test remembered is shared, so it is returned as it is: without room
+    with ctx.open_store(create=False) as store:
+        path = str(store.object_path(sha))
+    results = {}
+    for ref in (sha, path):
+        loaded = open_artifact(ctx, ref)
+        assert [l.room is not None for l in loaded.artifact.layers] == [l.kind == "full" for l in loaded.artifact.layers]
+        n = len(loaded.token_ids)  # room for as many tokens as it holds, at most the growing cache's slack
+        assert all(l.room[0].shape[-2] == n + min(n, growcache.SLACK_TOKENS) for l in loaded.artifact.layers
+                   if l.room is not None)
+        results[ref] = graft_generate(ctx, engine, loaded, "What is 2 + 2?", 6).generated_ids
+    with ctx.open_store(create=False) as store:
+        store.load(sha)  # remembered (as `solve` does): shared from now on, so never read with room
+    assert all(l.room is None for l in open_artifact(ctx, sha).artifact.layers)
+    VERIFIED.clear()
+    monkeypatch.setenv("KVGRAFT_GROW_IN_PLACE", "0")
+    loaded = open_artifact(ctx, sha)
+    assert all(l.room is None for l in loaded.artifact.layers)
+    assert results[sha] == results[path] == graft_generate(ctx, engine, loaded, "What is 2 + 2?", 6).generated_ids
+
+
+def test_room_that_is_not_the_layers_own_buffer_is_not_taken(engine, grafted):
+    """A state whose ``room`` does not hold its keys and values as its first tokens (built by hand, or a copy) is
+    restored by copying: the cache never writes into memory it was not shown to own."""
+    prefix, art = grafted
+    layers = [kvg.LayerState(l.kind, l.keys, l.values, l.sliding_window, l.cumulative_length) for l in art.layers]
+    strangers = {}
+    for i, l in enumerate(layers):
+        if l.kind == "full":
+            l.room = strangers[i] = (growcache.with_room([l.keys]), growcache.with_room([l.values]))
+    cache = engine.restore(layers)
+    engine.forward(cache, engine.encode(" more"))
+    for i, (k, v) in strangers.items():
+        assert cache.layers[i]._kbuf is not k and not k[..., len(prefix):, :].any() and not v[..., len(prefix):, :].any()

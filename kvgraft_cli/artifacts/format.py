@@ -38,6 +38,10 @@ class LayerState:
     values: Any = None
     sliding_window: int | None = None
     cumulative_length: int | None = None
+    # (keys, values) buffers with room past the kept tokens, of which ``keys`` and ``values`` are views: set by a
+    # reader asked for room (open_file's ``room``: a graft's own read), so the first cache restored from this state
+    # writes its next tokens into place instead of copying the layer (engine.restore takes them, once).
+    room: Any = None
 
 
 @dataclass
@@ -286,13 +290,19 @@ def read_file(path: Path, expected_sha256: str | None = None) -> tuple[bytes, Ar
     return payload, decode(payload, str(path))
 
 
-def open_file(path: Path, expected_sha256: str | None = None) -> tuple[str, Artifact]:
+def open_file(path: Path, expected_sha256: str | None = None, room: int = 0) -> tuple[str, Artifact]:
     """(identity, artifact) of a ``.kvg`` file, re-hashed (against ``expected_sha256`` when given), the fastest way
     its codec allows. A raw file's tensors are each read once into memory of their own while other threads hash
     what was read (the header first, then the tensors in data order: exactly the payload's bytes), so the bytes
     hashed are the bytes used, the file is read once, and nothing is returned before the digest matches. A zstd or
     shuffle-zstd file is decompressed into one buffer while its chunks are hashed (payload.read_payload) and viewed
-    in place."""
+    in place.
+
+    ``room`` > 0 (a raw file read for one graft alone, never one that a cache of verified artifacts shares): each full
+    layer's keys and values are read into buffers with room for that many more tokens (at most as many as the layer
+    holds), whose unwritten pages are not resident (util.memory.zeroed), and the layer's ``room`` names them, so the
+    cache restored from it grows into them without a copy: a graft's peak is then about one KV above the model, where
+    the first step's copy made it two. Other codecs ignore it (their payload is one decompressed buffer)."""
     path = Path(path)
     with _payload._open(path) as f:
         codec = container.peek_codec(f)
@@ -300,10 +310,33 @@ def open_file(path: Path, expected_sha256: str | None = None) -> tuple[str, Arti
         payload = read_payload(path, expected_sha256)
         sha = expected_sha256 or payload_identity(payload, str(path))
         return sha, decode(payload, str(path))
-    return _open_raw(path, expected_sha256)
+    return _open_raw(path, expected_sha256, room)
 
 
-def _open_raw(path: Path, expected_sha256: str | None) -> tuple[str, Artifact]:
+def _full_layers(meta: dict) -> set[str]:
+    """Names of the full layers' keys and values tensors (layout.check_header has checked the header)."""
+    kinds = json.loads(meta["layer_types"])
+    return {f"layers.{i:03d}.{part}" for i, kind in enumerate(kinds) if kind == "full" for part in ("keys", "values")}
+
+
+def _read_with_room(f, t: dict, room: int, hasher: PayloadHasher, source: str):
+    """A full layer's [1, heads, tokens, head_dim] tensor read head by head into a buffer with ``room`` more
+    positions (a head's bytes are contiguous in the file and in the buffer), each piece handed to the hasher as it
+    arrives, in data order. Returns (the kept tokens, the whole buffer), both as raw bytes [1, heads, -, row]."""
+    import torch
+
+    from ..util.memory import zeroed
+
+    b, heads, tokens, _ = t["shape"]
+    row = (t["data_offsets"][1] - t["data_offsets"][0]) // (b * heads * tokens)  # bytes a token takes in a head
+    buf = torch.frombuffer(zeroed(b * heads * (tokens + room) * row), dtype=torch.uint8)
+    buf = buf.view(b, heads, tokens + room, row)
+    for head in buf.view(b * heads, tokens + room, row):
+        container.read_hashed(f, memoryview(head[:tokens].numpy()).cast("B"), hasher, source)
+    return buf[:, :, :tokens], buf
+
+
+def _open_raw(path: Path, expected_sha256: str | None, room: int = 0) -> tuple[str, Artifact]:
     try:
         import torch
     except ImportError as e:
@@ -316,13 +349,18 @@ def _open_raw(path: Path, expected_sha256: str | None) -> tuple[str, Artifact]:
         head, header = container.read_payload_header(f, n, source)  # consistent before any tensor is read
         hasher = PayloadHasher(source)
         hasher.add(head)
-        tensors = {}
+        tensors, rooms = {}, {}
+        grows = _full_layers(header["__metadata__"]) if room > 0 else set()
         try:
             # Data order is offset order and has no gaps (described_size checked it): read each tensor straight
             # into memory of its own, and hand it to the hasher while the next one is read.
             for name, t in sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
                                   key=lambda kv: kv[1]["data_offsets"][0]):
                 begin, end = t["data_offsets"]
+                if name in grows and end > begin:  # room at most the layer's own tokens: at most 2x address space
+                    own, rooms[name] = _read_with_room(f, t, min(room, t["shape"][2]), hasher, source)
+                    tensors[name] = (own, t)
+                    continue
                 # Not torch.empty: under deterministic algorithms (every pinned manifest) it fills new memory with
                 # a torch kernel first. A bytearray is zeroed by one memset, cheap on heap memory a previous restore
                 # gave back; fresh anonymous maps (util.memory) measured 1.06-2.3x slower over repeated restores.
@@ -338,12 +376,18 @@ def _open_raw(path: Path, expected_sha256: str | None) -> tuple[str, Artifact]:
     try:
         typed = {name: own.view(getattr(torch, _TORCH_DTYPES[t["dtype"]])).view(t["shape"])
                  for name, (own, t) in tensors.items()}
+        grown = {name: buf.view(getattr(torch, _TORCH_DTYPES[header[name]["dtype"]])) for name, buf in rooms.items()}
     except (KeyError, RuntimeError) as e:
         raise ArtifactError(f"{source}: unreadable tensors ({str(e)[:200]})") from None
     try:
-        return digest, _assemble(typed, meta, source)
+        art = _assemble(typed, meta, source)
     except (KeyError, ValueError, TypeError, RecursionError) as e:
         raise ArtifactError(f"{source}: inconsistent artifact ({str(e)[:200]})") from None
+    for i, layer in enumerate(art.layers):
+        kb, vb = grown.get(f"layers.{i:03d}.keys"), grown.get(f"layers.{i:03d}.values")
+        if kb is not None and vb is not None:
+            layer.room = (kb, vb)
+    return digest, art
 
 
 def check_compatible(meta: dict[str, str], want: dict[str, str], source: str) -> None:

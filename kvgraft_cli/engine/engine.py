@@ -238,14 +238,20 @@ class Engine:
         follow each other (library.chain does)."""
         import torch
 
+        from .growcache import enabled, with_room
+
         if len(chain) == 1:
             return self.restore(chain[0].layers)
         merged = []
         for i, last in enumerate(chain[-1].layers):
             if last.kind == "full":
-                keys = torch.cat([a.layers[i].keys for a in chain], dim=2)
-                values = torch.cat([a.layers[i].values for a in chain], dim=2)
-                merged.append(LayerState("full", keys, values))
+                keys = [a.layers[i].keys for a in chain]
+                values = [a.layers[i].values for a in chain]
+                if enabled(self.device):  # joined into buffers the cache then grows into (no second copy)
+                    kb, vb, n = with_room(keys), with_room(values), sum(k.shape[-2] for k in keys)
+                    merged.append(LayerState("full", kb[..., :n, :], vb[..., :n, :], room=(kb, vb)))
+                else:
+                    merged.append(LayerState("full", torch.cat(keys, dim=2), torch.cat(values, dim=2)))
             else:
                 merged.append(last)
         return self.restore(merged)
@@ -255,7 +261,9 @@ class Engine:
         own (verified, read-only by convention) tensors without a copy, and its full layers grow in place
         (growcache.GrowingLayer: the first update copies a layer into a buffer of its own, never writing into the
         artifact's tensors; tests/test_codecs.py checks that grafting leaves them unchanged), so many caches can
-        start from one artifact held once in memory."""
+        start from one artifact held once in memory. A layer read with room (``LayerState.room``: a graft's own
+        read) is taken instead: the cache writes its next tokens into that room, and the state gives it up (set to
+        None), so a second cache restored from the same state copies as above and never shares the room."""
         from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
         from .growcache import enabled, layer_class
@@ -272,6 +280,9 @@ class Engine:
                 raise UnsupportedModel(f"layer {i}: model builds {type(layer).__name__}, artifact holds a {st.kind} layer")
             if grow and st.kind == "full":  # decode steps write in place instead of re-allocating the layer
                 layer = cache.layers[i] = layer_class()()
+                if st.room is not None and _views_of(st.keys, st.room[0]) and _views_of(st.values, st.room[1]):
+                    layer._kbuf, layer._vbuf = st.room
+                st.room = None
             keys = st.keys.to(self.device)
             values = st.values.to(self.device)
             layer.lazy_initialization(keys, values)
@@ -320,6 +331,12 @@ class Engine:
             "sliding_windows": json.dumps([w for _, w in self.layout], separators=(",", ":"), sort_keys=True),
             "start_position": str(start),
         }
+
+
+def _views_of(kept, buf) -> bool:
+    """Whether ``kept`` is ``buf``'s first tokens (what a cache may grow into: the room past them is ``buf``'s)."""
+    return (kept.data_ptr() == buf.data_ptr() and kept.stride() == buf.stride() and kept.dtype == buf.dtype
+            and kept.shape[:-2] == buf.shape[:-2] and kept.shape[-1] == buf.shape[-1] and kept.shape[-2] <= buf.shape[-2])
 
 
 def _capture_layer(i: int, layer) -> LayerState:

@@ -16,9 +16,14 @@ one-off script (not committed) also found 5 architectures equal under SDPA. On C
 choice may depend on strides and alignment, so grafts there keep ``DynamicLayer`` until that is measured.
 ``KVGRAFT_GROW_IN_PLACE=0`` turns it off (for comparisons).
 
-Measured (README, "Restore speed"): a graft's peak above the model at 8,128 tokens went from 1.98x to 1.61x the
-artifact (float32), 1.51x to 1.31x (bfloat16); at 2,048 tokens it stays about 2.2x: the first step's copy of every
-layer, while the artifact's freed memory stays in malloc's heap.
+A graft's own read goes further (runs.graft.open_artifact; format.open_file's ``room``): full layers are read from
+the file straight into buffers with room, which the cache takes (engine.restore), so not even the first step copies;
+a chain's links are joined into such buffers (:func:`with_room`). An artifact the verified LRU shares is never read
+with room: two caches would write into the same room.
+
+Measured (README, "Restore speed", bench_restore.py's peak RSS rows): growing in place after a copy took a graft's
+peak above the model at 8,128 tokens from 1.98x to 1.61x the artifact (float32), 1.51x to 1.31x (bfloat16), and left
+2,048 tokens at about 2.2x (the first step's copy of every layer); reading with room removes that copy.
 """
 
 from __future__ import annotations
@@ -47,6 +52,18 @@ def _zeroed(like, tokens: int):
         n *= d
     return torch.frombuffer(zeroed(n), dtype=torch.uint8).view(like.dtype).view(shape) if n else \
         torch.empty(shape, dtype=like.dtype)
+
+
+def with_room(parts: list):
+    """The tensors of ``parts`` joined along the token axis into a buffer with room for SLACK_TOKENS more (a
+    chain's links, merged for one cache)."""
+    total = sum(p.shape[-2] for p in parts)
+    buf = _zeroed(parts[0], total + SLACK_TOKENS)
+    at = 0
+    for p in parts:
+        buf[..., at:at + p.shape[-2], :] = p
+        at += p.shape[-2]
+    return buf
 
 
 def layer_class():

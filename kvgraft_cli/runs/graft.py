@@ -55,9 +55,10 @@ class Loaded:
 
     def release(self) -> None:
         """Drop this object's references to the artifacts' tensors (token ids and metadata stay), once a cache
-        holds them: the cache is then their only owner, and its first update (a concatenation, layer by layer)
-        frees each old layer as it goes, so a graft's peak memory is one copy of the KV, not two. The artifacts
-        themselves are left untouched (another holder, such as the verified LRU, keeps them whole)."""
+        holds them: the cache is then their only owner. It grows into the room they were read with (open_artifact;
+        on the CPU), or its first update copies each layer and frees the old one as it goes, so a graft's peak
+        memory is one copy of the KV, not two. The artifacts themselves are left untouched (another holder, such as
+        the verified LRU, keeps them whole)."""
         self.chain = [(sha, kvg.Artifact(a.token_ids, [], a.meta)) for sha, a in self.chain]
         self.artifact = self.chain[-1][1]
 
@@ -85,8 +86,9 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
     with ctx.open_store(create=False) as store:
         sha = store.resolve(ref, ctx.manifest.compute_sha256)
         # Not remembered: graft, probe and replay hold the Loaded artifact as long as they need it; a graft then
-        # hands its tensors to the cache alone (Loaded.release).
-        chain = store.load_chain(sha, remember=False, device=ctx.manifest.data["runtime"]["device"])
+        # hands its tensors to the cache alone (Loaded.release), which grows into the room they were read with.
+        device = ctx.manifest.data["runtime"]["device"]
+        chain = store.load_chain(sha, remember=False, device=device, room=_room(device))
         return Loaded(sha, chain[-1][1], str(store.object_path(sha)), chain)
 
 
@@ -95,10 +97,18 @@ def _open_file(ctx: RunContext, path: Path, expected: str | None) -> tuple[str, 
     verified on the way (artifacts.device_restore); on the CPU by kvg.open_file."""
     device = ctx.manifest.data["runtime"]["device"]
     if device == "cpu":
-        return kvg.open_file(path, expected_sha256=expected)
+        return kvg.open_file(path, expected, _room(device))
     from ..artifacts.device_restore import open_file_on_device
 
     return open_file_on_device(path, device, expected_sha256=expected)
+
+
+def _room(device: str) -> int:
+    """Tokens of room to read a graft's full layers with: the growing cache's slack where the cache grows in place
+    (engine.growcache: the CPU), so it takes the artifact's buffers instead of copying them; else none."""
+    from ..engine import growcache
+
+    return growcache.SLACK_TOKENS if growcache.enabled(device) else 0
 
 
 def _identity_in_store(ctx: RunContext, sha: str) -> str:

@@ -316,15 +316,17 @@ class Store:
     def _is_problem_id(self, ref: str) -> bool:
         return self._db.execute("SELECT 1 FROM entries WHERE problem_id = ? LIMIT 1", (ref,)).fetchone() is not None
 
-    def load(self, sha256: str, remember: bool = True, device: str = "cpu") -> tuple[str, kvg.Artifact]:
+    def load(self, sha256: str, remember: bool = True, device: str = "cpu", room: int = 0) -> tuple[str, kvg.Artifact]:
         """(identity, artifact) of an object, read and re-hashed against its identity (kvg.open_file). With
         ``remember`` the verified artifact stays in this process's memory (:data:`VERIFIED`, LRU within
         ``KVGRAFT_VERIFIED_CACHE`` bytes, default 1 GiB; 0 turns it off), so an artifact grafted again (`solve` over
         a library) is neither read nor hashed again; a process that restores it once (`graft`) does not remember
         it, so its memory is the cache's alone. Its tensors are shared: nobody writes to them (engine.restore
-        shares them with the cache, whose updates only ever concatenate into new tensors). On a ``device`` other than
+        shares them with the cache, whose updates write into buffers of the cache's own). On a ``device`` other than
         the CPU a raw object goes straight to device memory through pinned staging, verified on the way
-        (artifacts.device_restore), and is not remembered (the cache budgets host memory)."""
+        (artifacts.device_restore), and is not remembered (the cache budgets host memory). ``room`` (not
+        remembered only): full layers are read with room for that many more tokens, which the first cache restored
+        from them grows into (kvg.open_file)."""
         hit = VERIFIED.get(sha256)
         if hit is not None:
             return hit
@@ -335,21 +337,22 @@ class Store:
             from ..artifacts.device_restore import open_file_on_device
 
             return open_file_on_device(path, device, expected_sha256=sha256)
-        loaded = kvg.open_file(path, expected_sha256=sha256)
+        loaded = kvg.open_file(path, sha256, 0 if remember else room)  # a remembered artifact is shared: no room
         if remember:
             VERIFIED.put(sha256, loaded)
         return loaded
 
     def load_chain(self, sha256: str, max_links: int = 256, remember: bool = True,
-                   device: str = "cpu") -> list[tuple[str, kvg.Artifact]]:
-        """An artifact and the parents it continues, root first, each re-hashed (``remember``: as :meth:`load`);
-        refuses a broken chain (a missing parent, a link that does not start where its parent chain ends)."""
+                   device: str = "cpu", room: int = 0) -> list[tuple[str, kvg.Artifact]]:
+        """An artifact and the parents it continues, root first, each re-hashed (``remember``, ``room``: as
+        :meth:`load`; room for the artifact asked for, whose cache it becomes when it has no parents); refuses a
+        broken chain (a missing parent, a link that does not start where its parent chain ends)."""
         links: list[tuple[str, kvg.Artifact]] = []
         sha: str | None = sha256
         while sha is not None:
             if len(links) >= max_links:
                 raise ArtifactError(f"artifact {sha256[:16]}...: chain longer than {max_links} links")
-            _, art = self.load(sha, remember, device)
+            _, art = self.load(sha, remember, device, 0 if links else room)
             links.append((sha, art))
             sha = art.parent
         links.reverse()

@@ -281,19 +281,19 @@ class RemoteStore(Store):
             self.fetch(sha256, path)
         return path
 
-    def load(self, sha256: str, remember: bool = True, device: str = "cpu") -> tuple[str, kvg.Artifact]:
+    def load(self, sha256: str, remember: bool = True, device: str = "cpu", room: int = 0) -> tuple[str, kvg.Artifact]:
         """As :meth:`Store.load`; an object the cache lacks is fetched first, re-hashed while it is read, and kept
         only when it matches its identity (in host memory: the engine copies it to its device)."""
         hit = VERIFIED.get(sha256)
         if hit is not None:
             return hit
         if super().has_object(sha256):
-            return super().load(sha256, remember, device)
+            return super().load(sha256, remember, device, room)
         if not HEX64.match(sha256):
             raise ArtifactError(f"not an artifact identity: {sha256!r}")
         path = self.object_path(sha256)
         loaded = self._keep_if_verified(sha256, self._download(sha256), path,
-                                        lambda tmp: kvg.open_file(tmp, expected_sha256=sha256))
+                                        lambda tmp: kvg.open_file(tmp, sha256, 0 if remember else room))
         if remember:
             VERIFIED.put(sha256, loaded)
         return loaded

@@ -18,6 +18,7 @@ from .determinism import Drift
 from ..errors import InputError, UnsupportedModel
 from ..config.manifest import Manifest, clip, pinned_prefill
 from ..config.modelhash import CHARS_PER_TOKEN, ModelHashes, hash_model_dir
+from ..util.memory import keep_freed_memory
 
 # Architectures whose cache is not kvgraft's (refused by config.json's model_type before the weights load): their
 # forward rejects a DynamicCache, or keeps state a DynamicCache cannot hold.
@@ -383,6 +384,7 @@ def load_engine(manifest: Manifest, allow_drift: bool = False, drift: Drift | No
             drift.add(f"model.{key}", want, have)
     drift.enforce(allow_drift, manifest.source)
     check_model_type(model_dir)
+    keep_freed_memory()  # a forward's temporaries reuse freed heap instead of faulting fresh pages in (util.memory)
 
     import torch
     import transformers

@@ -1,15 +1,21 @@
 """Benchmark: restoring a deposited KV cache versus recomputing it (prefill), side by side in one run.
 
 Builds a random-weight model from a config (no download): by default SmolLM-135M's shape (Llama, 30 layers,
-hidden 576, 3 KV heads, vocab 49152, float32), saves it to a temporary folder, pins a manifest for it, and for each
-prefix length measures, as medians of --repeat runs:
+hidden 576, 3 KV heads, vocab 49152, float32); ``--model llama-1b`` / ``llama-8b`` take Llama-3.2-1B's and
+Llama-3.1-8B's published shapes (16 / 32 layers, hidden 2048 / 4096, 8 KV heads of 64 / 128, vocab 128,256), for the
+GPU table issue #10 asks for. It saves the model to a temporary folder in the manifest's dtype, pins a manifest for
+it, and for each prefix length measures, as medians of --repeat runs:
   prefill   engine.prefill(ids) under the manifest's schedule (what a graft saves)
-  restore   read .kvg file -> zstd decompress -> SHA-256 re-hash -> decode -> engine.restore (what a graft costs)
-  deposit   capture -> canonical payload -> SHA-256 -> zstd -> atomic write (one-time cost)
-and prints the prefill/restore ratio, artifact sizes and the zstd ratio. Exactness is checked on the way
-(restored suffix logits torch.equal to fresh ones). Usage:
-    python scripts/bench_graft.py [--lengths 256 1024 2048] [--profile portable|native] [--model smol|tiny]
-                                  [--device cpu|cuda] [--dtype float32|bfloat16|float16]
+  restore   what `kvgraft graft` does to open an artifact (the default codec, re-hashed against its identity): on a
+            GPU artifacts.device_restore (pinned staging, asynchronous copies), on the CPU format.open_file with the
+            growing cache's room; then engine.restore
+  first token  prefill of prefix + query then the query's last token, against restore + the 16-token query
+  deposit   capture -> canonical payload -> identity -> atomic write (one-time cost)
+and prints prefill/restore and first-token ratios and the artifact size. Exactness is checked on the way (restored
+suffix logits torch.equal to fresh ones). Usage:
+    python scripts/bench_graft.py [--lengths 256 1024 2048] [--profile portable|native]
+                                  [--model smol|tiny|llama-1b|llama-8b] [--device cpu|cuda]
+                                  [--dtype float32|bfloat16|float16]
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 2048])
     ap.add_argument("--profile", default="portable", choices=["portable", "native"])
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--model", default="smol", choices=["smol", "tiny"])
+    ap.add_argument("--model", default="smol", choices=["smol", "tiny", *LLAMA])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -45,7 +51,9 @@ def main() -> None:
     if args.write_model:
         from kvgraft_cli.engine.tinymodel import build_config, write_tiny_model
 
-        write_tiny_model(args.write_model, config=build_config() if args.model == "tiny" else _smol_config())
+        config = build_config() if args.model == "tiny" else _llama_config(args.model) if args.model in LLAMA \
+            else _smol_config()
+        write_tiny_model(args.write_model, config=config, dtype=args.dtype)
         return
 
     from kvgraft_cli.config.manifest import dump_yaml, load_manifest, make_manifest
@@ -55,8 +63,8 @@ def main() -> None:
         # Building the model imports torch: a child process does it, so this one applies the kernel flags first.
         import subprocess
 
-        subprocess.run([sys.executable, __file__, "--write-model", str(tmp / "model"), "--model", args.model],
-                       check=True, capture_output=True)
+        subprocess.run([sys.executable, __file__, "--write-model", str(tmp / "model"), "--model", args.model,
+                        "--dtype", args.dtype], check=True, capture_output=True)
         h = hash_model_dir(tmp / "model")
         data = make_manifest(str(tmp / "model"), h.model_sha256, h.tokenizer_sha256, profile=args.profile,
                              threads=args.threads, device=args.device, dtype=args.dtype)
@@ -70,6 +78,22 @@ def _smol_config():
     return LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
                        rope_theta=10000.0, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+
+
+# Published shapes (config.json of meta-llama/Llama-3.2-1B and Llama-3.1-8B), random weights.
+LLAMA = {
+    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=64, tie_word_embeddings=True),
+    "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+}
+
+
+def _llama_config(name: str):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
+                       pad_token_id=0, eos_token_id=1, bos_token_id=2, **LLAMA[name])
 
 
 def _sync(result):
@@ -91,8 +115,8 @@ def _run(manifest, args, tmp) -> None:
     n_params = sum(p.numel() for p in eng.model.parameters())
     print(f"model: {type(eng.model).__name__}, {n_params / 1e6:.0f}M parameters, {manifest.data['model']['dtype']}, "
           f"profile {args.profile}, threads {torch.get_num_threads()}, device {eng.device}, torch {torch.__version__}")
-    print(f"{'tokens':>7} {'prefill s':>10} {'restore s':>10} {'ratio':>7} {'deposit s':>10} "
-          f"{'payload MB':>11} {'file MB':>8} {'zstd':>6}  exact")
+    print(f"{'tokens':>7} {'prefill s':>10} {'restore s':>10} {'ratio':>7} {'GB/s':>6} {'TTFT prefill':>13} "
+          f"{'TTFT graft':>11} {'ratio':>7} {'deposit s':>10} {'payload MB':>11}  exact")
     gen = torch.Generator().manual_seed(0)
     for n in args.lengths:
         ids = torch.randint(3, eng.model.config.vocab_size, (n,), generator=gen).tolist()
@@ -106,18 +130,33 @@ def _run(manifest, args, tmp) -> None:
             return payload, sha
 
         t_dep, (payload, sha) = _timed(deposit, args.repeat)
+        del cache
 
         def restore():
-            _, art = kvg.read_file(path, expected_sha256=sha)
-            return _sync(eng.restore(art.layers))
+            return _sync(eng.restore(_open(path, sha, eng.device).layers))
 
         t_res, restored = _timed(restore, args.repeat)
-        suffix = ids[:8]
+        query = ids[:16]
         fresh, _ = eng.prefill(ids)
-        exact = torch.equal(eng.forward(fresh, suffix), eng.forward(restored, suffix))
-        size = path.stat().st_size
-        print(f"{n:>7} {t_pre:>10.3f} {t_res:>10.3f} {t_pre / t_res:>6.1f}x {t_dep:>10.3f} "
-              f"{len(payload) / 1e6:>11.1f} {size / 1e6:>8.1f} {len(payload) / size:>5.2f}x  {exact}")
+        exact = torch.equal(eng.forward(fresh, query), eng.forward(restored, query))
+        del fresh, restored
+        t_ttft_pre, _ = _timed(lambda: _sync(eng.forward(eng.prefill(ids + query[:-1])[0], query[-1:])), 1)
+        t_ttft, _ = _timed(lambda: _sync(eng.forward(restore(), query)), args.repeat)
+        print(f"{n:>7} {t_pre:>10.3f} {t_res:>10.3f} {t_pre / t_res:>6.1f}x {len(payload) / t_res / 1e9:>6.2f} "
+              f"{t_ttft_pre:>12.3f}s {t_ttft:>10.3f}s {t_ttft_pre / t_ttft:>6.1f}x {t_dep:>10.3f} "
+              f"{len(payload) / 1e6:>11.1f}  {exact}")
+
+
+def _open(path, sha, device):
+    """An artifact opened as `kvgraft graft` opens it (runs.graft._open_file) on ``device``."""
+    from kvgraft_cli.artifacts import format as kvg
+    from kvgraft_cli.engine.growcache import SLACK_TOKENS, enabled
+
+    if str(device).startswith("cuda"):
+        from kvgraft_cli.artifacts.device_restore import open_file_on_device
+
+        return open_file_on_device(path, str(device), expected_sha256=sha)[1]
+    return kvg.open_file(path, sha, SLACK_TOKENS if enabled(device) else 0)[1]
 
 
 if __name__ == "__main__":

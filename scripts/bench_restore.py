@@ -212,7 +212,10 @@ def _run(manifest, args, tmp: Path) -> None:
             if child.returncode == 0:
                 rss = json.loads(child.stdout)
                 print(f"peak RSS of a graft ({first_codec}, {first_scheme}; {how}), above the model: "
-                      f"{rss['peak_above_model'] / 1e6:.1f} MB = {rss['peak_above_model'] / size:.2f}x the payload")
+                      f"{rss['peak_above_model'] / 1e6:.1f} MB = {rss['peak_above_model'] / size:.2f}x the payload "
+                      f"(the file read: {rss['peak_open'] / size:.3f}x; the rest: restore, the query's forward, "
+                      f"16 decode steps, {(rss['peak_above_model'] - rss['peak_open']) / 1e6:.1f} MB); the read in "
+                      f"this fresh process {rss['open_s']:.3f} s")
             else:  # e.g. a prefix this long leaves no room for the query within the model's positions
                 last = (child.stderr.strip().splitlines() or ["?"])[-1]
                 print(f"peak RSS of a graft ({how}): not measured, the graft failed: {last[:200]}")
@@ -311,9 +314,12 @@ def _rss_child(manifest_path: str, kvg_path: str, sha: str, room: str) -> None:
     ctx = RunContext.make(eng.manifest, tmp / "store", tmp / "ledger.jsonl")
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     base = status("VmRSS")
+    t0 = time.perf_counter()
     loaded = Loaded(*kvg.open_file(Path(kvg_path), sha, SLACK_TOKENS if room == "1" else 0), kvg_path)
+    t_open = time.perf_counter() - t0
+    opened = status("VmHWM") - base
     graft_generate(ctx, eng, loaded, "What is the final answer?", 16)
-    print(json.dumps({"peak_above_model": status("VmHWM") - base}))
+    print(json.dumps({"peak_above_model": status("VmHWM") - base, "peak_open": opened, "open_s": t_open}))
 
 if __name__ == "__main__":
     main()

@@ -6,7 +6,8 @@
 #   bash scripts/gpu_check.sh
 # Results land in $OUT (default ./gpu-out): log.txt and one JSON/text file per step. Each step has its own time
 # limit so one slow step cannot cost the others: at most about 9 minutes on an H200 (measured: the eager matrix
-# took 140 s, the CPU fingerprints 60 s). GPU_BENCH=1 adds the graft benchmark (about 50 s), GPU_INVARIANT=1 the
+# took 140 s, the CPU fingerprints 60 s). GPU_BENCH=1 adds the graft benchmarks (135M: about 50 s; the 1B shape:
+# not yet run, allowed 150 s; GPU_BENCH_8B=1 the 8B shape, allowed 300 s), GPU_INVARIANT=1 the
 # invariant schedule's matrices (issue #13; not yet run on a GPU); mind the 10-minute call cap.
 set -u
 OUT=${OUT:-$PWD/gpu-out}
@@ -73,9 +74,19 @@ if [ "${GPU_INVARIANT:-0}" = 1 ]; then
 fi
 
 if [ "${GPU_BENCH:-0}" = 1 ]; then
+  # Issue #10: graft (device restore + the query) against prefill on the GPU, for the 135M shape and random-weight
+  # models of Llama-3.2-1B's and (GPU_BENCH_8B=1: 16 GB of weights built on the CPU first) Llama-3.1-8B's shapes.
   step "graft benchmark on the GPU (SmolLM-135M shape, bfloat16)"
   timeout 80 python3 scripts/bench_graft.py --device cuda --profile native --dtype bfloat16 \
     --lengths 1024 4096 8192 --repeat 3 | tee "$OUT/bench-graft-cuda.txt"
+  step "graft benchmark on the GPU (Llama-3.2-1B shape, random weights, bfloat16)"
+  timeout 150 python3 scripts/bench_graft.py --device cuda --profile native --dtype bfloat16 --model llama-1b \
+    --lengths 1024 4096 8192 --repeat 3 | tee -a "$OUT/bench-graft-cuda.txt"
+  if [ "${GPU_BENCH_8B:-0}" = 1 ]; then
+    step "graft benchmark on the GPU (Llama-3.1-8B shape, random weights, bfloat16)"
+    timeout 300 python3 scripts/bench_graft.py --device cuda --profile native --dtype bfloat16 --model llama-8b \
+      --lengths 1024 4096 8192 --repeat 3 | tee -a "$OUT/bench-graft-cuda.txt"
+  fi
 fi
 
 step "done"

@@ -72,14 +72,15 @@ def build_config(**overrides):
     return Gemma4TextConfig(**kwargs)
 
 
-def write_tiny_model(out: Path, seed: int = SEED, config=None) -> Path:
-    """Write a tiny checkpoint (default: the embedded Gemma-4) to ``out``; returns ``out``."""
+def write_tiny_model(out: Path, seed: int = SEED, config=None, dtype: str = "float32") -> Path:
+    """Write a random-weight checkpoint (default: the embedded Gemma-4) to ``out`` with weights in ``dtype``;
+    returns ``out``."""
     import torch
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     torch.manual_seed(seed)
     config = config if config is not None else build_config()
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tok = PreTrainedTokenizerFast(

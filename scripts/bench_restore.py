@@ -203,19 +203,23 @@ def _run(manifest, args, tmp: Path) -> None:
         # Peak RSS of one graft in a fresh process, three ways: as `kvgraft graft` reads (full layers read with the
         # growing cache's room, which the cache takes), read without room (the cache's first step copies every
         # layer into buffers of its own), and with the cache concatenating at every step (KVGRAFT_GROW_IN_PLACE=0).
-        for how, room, grow in (("read with room, as `kvgraft graft -n 16`", "1", "1"),
-                                ("read without room, first step copies", "0", "1"),
-                                ("concatenated at every step", "0", "0")):
+        # A fourth child grafts as the first does under glibc's default malloc settings (KVGRAFT_KEEP_FREED=0,
+        # util.memory.keep_freed_memory): its forward's page faults and time against the first's.
+        for how, room, grow, keep in (("read with room, as `kvgraft graft -n 16`", "1", "1", "1"),
+                                      ("read without room, first step copies", "0", "1", "1"),
+                                      ("concatenated at every step", "0", "0", "1"),
+                                      ("as graft, malloc defaults (KVGRAFT_KEEP_FREED=0)", "1", "1", "0")):
             child = subprocess.run([sys.executable, __file__, "--rss-child", manifest.source, str(first_path), sha,
                                     room], capture_output=True, text=True,
-                                   env={**os.environ, "KVGRAFT_GROW_IN_PLACE": grow})
+                                   env={**os.environ, "KVGRAFT_GROW_IN_PLACE": grow, "KVGRAFT_KEEP_FREED": keep})
             if child.returncode == 0:
                 rss = json.loads(child.stdout)
                 print(f"peak RSS of a graft ({first_codec}, {first_scheme}; {how}), above the model: "
                       f"{rss['peak_above_model'] / 1e6:.1f} MB = {rss['peak_above_model'] / size:.2f}x the payload "
                       f"(the file read: {rss['peak_open'] / size:.3f}x; the rest: restore, the query's forward, "
                       f"16 decode steps, {(rss['peak_above_model'] - rss['peak_open']) / 1e6:.1f} MB); the read in "
-                      f"this fresh process {rss['open_s']:.3f} s")
+                      f"this fresh process {rss['open_s']:.3f} s, then the graft (query + 16 tokens) "
+                      f"{rss['graft_s']:.3f} s, {rss['graft_faults']:,} page faults")
             else:  # e.g. a prefix this long leaves no room for the query within the model's positions
                 last = (child.stderr.strip().splitlines() or ["?"])[-1]
                 print(f"peak RSS of a graft ({how}): not measured, the graft failed: {last[:200]}")
@@ -318,8 +322,13 @@ def _rss_child(manifest_path: str, kvg_path: str, sha: str, room: str) -> None:
     loaded = Loaded(*kvg.open_file(Path(kvg_path), sha, SLACK_TOKENS if room == "1" else 0), kvg_path)
     t_open = time.perf_counter() - t0
     opened = status("VmHWM") - base
+    import resource
+
+    faults, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
     graft_generate(ctx, eng, loaded, "What is the final answer?", 16)
-    print(json.dumps({"peak_above_model": status("VmHWM") - base, "peak_open": opened, "open_s": t_open}))
+    t_graft, faults = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    print(json.dumps({"peak_above_model": status("VmHWM") - base, "peak_open": opened, "open_s": t_open,
+                      "graft_s": t_graft, "graft_faults": faults}))
 
 if __name__ == "__main__":
     main()

@@ -207,3 +207,36 @@ def test_room_that_is_not_the_layers_own_buffer_is_not_taken(engine, grafted):
     engine.forward(cache, engine.encode(" more"))
     for i, (k, v) in strangers.items():
         assert cache.layers[i]._kbuf is not k and not k[..., len(prefix):, :].any() and not v[..., len(prefix):, :].any()
+
+
+def test_states_replaced_after_the_restore_are_copied_not_dropped(engine, raw_file):
+    """A cache that took the room, whose keys and values are then replaced (probe re-rotates them before its first
+    update): the next update copies the replacements into buffers of its own, never writes past the stale ones."""
+    path, sha = raw_file["sha256"]
+    _, art = kvg.open_file(path, sha, room=64)
+    cache = engine.restore(art.layers)
+    layer = next(l for l in cache.layers if isinstance(l, growcache.layer_class()))
+    taken = layer._kbuf
+    n = layer.keys.shape[-2]
+    layer.keys, layer.values = (layer.keys * 2).contiguous(), (layer.values * 3).contiguous()
+    replaced = layer.keys.clone(), layer.values.clone()
+    new = torch.ones_like(layer.keys[..., :1, :]), torch.ones_like(layer.values[..., :1, :])
+    keys, values = layer.update(*new)
+    assert torch.equal(keys[..., :n, :], replaced[0]) and torch.equal(values[..., :n, :], replaced[1])
+    assert torch.equal(keys[..., n:, :], new[0]) and layer._kbuf is not taken
+
+
+def test_a_chain_link_is_not_read_with_room(tmp_path, engine):
+    """Only a root gets room: a link's layers are joined with its parents' (restore_chain), so room would be unused."""
+    a = engine.prefix_ids("Problem: add the first ten odd numbers.\n")
+    b = engine.encode("Solution: 1+3+5+...+19 = 100.\n")
+    cache, last = engine.prefill(a)
+    root = kvg.encode(a, engine.capture(cache), engine.artifact_meta("0" * 64))
+    cache, _ = engine.prefill(b, cache=cache)
+    link = kvg.encode(b, engine.capture(cache, start=len(a)),
+                      engine.artifact_meta("0" * 64, start=len(a), parent=kvg.payload_identity(root)))
+    for name, payload in (("root", root), ("link", link)):
+        kvg.write_file(tmp_path / f"{name}.kvg", payload, codec="raw")
+    _, r = kvg.open_file(tmp_path / "root.kvg", room=64)
+    _, l = kvg.open_file(tmp_path / "link.kvg", room=64)
+    assert any(s.room is not None for s in r.layers) and all(s.room is None for s in l.layers)

@@ -298,8 +298,8 @@ def open_file(path: Path, expected_sha256: str | None = None, room: int = 0) -> 
     shuffle-zstd file is decompressed into one buffer while its chunks are hashed (payload.read_payload) and viewed
     in place.
 
-    ``room`` > 0 (a raw file read for one graft alone, never one that a cache of verified artifacts shares): each full
-    layer's keys and values are read into buffers with room for that many more tokens (at most as many as the layer
+    ``room`` > 0 (a raw root artifact read for one graft alone, never one that a cache of verified artifacts shares):
+    each full layer's keys and values are read into buffers with room for that many more tokens (at most as many as the layer
     holds), whose unwritten pages are not resident (util.memory.zeroed), and the layer's ``room`` names them, so the
     cache restored from it grows into them without a copy: a graft's peak is then about one KV above the model, where
     the first step's copy made it two. Other codecs ignore it (their payload is one decompressed buffer)."""
@@ -350,7 +350,9 @@ def _open_raw(path: Path, expected_sha256: str | None, room: int = 0) -> tuple[s
         hasher = PayloadHasher(source)
         hasher.add(head)
         tensors, rooms = {}, {}
-        grows = _full_layers(header["__metadata__"]) if room > 0 else set()
+        # A chain link's layers are joined with its parents' into new buffers (engine.restore_chain): no room.
+        grows = _full_layers(header["__metadata__"]) if room > 0 and "parent_sha256" not in header["__metadata__"] \
+            else set()
         try:
             # Data order is offset order and has no gaps (described_size checked it): read each tensor straight
             # into memory of its own, and hand it to the hasher while the next one is read.

@@ -267,7 +267,7 @@ class Engine:
         None), so a second cache restored from the same state copies as above and never shares the room."""
         from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-        from .growcache import enabled, layer_class
+        from .growcache import enabled, holds, layer_class
 
         cache = self.new_cache()
         if len(cache.layers) != len(layers):
@@ -281,7 +281,7 @@ class Engine:
                 raise UnsupportedModel(f"layer {i}: model builds {type(layer).__name__}, artifact holds a {st.kind} layer")
             if grow and st.kind == "full":  # decode steps write in place instead of re-allocating the layer
                 layer = cache.layers[i] = layer_class()()
-                if st.room is not None and _views_of(st.keys, st.room[0]) and _views_of(st.values, st.room[1]):
+                if st.room is not None and holds(st.keys, st.room[0]) and holds(st.values, st.room[1]):
                     layer._kbuf, layer._vbuf = st.room
                 st.room = None
             keys = st.keys.to(self.device)
@@ -332,12 +332,6 @@ class Engine:
             "sliding_windows": json.dumps([w for _, w in self.layout], separators=(",", ":"), sort_keys=True),
             "start_position": str(start),
         }
-
-
-def _views_of(kept, buf) -> bool:
-    """Whether ``kept`` is ``buf``'s first tokens (what a cache may grow into: the room past them is ``buf``'s)."""
-    return (kept.data_ptr() == buf.data_ptr() and kept.stride() == buf.stride() and kept.dtype == buf.dtype
-            and kept.shape[:-2] == buf.shape[:-2] and kept.shape[-1] == buf.shape[-1] and kept.shape[-2] <= buf.shape[-2])
 
 
 def _capture_layer(i: int, layer) -> LayerState:

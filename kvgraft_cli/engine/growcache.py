@@ -19,7 +19,8 @@ choice may depend on strides and alignment, so grafts there keep ``DynamicLayer`
 A graft's own read goes further (runs.graft.open_artifact; format.open_file's ``room``): full layers are read from
 the file straight into buffers with room, which the cache takes (engine.restore), so not even the first step copies;
 a chain's links are joined into such buffers (:func:`with_room`). An artifact the verified LRU shares is never read
-with room: two caches would write into the same room.
+with room: the LRU would keep the room, and what the first cache wrote there, alive while counting only the kept
+tokens.
 
 Measured (README, "Restore speed", bench_restore.py's peak RSS rows): growing in place after a copy took a graft's
 peak above the model at 8,128 tokens from 1.98x to 1.61x the artifact (float32), 1.51x to 1.31x (bfloat16), and left
@@ -54,6 +55,12 @@ def _zeroed(like, tokens: int):
         torch.empty(shape, dtype=like.dtype)
 
 
+def holds(kept, buf) -> bool:
+    """Whether ``kept`` is ``buf``'s first tokens (so the room past them is ``buf``'s, and a cache may grow there)."""
+    return (kept.data_ptr() == buf.data_ptr() and kept.stride() == buf.stride() and kept.dtype == buf.dtype
+            and kept.shape[:-2] == buf.shape[:-2] and kept.shape[-1] == buf.shape[-1] and kept.shape[-2] <= buf.shape[-2])
+
+
 def with_room(parts: list):
     """The tensors of ``parts`` joined along the token axis into a buffer with room for SLACK_TOKENS more (a
     chain's links, merged for one cache)."""
@@ -68,8 +75,10 @@ def with_room(parts: list):
 
 def layer_class():
     """The GrowingLayer class: a DynamicLayer whose keys and values are views of buffers it grows in place (see the
-    module doc). It never writes into tensors it was given (an artifact's, shared with the verified cache): the first
-    update copies them into its own buffers. Built on first use, so importing this module imports no transformers."""
+    module doc). It never writes into tensors it was given (an artifact's, maybe shared with the verified cache): the
+    first update copies them into buffers of its own, unless engine.restore handed it buffers with room (a graft's
+    own read), which it writes into past the kept tokens. Keys or values replaced after that (probe re-rotates
+    them) are copied again. Built on first use, so importing this module imports no transformers."""
     global _CLASS
     if _CLASS is None:
         from transformers.cache_utils import DynamicLayer
@@ -88,6 +97,8 @@ def _update(self, key_states, value_states, *args, **kwargs):
     have = self.keys.shape[-2] if self.keys.numel() else 0
     need = have + key_states.shape[-2]
     kbuf = getattr(self, "_kbuf", None)
+    if kbuf is not None and not (holds(self.keys, kbuf) and holds(self.values, self._vbuf)):
+        kbuf = None  # the layer's states were replaced (probe's re-rotation): its buffers no longer hold them
     if kbuf is None or kbuf.shape[-2] < need:
         kbuf, vbuf = _zeroed(key_states, need + SLACK_TOKENS), _zeroed(value_states, need + SLACK_TOKENS)
         if have:

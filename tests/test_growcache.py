@@ -240,3 +240,19 @@ def test_a_chain_link_is_not_read_with_room(tmp_path, engine):
     _, r = kvg.open_file(tmp_path / "root.kvg", room=64)
     _, l = kvg.open_file(tmp_path / "link.kvg", room=64)
     assert any(s.room is not None for s in r.layers) and all(s.room is None for s in l.layers)
+
+
+def test_a_file_cut_short_under_the_reader_is_refused_with_room(tmp_path, raw_file, monkeypatch):
+    """The container check saw the whole file, then the head-by-head read meets its end early (the file was cut
+    under it): refused as the plain reader refuses it, nothing returned."""
+    from kvgraft_cli.artifacts import container
+    from kvgraft_cli.errors import IntegrityError
+
+    path, sha = raw_file["sha256-tree"]
+    full = path.stat().st_size
+    cut = tmp_path / "cut.kvg"
+    cut.write_bytes(path.read_bytes()[:full - 5000])
+    monkeypatch.setattr(container, "file_size", lambda f: full)
+    for room in (0, 64):
+        with pytest.raises(IntegrityError, match="truncated .kvg container"):
+            kvg.open_file(cut, sha, room=room)

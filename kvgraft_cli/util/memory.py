@@ -39,7 +39,10 @@ def keep_freed_memory() -> bool:
     16-token query over 2,048 cached bfloat16 tokens (SmolLM-135M shape) took 56k minor faults and 0.16-0.19 s, and
     0.075-0.094 s with 180-3,000 faults under these settings, which are what glibc's dynamic threshold reaches after
     its first 32 MiB free, set once up front (README, "Restore speed"). Results do not change: torch aligns every
-    tensor to 64 bytes either way, and the suite's byte-equality tests run under these settings."""
+    tensor to 64 bytes either way, and the suite's byte-equality tests run under these settings. The price: up to 64
+    MiB of freed memory can stay resident per malloc arena (each thread that allocates may have one), which a
+    long-lived process with many allocating threads (a Ray worker) pays; a graft's peak rose by 17 MB in the bench's run
+    (float32, 2,048 tokens; bfloat16 none)."""
     if os.environ.get("KVGRAFT_KEEP_FREED", "1") == "0" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(None)

@@ -35,10 +35,11 @@ def keep_freed_memory() -> bool:
 
     Why: a forward's temporaries (attention weights, keys and values expanded for grouped heads, logits) are 0.1-32
     MiB each. glibc maps an allocation above its mmap threshold (128 KiB at start, raised only when such a map is
-    freed) and trims freed heap beyond twice that, so op after op pays page faults and zeroing again. A graft's
-    16-token query over 2,048 cached bfloat16 tokens (SmolLM-135M shape) took 56k minor faults and 0.16-0.19 s, and
-    0.075-0.094 s with 180-3,000 faults under these settings, which are what glibc's dynamic threshold reaches after
-    its first 32 MiB free, set once up front (README, "Restore speed"). Results do not change: torch aligns every
+    freed) and trims freed heap beyond twice that, so op after op pays page faults and zeroing again. A graft as
+    `kvgraft graft -n 16` runs it over 2,048 cached float32 tokens (SmolLM-135M shape) took 3.48 s and 1,236,214 page
+    faults with glibc's defaults, 1.75 s and 14,098 under these settings (bench_restore.py's memory children; README,
+    "Restore speed"). The settings are what glibc's dynamic threshold reaches after its first 32 MiB free, set once
+    up front. Results do not change: torch aligns every
     tensor to 64 bytes either way, and the suite's byte-equality tests run under these settings. The price: up to 64
     MiB of freed memory can stay resident per malloc arena (each thread that allocates may have one), which a
     long-lived process with many allocating threads (a Ray worker) pays; a graft's peak rose by 17 MB in the bench's run

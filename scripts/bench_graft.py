@@ -150,13 +150,13 @@ def _run(manifest, args, tmp) -> None:
 def _open(path, sha, device):
     """An artifact opened as `kvgraft graft` opens it (runs.graft._open_file) on ``device``."""
     from kvgraft_cli.artifacts import format as kvg
-    from kvgraft_cli.engine.growcache import SLACK_TOKENS, enabled
+    from kvgraft_cli.engine.growcache import room_for
 
     if str(device).startswith("cuda"):
         from kvgraft_cli.artifacts.device_restore import open_file_on_device
 
         return open_file_on_device(path, str(device), expected_sha256=sha)[1]
-    return kvg.open_file(path, sha, SLACK_TOKENS if enabled(device) else 0)[1]
+    return kvg.open_file(path, sha, room_for(device))[1]
 
 
 if __name__ == "__main__":

@@ -267,7 +267,7 @@ class Engine:
         None), so a second cache restored from the same state copies as above and never shares the room."""
         from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-        from .growcache import enabled, holds, layer_class
+        from .growcache import enabled, layer_class, take_room
 
         cache = self.new_cache()
         if len(cache.layers) != len(layers):
@@ -281,8 +281,8 @@ class Engine:
                 raise UnsupportedModel(f"layer {i}: model builds {type(layer).__name__}, artifact holds a {st.kind} layer")
             if grow and st.kind == "full":  # decode steps write in place instead of re-allocating the layer
                 layer = cache.layers[i] = layer_class()()
-                if st.room is not None and holds(st.keys, st.room[0]) and holds(st.values, st.room[1]):
-                    layer._kbuf, layer._vbuf = st.room
+                if st.room is not None:  # taken once; used only if it holds the layer (GrowingLayer's update checks)
+                    take_room(layer, st.room)
                 st.room = None
             keys = st.keys.to(self.device)
             values = st.values.to(self.device)

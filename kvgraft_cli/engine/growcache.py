@@ -39,6 +39,18 @@ def enabled(device) -> bool:
     return str(device).split(":")[0] == "cpu" and os.environ.get("KVGRAFT_GROW_IN_PLACE", "1") != "0"
 
 
+def room_for(device) -> int:
+    """Tokens of room to read a graft's full layers with on ``device`` (format.open_file's ``room``): the slack
+    where the cache grows in place, so it takes the artifact's buffers instead of copying them; else none."""
+    return SLACK_TOKENS if enabled(device) else 0
+
+
+def take_room(layer, room) -> None:
+    """Hand a GrowingLayer the (keys, values) buffers it may grow into. Its update writes there only while its keys
+    and values are those buffers' first tokens (:func:`holds`), and copies otherwise."""
+    layer._kbuf, layer._vbuf = room
+
+
 def _zeroed(like, tokens: int):
     """A tensor shaped like ``like`` with ``tokens`` positions, on an anonymous map (util.memory.zeroed: no fill, no
     resident memory until written; unmapped when the tensor is freed)."""

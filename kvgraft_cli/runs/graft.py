@@ -11,6 +11,7 @@ from pathlib import Path
 from ..artifacts import format as kvg
 from ..ledger import log as ledger
 from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
+from ..engine.growcache import room_for
 from ..errors import InputError, KvgraftError
 from ..util.hashing import digest, sha256_bytes
 from .context import RunContext
@@ -88,7 +89,7 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
         # Not remembered: graft, probe and replay hold the Loaded artifact as long as they need it; a graft then
         # hands its tensors to the cache alone (Loaded.release), which grows into the room they were read with.
         device = ctx.manifest.data["runtime"]["device"]
-        chain = store.load_chain(sha, remember=False, device=device, room=_room(device))
+        chain = store.load_chain(sha, remember=False, device=device, room=room_for(device))
         return Loaded(sha, chain[-1][1], str(store.object_path(sha)), chain)
 
 
@@ -97,18 +98,10 @@ def _open_file(ctx: RunContext, path: Path, expected: str | None) -> tuple[str, 
     verified on the way (artifacts.device_restore); on the CPU by kvg.open_file."""
     device = ctx.manifest.data["runtime"]["device"]
     if device == "cpu":
-        return kvg.open_file(path, expected, _room(device))
+        return kvg.open_file(path, expected, room_for(device))
     from ..artifacts.device_restore import open_file_on_device
 
     return open_file_on_device(path, device, expected_sha256=expected)
-
-
-def _room(device: str) -> int:
-    """Tokens of room to read a graft's full layers with: the growing cache's slack where the cache grows in place
-    (engine.growcache: the CPU), so it takes the artifact's buffers instead of copying them; else none."""
-    from ..engine import growcache
-
-    return growcache.SLACK_TOKENS if growcache.enabled(device) else 0
 
 
 def _identity_in_store(ctx: RunContext, sha: str) -> str:

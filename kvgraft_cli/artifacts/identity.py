@@ -137,7 +137,7 @@ class _Stream:
     def add(self, chunk: memoryview) -> None:
         self.q.put(chunk)
 
-    def wait_hashed(self, upto: int, added: int) -> None:
+    def wait_hashed(self, upto: int) -> None:
         with self.cond:
             self.cond.wait_for(lambda: self.done >= upto)
 
@@ -178,7 +178,7 @@ class _Tree:
         fut.add_done_callback(lambda _f: self.slots.release())
         self.futures.append(fut)
 
-    def wait_hashed(self, upto: int, added: int) -> None:
+    def wait_hashed(self, upto: int) -> None:
         if upto <= 0:
             return
         last = (upto - 1) // LEAF  # the leaf holding byte upto-1
@@ -231,7 +231,7 @@ class PayloadHasher:
             raise RuntimeError(f"wait_hashed({upto}): only {self.added} bytes were handed over")
         if self.impl is None:
             return  # nothing handed over has been kept by reference: the head is a copy
-        self.impl.wait_hashed(upto, self.added)
+        self.impl.wait_hashed(upto)
 
     def digest(self) -> str:
         """The identity (hex) of everything handed over. A payload too short to hold its header is hashed as one

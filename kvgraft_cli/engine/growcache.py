@@ -70,7 +70,8 @@ def _zeroed(like, tokens: int):
 def holds(kept, buf) -> bool:
     """Whether ``kept`` is ``buf``'s first tokens (so the room past them is ``buf``'s, and a cache may grow there)."""
     return (kept.data_ptr() == buf.data_ptr() and kept.stride() == buf.stride() and kept.dtype == buf.dtype
-            and kept.shape[:-2] == buf.shape[:-2] and kept.shape[-1] == buf.shape[-1] and kept.shape[-2] <= buf.shape[-2])
+            and kept.shape[:-2] == buf.shape[:-2] and kept.shape[-1] == buf.shape[-1]
+            and kept.shape[-2] <= buf.shape[-2])
 
 
 def with_room(parts: list):

@@ -39,11 +39,11 @@ def keep_freed_memory() -> bool:
     `kvgraft graft -n 16` runs it over 2,048 cached float32 tokens (SmolLM-135M shape) took 3.48 s and 1,236,214 page
     faults with glibc's defaults, 1.75 s and 14,098 under these settings (bench_restore.py's memory children; README,
     "Restore speed"). The settings are what glibc's dynamic threshold reaches after its first 32 MiB free, set once
-    up front. Results do not change: torch aligns every
-    tensor to 64 bytes either way, and the suite's byte-equality tests run under these settings. The price: up to 64
+    up front. Results do not change: torch aligns every tensor to 64 bytes either way, and the suite's
+    byte-equality tests run under these settings. The price: up to 64
     MiB of freed memory can stay resident per malloc arena (each thread that allocates may have one), which a
-    long-lived process with many allocating threads (a Ray worker) pays; a graft's peak rose by 17 MB in the bench's run
-    (float32, 2,048 tokens; bfloat16 none)."""
+    long-lived process with many allocating threads (a Ray worker) pays; a graft's peak rose by 17 MB in one
+    bench run and 3 MB in another (float32, 2,048 tokens; bfloat16: none)."""
     if os.environ.get("KVGRAFT_KEEP_FREED", "1") == "0" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(None)

@@ -393,9 +393,17 @@ def load_engine(manifest: Manifest, allow_drift: bool = False, drift: Drift | No
         dtype=getattr(torch, manifest.data["model"]["dtype"]),
         attn_implementation=manifest.data["model"]["attn_implementation"],
     )
-    model.to(device).eval()
+    return engine_from_model(manifest, model.to(device), tokenizer, device, hashes, drift)
+
+
+def engine_from_model(manifest: Manifest, model: Any, tokenizer: Any, device: Any, hashes: ModelHashes,
+                      drift: Drift) -> Engine:
+    """An Engine around a model already on ``device`` (pins applied, torch configured by
+    determinism.configure_torch): records the environment in force and probes the cache layout. load_engine ends
+    here, and so does a model built in memory rather than read from a checkpoint directory."""
+    model.eval()
     engine = Engine(manifest, model, tokenizer, device, hashes, drift, {})
-    engine.environment = determinism.effective_environment(runtime, device)
+    engine.environment = determinism.effective_environment(manifest.data["runtime"], device)
     engine.layout = _probe_layout(engine)
     return engine
 

@@ -32,6 +32,15 @@ def build_tokenizer():
     return tok
 
 
+def tiny_tokenizer():
+    """The byte-level tokenizer as a transformers tokenizer, with the special tokens named (what a checkpoint
+    directory saves)."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(), pad_token="<pad>", eos_token="<eos>",
+                                   bos_token="<bos>", unk_token="<unk>")
+
+
 def _bytes_to_unicode() -> dict[int, str]:
     # The GPT-2 byte-to-printable-character table (what the ByteLevel pre-tokenizer emits).
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
@@ -76,21 +85,14 @@ def write_tiny_model(out: Path, seed: int = SEED, config=None, dtype: str = "flo
     """Write a random-weight checkpoint (default: the embedded Gemma-4) to ``out`` with weights in ``dtype``;
     returns ``out``."""
     import torch
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     config = config if config is not None else build_config()
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=build_tokenizer(),
-        pad_token="<pad>",
-        eos_token="<eos>",
-        bos_token="<bos>",
-        unk_token="<unk>",
-    )
-    tok.save_pretrained(out)
+    tiny_tokenizer().save_pretrained(out)
     # generation_config.json is not needed by kvgraft (decode settings come from the manifest).
     (out / "generation_config.json").unlink(missing_ok=True)
     for p in out.iterdir():

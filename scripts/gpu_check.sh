@@ -8,7 +8,10 @@
 # limit so one slow step cannot cost the others: at most about 9 minutes on an H200 (measured: the eager matrix
 # took 140 s, the CPU fingerprints 60 s). GPU_BENCH=1 adds the graft benchmarks (135M: about 50 s; the 1B shape:
 # not yet run, allowed 150 s; GPU_BENCH_8B=1 the 8B shape, allowed 300 s), GPU_INVARIANT=1 the
-# invariant schedule's matrices (issue #13; not yet run on a GPU); mind the 10-minute call cap.
+# invariant schedule's matrices (issue #13; not yet run on a GPU), GPU_SCALE=1 graft-vs-fresh on random-weight models
+# of 12B and 29B parameters built on the GPU (scripts/scale_exactness.py; not yet run, allowed 200 s each);
+# GPU_BASE=0 skips the base steps (everything but the machine line), so one of those runs alone. Mind the 10-minute
+# call cap: e.g. `GPU_BASE=0 GPU_SCALE=1 bash scripts/gpu_check.sh` in a call of its own.
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -31,6 +34,7 @@ grep -m1 'model name' /proc/cpuinfo; echo "cores $(nproc); SIMD: $(grep -o -w -E
 python3 -c 'import torch, transformers, sys; print("python", sys.version.split()[0], "torch", torch.__version__,
 "transformers", transformers.__version__, "gpu", torch.cuda.get_device_name(0))'
 
+if [ "${GPU_BASE:-1}" = 1 ]; then
 step "CUDA matrix, eager, 50 samples"
 timeout 140 $K matrix --device cuda --samples 50 --json > "$OUT/matrix-cuda-eager.json"; echo "rc=$?"
 
@@ -62,6 +66,8 @@ for prof in portable native; do
   timeout 50 $K matrix --device cpu --profile $prof --samples 10 --json > "$OUT/matrix-cpu-$prof.json"; echo "rc=$?"
 done
 
+fi  # GPU_BASE
+
 if [ "${GPU_INVARIANT:-0}" = 1 ]; then
   # Issue #13 on CUDA and on a second CPU: the invariant schedule (one token a forward), graft against one forward
   # over prefix+suffix; the CPU fingerprints compare with this project's machine through scripts/portability.py.
@@ -87,6 +93,23 @@ if [ "${GPU_BENCH:-0}" = 1 ]; then
     timeout 300 python3 scripts/bench_graft.py --device cuda --profile native --dtype bfloat16 --model llama-8b \
       --lengths 1024 4096 8192 --repeat 3 | tee -a "$OUT/bench-graft-cuda.txt"
   fi
+fi
+
+if [ "${GPU_SCALE:-0}" = 1 ]; then
+  # Issue #10: exactness at real scale, 20 samples each with prefixes of up to 1,500 tokens (across the 1,024-token
+  # sliding windows), bfloat16, eager, native profile. Gemma 3 12B's and 27B's published sizes on the Gemma-4
+  # architecture (no Gemma-4 12B/31B config was at hand: put one in .scale/*.json to run it too).
+  for shape in gemma3-12b-dims gemma3-27b-dims; do
+    step "graft vs fresh at scale: $shape"
+    timeout 200 python3 scripts/scale_exactness.py --shape $shape --device cuda --dtype bfloat16 --samples 20 --json \
+      | tee -a "$OUT/scale-exactness.json"; echo "rc=${PIPESTATUS[0]}"
+  done
+  for cfg in .scale/*.json; do
+    [ -e "$cfg" ] || continue
+    step "graft vs fresh at scale: $cfg"
+    timeout 200 python3 scripts/scale_exactness.py --config "$cfg" --device cuda --dtype bfloat16 --samples 20 --json \
+      | tee -a "$OUT/scale-exactness.json"; echo "rc=${PIPESTATUS[0]}"
+  done
 fi
 
 step "done"

@@ -78,15 +78,17 @@ def sample_text(seed: int, i: int, what: str, lo: int, hi: int) -> str:
     return "".join(rng.choice(_ALPHABET) for _ in range(rng.randint(lo, hi)))
 
 
-def run_cell(engine: Engine, cell: Cell, samples: int, seed: int = 0) -> Cell:
+def run_cell(engine: Engine, cell: Cell, samples: int, seed: int = 0,
+             prefix_chars: tuple[int, int] = (1, 96)) -> Cell:
     """Fill ``cell`` with ``samples`` graft-vs-fresh comparisons on ``engine`` (fresh: the manifest's schedule, or
-    with ``cell.single_pass`` one forward over prefix+suffix)."""
+    with ``cell.single_pass`` one forward over prefix+suffix). Prefixes are ``prefix_chars`` characters long (the
+    zoo's sliding windows are 16-32 tokens; a real model's need longer prefixes to be crossed)."""
     import torch
 
     t0 = time.perf_counter()
     fresh_hashes = []
     for i in range(samples):
-        prefix = engine.prefix_ids(sample_text(seed, i, "prefix", 1, 96))
+        prefix = engine.prefix_ids(sample_text(seed, i, "prefix", *prefix_chars))
         suffix = engine.encode(sample_text(seed, i, "suffix", 1, 24))
         # The deposit's own prefill is a fresh computation: encoding only reads it, so it serves as the fresh side.
         fresh, last = engine.prefill(prefix)

@@ -14,7 +14,7 @@ Shapes (``--shape``, several allowed, run one after the other in this process):
                    architecture (its defaults for what Gemma 3 lacks: 512-wide heads on the global layers,
                    proportional RoPE there); no per-layer embeddings. 12.1B parameters.
   gemma3-27b-dims  Gemma 3 27B's (62 layers, hidden 5,376, 32 heads, 16 KV heads of 128, MLP 21,504), likewise:
-                   29.2B parameters (the wider global heads add 2B), 58 GB in bfloat16.
+                   29.2B parameters (the 512-wide global heads add 2.2B), 58 GB in bfloat16.
 
 Issue #10 asks for the Gemma-4 12B- and 31B-class shapes. No published config of those two was within reach when
 this was written, so the named shapes borrow Gemma 3's published sizes, and say so in their names; ``--config
@@ -53,9 +53,9 @@ SHAPES = ("tiny", *GEMMA3_DIMS)
 WEIGHTS_SEED = 0
 
 
-def shape_config(name: str, config_file: Path | None = None):
+def shape_config(name: str, config_file: Path | None = None, layers: int | None = None):
     """The transformers config of a named shape, or of ``config_file`` (a config.json; its text_config when it
-    has one)."""
+    has one); ``layers`` keeps the widths and cuts the depth (a named shape's last layer stays global)."""
     from transformers import AutoConfig, Gemma4TextConfig
 
     from kvgraft_cli.engine.tinymodel import build_config
@@ -63,12 +63,16 @@ def shape_config(name: str, config_file: Path | None = None):
     if config_file is not None:
         d = json.loads(Path(config_file).read_text())
         d = d.get("text_config") or d
+        if layers:
+            d = {**d, "num_hidden_layers": layers, **({"layer_types": d["layer_types"][:layers]}
+                                                      if d.get("layer_types") else {})}
         return AutoConfig.for_model(**d)
     if name == "tiny":
         return build_config()
     # Vocabulary and windows as Gemma 3 and 4 publish them; eos/bos/pad where the byte-level tokenizer has them.
-    layers = GEMMA3_DIMS[name]["num_hidden_layers"]
-    return Gemma4TextConfig(**GEMMA3_DIMS[name], vocab_size=262_144, sliding_window=1024,
+    dims = {**GEMMA3_DIMS[name], **({"num_hidden_layers": layers} if layers else {})}
+    layers = dims["num_hidden_layers"]
+    return Gemma4TextConfig(**dims, vocab_size=262_144, sliding_window=1024,
                             layer_types=["sliding_attention" if (i + 1) % 6 else "full_attention"
                                          for i in range(layers - 1)] + ["full_attention"],
                             hidden_size_per_layer_input=0, max_position_embeddings=131_072, pad_token_id=0,
@@ -133,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix-chars", type=int, nargs=2, default=[1, 1500], metavar=("LO", "HI"),
                     help="prefix lengths (characters = tokens with the byte-level tokenizer); the default crosses "
                          "the 1,024-token sliding windows")
+    ap.add_argument("--layers", type=int, help="the shape's widths with this many layers (fits a CPU's memory)")
     ap.add_argument("--json", action="store_true", help="one JSON object per shape on stdout")
     args = ap.parse_args(argv)
 
@@ -150,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     all_exact = True
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            config = shape_config(name, args.config)
+            config = shape_config(name, args.config, args.layers)
             t0 = time.perf_counter()
             engine = build_engine(name, config, Path(tmp), device=args.device, dtype=args.dtype,
                                   profile=args.profile)
@@ -161,11 +166,12 @@ def main(argv: list[str] | None = None) -> int:
             all_exact &= cell.exact
             record = {**cell.to_json(), "parameters": n_params, "build_seconds": round(built, 1),
                       "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
-                      "torch": torch.__version__, "prefix_chars": args.prefix_chars}
+                      "layers": config.num_hidden_layers, "torch": torch.__version__,
+                      "prefix_chars": args.prefix_chars}
             if args.json:
                 print(json.dumps(record), flush=True)
             else:
-                print(f"{name}: {n_params / 1e9:.2f}B parameters, {args.dtype}, {args.device}, built in {built:.0f} s; "
+                print(f"{name}: {config.num_hidden_layers} layers, {n_params / 1e9:.2f}B parameters, {args.dtype}, {args.device}, built in {built:.0f} s; "
                       f"{describe(cell)} ({cell.seconds:.0f} s){'' if cell.exact else '  NOT EXACT'}", flush=True)
             del engine
             if args.device == "cuda":

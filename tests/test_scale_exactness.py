@@ -55,3 +55,17 @@ def test_large_shapes_are_the_sizes_the_docstring_says():
         assert len(kinds) == layers and kinds[-1] == "full_attention"
         assert kinds.count("full_attention") == layers // 6 + (layers % 6 != 0)  # 5 local : 1 global, last global
         assert config.sliding_window == 1024 and config.vocab_size == 262_144
+
+
+def test_layers_cuts_the_depth_and_keeps_the_widths():
+    """--layers (what fits a CPU's memory): the shape's widths, fewer layers, the last one global."""
+    import scale_exactness as se
+
+    full, cut = se.shape_config("gemma3-12b-dims"), se.shape_config("gemma3-12b-dims", layers=6)
+    assert cut.num_hidden_layers == 6 and cut.layer_types == ["sliding_attention"] * 5 + ["full_attention"]
+    for field in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                  "sliding_window"):
+        assert getattr(cut, field) == getattr(full, field), field
+    # head_dim differs by layer kind (Gemma-4's global layers are wider): compare a sliding and the global layer
+    for i_cut, i_full in ((0, 0), (5, 47)):
+        assert cut.per_layer_config[i_cut].head_dim == full.per_layer_config[i_full].head_dim

@@ -21,9 +21,8 @@ this was written, so the named shapes borrow Gemma 3's published sizes, and say 
 FILE`` takes a Hugging Face config.json (the multimodal ones' ``text_config`` is used), so the real ones run as
 soon as their config files are at hand (a config file only: the weights stay random).
 
-The model's identity in the manifest is the SHA-256 of its config.json, the byte-level tokenizer's files and a
-line naming the seed, dtype and device the weights were drawn with: the same torch build on the same device
-draws the same weights. Usage (on a lent GPU: scripts/gpu_check.sh runs it with GPU_SCALE=1):
+The model and its pinned manifest come from engine.randommodel.random_engine (which says how the model is named).
+Usage (on a lent GPU: scripts/gpu_check.sh runs it with GPU_SCALE=1):
 
     python scripts/scale_exactness.py --shape gemma3-12b-dims gemma3-27b-dims --device cuda --dtype bfloat16 \\
         --samples 20 [--prefix-chars 1 1500] [--config config.json] [--json]
@@ -50,7 +49,6 @@ GEMMA3_DIMS = {
                             num_key_value_heads=16, head_dim=128),
 }
 SHAPES = ("tiny", *GEMMA3_DIMS)
-WEIGHTS_SEED = 0
 
 
 def shape_config(name: str, config_file: Path | None = None, layers: int | None = None):
@@ -89,43 +87,6 @@ def parameter_count(config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def build_engine(name: str, config, workdir: Path, *, device: str, dtype: str, profile: str):
-    """A pinned Engine around a random-weight model of ``config`` built on ``device`` (engine.engine_from_model).
-    The profile's kernel flags must already be in force (main pins them before torch is imported)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from kvgraft_cli.config.manifest import dump_yaml, load_manifest, make_manifest
-    from kvgraft_cli.config.modelhash import CONFIG_FILES, TOKENIZER_FILES, ModelHashes, listing
-    from kvgraft_cli.engine import determinism
-    from kvgraft_cli.engine.engine import engine_from_model
-    from kvgraft_cli.engine.tinymodel import tiny_tokenizer
-    from kvgraft_cli.util.hashing import sha256_bytes, sha256_file
-
-    model_dir = workdir / f"{name}-model"
-    model_dir.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(model_dir)
-    tokenizer = tiny_tokenizer()
-    tokenizer.save_pretrained(model_dir)
-    # The files a checkpoint's hash covers (config.modelhash), the weights replaced by how they were drawn.
-    files = {n: sha256_file(model_dir / n) for n in (*CONFIG_FILES, *TOKENIZER_FILES) if (model_dir / n).is_file()}
-    tok = {n: h for n, h in files.items() if n in TOKENIZER_FILES}
-    files["(weights)"] = sha256_bytes(f"random, torch.manual_seed({WEIGHTS_SEED}), {dtype}, drawn on {device}, "
-                                      f"torch {torch.__version__}".encode())
-    hashes = ModelHashes(sha256_bytes(listing(files).encode()), sha256_bytes(listing(tok).encode()), files)
-    data = make_manifest(str(model_dir), hashes.model_sha256, hashes.tokenizer_sha256, profile=profile,
-                         device=device, dtype=dtype, name=f"scale-{name}-{dtype}-{profile}-{device}")
-    (workdir / f"{name}.yaml").write_text(dump_yaml(data), encoding="utf-8")
-    manifest = load_manifest(workdir / f"{name}.yaml")
-    drift = determinism.apply_environment(manifest.data["runtime"])
-    dev = determinism.configure_torch(manifest.data["runtime"], drift)
-    drift.enforce(False, manifest.source)
-    torch.manual_seed(WEIGHTS_SEED)
-    with dev:  # drawn where it runs: a 29B model never passes through host memory
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation="eager")
-    return engine_from_model(manifest, model, tokenizer, dev, hashes, drift)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", nargs="+", default=["gemma3-12b-dims"], choices=SHAPES)
@@ -149,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         False, f"profile {args.profile}")
     import torch
 
+    from kvgraft_cli.engine.randommodel import random_engine
     from kvgraft_cli.runs.matrix import Cell, describe, run_cell
 
     names = [args.config.name] if args.config else args.shape
@@ -157,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             config = shape_config(name, args.config, args.layers)
             t0 = time.perf_counter()
-            engine = build_engine(name, config, Path(tmp), device=args.device, dtype=args.dtype,
-                                  profile=args.profile)
+            engine = random_engine(name, config, Path(tmp), device=args.device, dtype=args.dtype,
+                                   profile=args.profile)
             built = time.perf_counter() - t0
             n_params = sum(p.numel() for p in engine.model.parameters())
             cell = run_cell(engine, Cell(name, args.dtype, args.profile, args.device, "eager"), args.samples,

@@ -3,8 +3,9 @@
 Builds a random-weight model from a config (no download): by default SmolLM-135M's shape (Llama, 30 layers,
 hidden 576, 3 KV heads, vocab 49152, float32); ``--model llama-1b`` / ``llama-8b`` take Llama-3.2-1B's and
 Llama-3.1-8B's published shapes (16 / 32 layers, hidden 2048 / 4096, 8 KV heads of 64 / 128, vocab 128,256), for the
-GPU table issue #10 asks for. It saves the model to a temporary folder in the manifest's dtype, pins a manifest for
-it, and for each prefix length measures, as medians of --repeat runs:
+GPU table issue #10 asks for. It draws the model's weights on the device in the manifest's dtype
+(engine.randommodel: nothing written but config and tokenizer), pins a manifest for it, and for each prefix length
+measures, as medians of --repeat runs:
   prefill   engine.prefill(ids) under the manifest's schedule (what a graft saves)
   restore   what `kvgraft graft` does to open an artifact (the default codec, re-hashed against its identity): on a
             GPU artifacts.device_restore (pinned staging, asynchronous copies), on the CPU format.open_file with the
@@ -48,28 +49,34 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--write-model", type=Path, help=argparse.SUPPRESS)  # internal: child process builds the model
     args = ap.parse_args()
-    if args.write_model:
-        from kvgraft_cli.engine.tinymodel import build_config, write_tiny_model
+    if args.write_model:  # for scripts/bench_profiles.py, which loads the model in processes of its own
+        from kvgraft_cli.engine.tinymodel import write_tiny_model
 
-        config = build_config() if args.model == "tiny" else _llama_config(args.model) if args.model in LLAMA \
-            else _smol_config()
-        write_tiny_model(args.write_model, config=config, dtype=args.dtype)
+        write_tiny_model(args.write_model, config=_config(args.model), dtype=args.dtype)
         return
 
-    from kvgraft_cli.config.manifest import dump_yaml, load_manifest, make_manifest
-    from kvgraft_cli.config.modelhash import hash_model_dir
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        # Building the model imports torch: a child process does it, so this one applies the kernel flags first.
-        import subprocess
+    # The kernel flags before torch is imported; then the model is drawn on the device itself (engine.randommodel):
+    # an 8B model never goes through the host or a disk, which on a lent GPU takes minutes of its time.
+    from kvgraft_cli.config.profiles import profile_env
+    from kvgraft_cli.engine import determinism
 
-        subprocess.run([sys.executable, __file__, "--write-model", str(tmp / "model"), "--model", args.model,
-                        "--dtype", args.dtype], check=True, capture_output=True)
-        h = hash_model_dir(tmp / "model")
-        data = make_manifest(str(tmp / "model"), h.model_sha256, h.tokenizer_sha256, profile=args.profile,
-                             threads=args.threads, device=args.device, dtype=args.dtype)
-        (tmp / "m.yaml").write_text(dump_yaml(data))
-        _run(load_manifest(tmp / "m.yaml"), args, tmp)
+    determinism.apply_environment({"env": profile_env(args.profile, args.device)}).enforce(False, args.profile)
+    from kvgraft_cli.engine.randommodel import random_engine
+
+    config = _config(args.model)
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        eng = random_engine(args.model, config, Path(tmp), device=args.device, dtype=args.dtype, profile=args.profile,
+                            threads=args.threads)
+        print(f"model drawn on {eng.device} in {time.perf_counter() - t0:.1f} s")
+        _run(eng, args, Path(tmp))
+
+
+def _config(name: str):
+    """The transformers config of --model ``name``."""
+    from kvgraft_cli.engine.tinymodel import build_config
+
+    return build_config() if name == "tiny" else _llama_config(name) if name in LLAMA else _smol_config()
 
 
 def _smol_config():
@@ -105,12 +112,12 @@ def _sync(result):
     return result
 
 
-def _run(manifest, args, tmp) -> None:
+def _run(eng, args, tmp) -> None:
     from kvgraft_cli.artifacts import format as kvg
-    from kvgraft_cli.engine.engine import load_engine, tensor_sha256
-
-    eng = load_engine(manifest)
+    from kvgraft_cli.engine.engine import tensor_sha256
     import torch
+
+    manifest = eng.manifest
 
     n_params = sum(p.numel() for p in eng.model.parameters())
     print(f"model: {type(eng.model).__name__}, {n_params / 1e6:.0f}M parameters, {manifest.data['model']['dtype']}, "

@@ -81,7 +81,7 @@ fi
 
 if [ "${GPU_BENCH:-0}" = 1 ]; then
   # Issue #10: graft (device restore + the query) against prefill on the GPU, for the 135M shape and random-weight
-  # models of Llama-3.2-1B's and (GPU_BENCH_8B=1: 16 GB of weights built on the CPU first) Llama-3.1-8B's shapes.
+  # models of Llama-3.2-1B's and (GPU_BENCH_8B=1; weights drawn on the GPU, engine.randommodel) Llama-3.1-8B's shapes.
   step "graft benchmark on the GPU (SmolLM-135M shape, bfloat16)"
   timeout 80 python3 scripts/bench_graft.py --device cuda --profile native --dtype bfloat16 \
     --lengths 1024 4096 8192 --repeat 3 | tee "$OUT/bench-graft-cuda.txt"

@@ -10,10 +10,11 @@ from pathlib import Path
 
 
 def random_engine(name: str, config, workdir: Path, *, device: str, dtype: str, profile: str,
-                  seed: int = 0):
+                  seed: int = 0, threads: int | None = None):
     """A pinned Engine around a random-weight model of ``config`` drawn with ``seed`` directly on ``device``
     (engine_from_model), its manifest written under ``workdir`` (with config.json and the tokenizer). The
-    profile's kernel flags must already be in force: the caller applies them before torch is imported."""
+    profile's kernel flags must already be in force: the caller applies them before torch is imported. ``threads``
+    as in make_manifest (None: the profile's)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -36,7 +37,8 @@ def random_engine(name: str, config, workdir: Path, *, device: str, dtype: str, 
                                       f"torch {torch.__version__}".encode())
     hashes = ModelHashes(sha256_bytes(listing(files).encode()), sha256_bytes(listing(tok).encode()), files)
     data = make_manifest(str(model_dir), hashes.model_sha256, hashes.tokenizer_sha256, profile=profile,
-                         device=device, dtype=dtype, name=f"scale-{name}-{dtype}-{profile}-{device}")
+                         device=device, dtype=dtype, threads=threads,
+                         name=f"random-{name}-{dtype}-{profile}-{device}")
     (workdir / f"{name}.yaml").write_text(dump_yaml(data), encoding="utf-8")
     manifest = load_manifest(workdir / f"{name}.yaml")
     drift = determinism.apply_environment(manifest.data["runtime"])

@@ -69,3 +69,24 @@ def test_layers_cuts_the_depth_and_keeps_the_widths():
     # head_dim differs by layer kind (Gemma-4's global layers are wider): compare a sliding and the global layer
     for i_cut, i_full in ((0, 0), (5, 47)):
         assert cut.per_layer_config[i_cut].head_dim == full.per_layer_config[i_full].head_dim
+
+
+def test_random_engine_names_its_draw(tmp_path):
+    """engine.randommodel: the model's name covers how its weights were drawn (another seed, another model hash),
+    and the same seed draws the same weights (equal logits bytes)."""
+    from kvgraft_cli.engine.engine import tensor_sha256
+    from kvgraft_cli.engine.randommodel import random_engine
+    from kvgraft_cli.engine.tinymodel import build_config
+
+    def draw(seed, where):
+        eng = random_engine("tiny", build_config(), tmp_path / where, device="cpu", dtype="float32",
+                            profile="portable", seed=seed)  # the flags this test process runs under
+        logits = eng.forward(eng.new_cache(), eng.prefix_ids("the same prompt"))
+        return eng, tensor_sha256(logits)
+
+    (a, la), (b, lb), (c, lc) = draw(0, "a"), draw(0, "b"), draw(1, "c")
+    assert a.hashes.model_sha256 == b.hashes.model_sha256 != c.hashes.model_sha256
+    assert a.hashes.tokenizer_sha256 == c.hashes.tokenizer_sha256
+    assert la == lb != lc
+    assert a.manifest.data["model"]["sha256"] == a.hashes.model_sha256 and a.manifest.data["runtime"]["device"] == "cpu"
+    assert "(weights)" in a.hashes.files and a.model.config._attn_implementation == "eager"

@@ -27,7 +27,8 @@ Usage (on a lent GPU: scripts/gpu_check.sh runs it with GPU_SCALE=1):
     python scripts/scale_exactness.py --shape gemma3-12b-dims gemma3-27b-dims --device cuda --dtype bfloat16 \\
         --samples 20 [--prefix-chars 1 1500] [--config config.json] [--json]
 
-Exit status 0 when every shape's samples are byte-equal (KL 0), 1 otherwise.
+Exit status 0 when every shape's samples are byte-equal (KL 0), 1 otherwise, 2 when it cannot run (no GPU, a
+config file that is not one), with one `Error:` line as the CLI prints it.
 """
 
 from __future__ import annotations
@@ -59,8 +60,16 @@ def shape_config(name: str, config_file: Path | None = None, layers: int | None 
     from kvgraft_cli.engine.tinymodel import build_config
 
     if config_file is not None:
-        d = json.loads(Path(config_file).read_text())
-        d = d.get("text_config") or d
+        from kvgraft_cli.errors import InputError
+
+        try:
+            d = json.loads(Path(config_file).read_text(encoding="utf-8"))
+            d = d.get("text_config") or d
+            if "model_type" not in d:
+                raise ValueError("no model_type")
+        except (OSError, ValueError, AttributeError) as e:
+            raise InputError(f"{config_file}: not a readable Hugging Face config.json ({e})",
+                             "pass the config.json of a checkpoint (its weights are not needed)") from None
         if layers:
             d = {**d, "num_hidden_layers": layers, **({"layer_types": d["layer_types"][:layers]}
                                                       if d.get("layer_types") else {})}
@@ -142,4 +151,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from kvgraft_cli.errors import KvgraftError
+
+    try:
+        sys.exit(main())
+    except KvgraftError as e:  # one line, as the CLI says it (no GPU, drift, a bad config file)
+        print(f"Error: {e}" + (f"\nHint: {e.hint}" if e.hint else ""), file=sys.stderr)
+        sys.exit(e.exit_code)

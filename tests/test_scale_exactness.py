@@ -90,3 +90,20 @@ def test_random_engine_names_its_draw(tmp_path):
     assert la == lb != lc
     assert a.manifest.data["model"]["sha256"] == a.hashes.model_sha256 and a.manifest.data["runtime"]["device"] == "cpu"
     assert "(weights)" in a.hashes.files and a.model.config._attn_implementation == "eager"
+
+
+def test_refusals_are_one_error_line(tmp_path):
+    """No GPU (on this CPU machine) and a config file that is not one: exit 2, one `Error:` line, no traceback."""
+    import torch
+
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    cases = [["--config", str(bad), "--device", "cpu"], ["--config", str(tmp_path / "missing.json"), "--device", "cpu"]]
+    if not torch.cuda.is_available():
+        cases.append(["--shape", "tiny", "--device", "cuda"])
+    for args in cases:
+        p = subprocess.run([sys.executable, str(SCRIPT), "--samples", "1", *args], capture_output=True, text=True,
+                           timeout=120, cwd=REPO)
+        assert p.returncode == 2, (args, p.stderr[-500:])
+        assert p.stderr.startswith("Error: ") and "Traceback" not in p.stderr, p.stderr[-500:]
+        assert ("no CUDA GPU" in p.stderr) if "cuda" in args else (f"Error: {args[1]}: not a readable" in p.stderr)

@@ -10,8 +10,11 @@
 # not yet run, allowed 150 s; GPU_BENCH_8B=1 the 8B shape, allowed 300 s), GPU_INVARIANT=1 the
 # invariant schedule's matrices (issue #13; not yet run on a GPU), GPU_SCALE=1 graft-vs-fresh on random-weight models
 # of 12B and 29B parameters built on the GPU (scripts/scale_exactness.py; not yet run, allowed 200 s each);
-# GPU_BASE=0 skips the base steps (everything but the machine line), so one of those runs alone. Mind the 10-minute
-# call cap: e.g. `GPU_BASE=0 GPU_SCALE=1 bash scripts/gpu_check.sh` in a call of its own.
+# GPU_BASE=0 skips the base steps (everything but the machine line) and, unless GPU_RESTORE=1, the device restore
+# step, so one of those runs alone. Mind the 10-minute call cap and the 15 minutes of device time a session has
+# (machine start included). Issue #10's checks in two calls:
+#   GPU_BASE=0 GPU_RESTORE=1 GPU_BENCH=1 bash scripts/gpu_check.sh   (device restore, graft vs prefill: 135M, 1B)
+#   GPU_BASE=0 GPU_SCALE=1 bash scripts/gpu_check.sh                 (graft vs fresh at 12B and 29B parameters)
 set -u
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -50,6 +53,9 @@ step "CUDA CLI tests (tests/test_cuda.py)"
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py > /tmp/test-cuda.txt 2>&1
 echo "rc=$?"; tail -25 /tmp/test-cuda.txt  # into log.txt: the device returns at most 8 files
 
+fi  # GPU_BASE
+
+if [ "${GPU_RESTORE:-${GPU_BASE:-1}}" = 1 ]; then
 step "restore to the GPU: pinned staging + async copies vs open_file + .to (issue #10: >= 5 GB/s from the page cache)"
 timeout 40 python3 -m pytest -q -p no:cacheprovider tests/test_device_restore.py > /tmp/test-device.txt 2>&1
 echo "rc=$?"; tail -3 /tmp/test-device.txt
@@ -60,6 +66,9 @@ for ident in sha256 sha256-tree; do
       --repeat 5 | tee -a "$OUT/bench-device-restore.txt"; echo "rc=$?"
   done
 done
+fi  # GPU_RESTORE
+
+if [ "${GPU_BASE:-1}" = 1 ]; then
 
 step "CPU portability fingerprints on this machine's CPU (compare with scripts/portability.py here)"
 for prof in portable native; do

@@ -1,1 +1,1 @@
-"""The torch engine: applying kernel flags, loading a model, prefill, capture and restore of KV caches, greedy decode; the tiny-model builder and the architecture zoo. torch lives here and is imported inside functions."""
+"""The torch engine: applying kernel flags, loading a model, prefill, capture and restore of KV caches, greedy decode; the tiny-model builder, the architecture zoo and random-weight models drawn on their device. torch lives here and is imported inside functions."""

@@ -142,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 print(json.dumps(record), flush=True)
             else:
-                print(f"{name}: {config.num_hidden_layers} layers, {n_params / 1e9:.2f}B parameters, {args.dtype}, {args.device}, built in {built:.0f} s; "
-                      f"{describe(cell)} ({cell.seconds:.0f} s){'' if cell.exact else '  NOT EXACT'}", flush=True)
+                print(f"{name}: {config.num_hidden_layers} layers, {n_params / 1e9:.2f}B parameters, {args.dtype}, "
+                      f"{args.device}, built in {built:.0f} s; {describe(cell)} ({cell.seconds:.0f} s)"
+                      f"{'' if cell.exact else '  NOT EXACT'}", flush=True)
             del engine
             if args.device == "cuda":
                 torch.cuda.empty_cache()

@@ -24,6 +24,7 @@ def random_engine(name: str, config, workdir: Path, *, device: str, dtype: str, 
     from .engine import engine_from_model
     from .tinymodel import tiny_tokenizer
     from ..util.hashing import sha256_bytes, sha256_file
+    from ..util.memory import keep_freed_memory
 
     model_dir = workdir / f"{name}-model"
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -44,6 +45,7 @@ def random_engine(name: str, config, workdir: Path, *, device: str, dtype: str, 
     drift = determinism.apply_environment(manifest.data["runtime"])
     dev = determinism.configure_torch(manifest.data["runtime"], drift)
     drift.enforce(False, manifest.source)
+    keep_freed_memory()  # as load_engine: a forward's temporaries reuse freed heap (util.memory)
     torch.manual_seed(seed)
     with dev:  # drawn where it runs: a 29B model never passes through host memory
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation="eager")

@@ -10,7 +10,7 @@ from typing import Any
 # The choices a manifest can pin (the schema's enums; tests/test_manifest.py checks they agree).
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "grouped")  # grouped: kvgraft's own (engine.attention)
 SDPA_BACKENDS = ("math", "efficient", "flash", "cudnn")
 
 # Environment variables known to change the bits of a forward pass. A manifest pins each (a value, or null for

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import determinism
+from .attention import NAME as GROUPED, register as register_grouped
 from ..artifacts.format import LayerState
 from .determinism import Drift
 from ..errors import InputError, UnsupportedModel
@@ -386,6 +387,8 @@ def load_engine(manifest: Manifest, allow_drift: bool = False, drift: Drift | No
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    if manifest.data["model"]["attn_implementation"] == GROUPED:
+        register_grouped()  # kvgraft's own kernel (engine.attention), known to transformers only once registered
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
         str(model_dir),

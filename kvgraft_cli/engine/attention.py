@@ -1,0 +1,71 @@
+"""kvgraft's own attention implementation, ``grouped`` (a manifest's ``model.attn_implementation: grouped``).
+
+Eager attention's arithmetic (Q·Kᵀ times the scale, the logit soft cap where the model has one, the additive mask,
+softmax in float32, then ·V), computed once per KV head for all the query heads that share it. transformers' eager
+attention first copies every cached key and value once per query head of the group (``repeat_kv``): with grouped
+heads (3 query heads a KV head in SmolLM-135M, 4 in Llama-3-8B) each forward writes and reads the layer's whole cache
+that many times over, which after a graft of thousands of tokens is most of a decode step's time and the largest
+temporary of a graft's first forward.
+
+The products are the same sums over the same operands, but in matrices of other shapes (the group's query rows
+stacked), so the BLAS may order the sums differently and the bits are not eager's (on this project's CPU a single
+query row's differ, and so do a 16-token query's logits over a grafted 2,048-token cache of SmolLM-135M's shape).
+Where the order of sums cannot matter they are eager's, bit for bit (tests/test_attention.py). ``grouped`` is
+therefore a kernel choice of its own, pinned by the manifest like ``eager`` and ``sdpa``: a graft under it is
+byte-equal to a fresh computation under it (``kvgraft matrix --attn grouped``), never to one under eager. The
+softmax is in float32 for every architecture (GPT-2's eager one runs in the model's dtype).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+NAME = "grouped"
+# Keyword arguments some architectures pass that change the arithmetic and that this kernel does not implement.
+_UNSUPPORTED = ("sinks", "s_aux", "position_bias", "head_mask")
+
+
+def grouped_attention(module: Any, query, key, value, attention_mask, scaling: float | None = None,
+                      dropout: float = 0.0, softcap: float | None = None, **kwargs):
+    """Attention over ``key``/``value`` [batch, kv_heads, keys, dim] for ``query`` [batch, heads, queries, dim]
+    without expanding the KV heads. Returns (output [batch, queries, heads, dim], weights), as transformers'
+    attention functions do. Refuses what it does not implement (attention sinks, biases, head masks) by name."""
+    import torch
+
+    from ..errors import UnsupportedModel
+
+    used = [k for k in _UNSUPPORTED if kwargs.get(k) is not None]
+    if used:
+        raise UnsupportedModel(f"attention implementation {NAME!r} does not implement {', '.join(used)} "
+                               f"({type(module).__name__})", "use attn_implementation: eager for this model")
+    b, heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    if heads % kv_heads:
+        raise UnsupportedModel(f"{heads} query heads do not group over {kv_heads} KV heads ({type(module).__name__})")
+    group = heads // kv_heads
+    if scaling is None:
+        scaling = dim ** -0.5
+    # Query head j reads KV head j // group (transformers' repeat_kv order): stack each group's query rows.
+    q = query.reshape(b, kv_heads, group * q_len, dim)
+    # Keys and values in one layout whatever holds them (a fresh cache's concatenation, a grafted cache's view of
+    # the buffer it grows in, growcache), as repeat_kv's copy makes them for eager. Measured here: oneDNN otherwise
+    # keeps a reordered copy of a strided bfloat16 operand for every new length, 6 MB a decode step for SmolLM-135M's
+    # shape at 8,192 tokens (413 MB after 64 steps; scripts/bench_attention.py's --rss-child). The copy also shows
+    # the BLAS one layout for a graft and for a fresh computation (on this CPU the two layouts gave the same bits).
+    key, value = key.contiguous(), value.contiguous()
+    weights = torch.matmul(q, key.transpose(2, 3)).view(b, heads, q_len, -1) * scaling
+    if softcap is not None:
+        weights = torch.tanh(weights / softcap) * softcap
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    weights = torch.nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+    out = torch.matmul(weights.view(b, kv_heads, group * q_len, -1), value).view(b, heads, q_len, dim)
+    return out.transpose(1, 2).contiguous(), weights
+
+
+def register() -> None:
+    """Make ``grouped`` an attention implementation transformers can load a model with (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, grouped_attention)

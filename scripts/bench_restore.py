@@ -24,7 +24,7 @@ runs measured side by side in this one process:
 GB/s are payload bytes (the canonical payload, whatever the file's codec) per second. Usage:
     python scripts/bench_restore.py [--tokens 2048 8192] [--dtypes float32 bfloat16] [--repeat 5]
                                     [--codecs zstd raw shuffle-zstd] [--identities sha256 sha256-tree]
-                                    [--profile native|portable] [--no-prefill]
+                                    [--profile native|portable] [--no-prefill] [--attn eager|grouped]
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--profile", default="native", choices=["portable", "native"])
     ap.add_argument("--no-prefill", action="store_true", help="skip timing prefill (the slow part on a CPU)")
+    ap.add_argument("--attn", default="eager", choices=["eager", "grouped"],
+                    help="the manifests' attention implementation (grouped: engine.attention, no KV-head copies)")
     ap.add_argument("--write-model", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--rss-child", nargs=4, help=argparse.SUPPRESS)  # MANIFEST KVG SHA ROOM: peak RSS of one graft
     args = ap.parse_args()
@@ -72,7 +74,7 @@ def main() -> None:
         h = hash_model_dir(tmp / "model")
         for dtype in args.dtypes:
             data = make_manifest(str(tmp / "model"), h.model_sha256, h.tokenizer_sha256, profile=args.profile,
-                                 device="cpu", dtype=dtype)
+                                 device="cpu", dtype=dtype, attn_implementation=args.attn)
             (tmp / f"{dtype}.yaml").write_text(dump_yaml(data))
         # One engine per dtype, in this process (the profile's kernel flags are applied before torch loads).
         for dtype in args.dtypes:
@@ -96,7 +98,8 @@ def _run(manifest, args, tmp: Path) -> None:
 
     variants = [(codec, scheme) for scheme in args.identities for codec in (args.codecs or list(container.CODECS))]
     print(f"\n## {dtype}: {type(eng.model).__name__} {sum(p.numel() for p in eng.model.parameters()) / 1e6:.0f}M, "
-          f"profile {args.profile}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"profile {args.profile}, attention {args.attn}, {torch.get_num_threads()} threads, "
+          f"torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs; medians of {args.repeat}")
     gen = torch.Generator().manual_seed(0)
     for n in args.tokens:

@@ -50,7 +50,8 @@ def init(
     profile: Profile = typer.Option(Profile.portable, "--profile", help="Kernel-flag profile."),
     device: Device = typer.Option(Device.cpu, "--device"),
     dtype: Dtype = typer.Option(Dtype.float32, "--dtype"),
-    attn: Attn = typer.Option(Attn.eager, "--attn", help="Attention implementation."),
+    attn: Attn = typer.Option(Attn.eager, "--attn",
+                               help="Attention implementation (grouped: kvgraft's own, no per-query-head KV copies)."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1, max=MAX_THREADS, help="Pin this many threads (default: the profile's)."),
     schedule: Schedule = typer.Option(Schedule.single, "--schedule", help="Prefill schedule: single (one forward "
                                       "for the prefix) or invariant (one token a forward: a graft equals one "

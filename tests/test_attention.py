@@ -69,6 +69,55 @@ def test_what_it_does_not_implement_is_refused():
         grouped_attention(_Module(4, 2), q[:, :3], k, v, mask, scaling=0.125)
 
 
+@pytest.mark.parametrize("arch,module", [("llama", "llama"), ("mistral", "mistral"), ("gemma2", "gemma2"),
+                                         ("gemma4", "gemma4"), ("gpt2", "gpt2")])
+def test_masks_are_eagers(tmp_path, monkeypatch, arch, module):
+    """The kernel gets the very masks eager gets (causal, sliding windows), in a prefill longer than the zoo's
+    windows and in a query over the cache: transformers builds none for an implementation it does not know."""
+    import importlib
+
+    import torch
+    from transformers import AttentionInterface
+
+    from kvgraft_cli.engine.engine import load_engine
+    from kvgraft_cli.engine.zoo import tiny_manifest
+
+    seen: dict[str, list] = {"eager": [], "grouped": []}
+    mod = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+
+    def spy(impl, real):
+        def f(m, q, k, v, mask, *a, **kw):
+            seen[impl].append(None if mask is None else mask.clone())
+            return real(m, q, k, v, mask, *a, **kw)
+        return f
+
+    monkeypatch.setattr(mod, "eager_attention_forward", spy("eager", mod.eager_attention_forward))
+    for impl in seen:
+        eng = load_engine(tiny_manifest(arch, tmp_path, attn_implementation=impl))
+        seen[impl].clear()  # the layout probe's forward
+        if impl == "grouped":  # after load_engine, which registers the kernel itself
+            monkeypatch.setitem(AttentionInterface._global_mapping, "grouped", spy("grouped", grouped_attention))
+        cache = eng.new_cache()
+        eng.forward(cache, eng.prefix_ids("a prefix longer than every sliding window of the zoo: 0123456789"))
+        eng.forward(cache, eng.encode("and a query"))
+    assert len(seen["grouped"]) == len(seen["eager"]) > 0
+    assert any(m is not None and m.shape[-2] > 1 for m in seen["grouped"])  # multi-token forwards are masked
+    for want, got in zip(seen["eager"], seen["grouped"]):
+        assert (want is None and got is None) or torch.equal(want, got)
+
+
+def test_models_it_does_not_reproduce_are_refused():
+    from transformers import GPT2Config, GPTJConfig
+
+    from kvgraft_cli.engine.attention import check_supported
+
+    check_supported(GPT2Config())
+    with pytest.raises(UnsupportedModel, match="'gptj'"):
+        check_supported(GPTJConfig())
+    with pytest.raises(UnsupportedModel, match="reorder_and_upcast_attn"):
+        check_supported(GPT2Config(reorder_and_upcast_attn=True))
+
+
 def test_graft_is_byte_equal_under_grouped_across_the_zoo(tmp_path):
     """The exactness matrix with --attn grouped: every architecture of the zoo, float32 and bfloat16."""
     from transformers import AttentionInterface

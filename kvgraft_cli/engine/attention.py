@@ -23,6 +23,11 @@ from typing import Any
 NAME = "grouped"
 # Keyword arguments some architectures pass that change the arithmetic and that this kernel does not implement.
 _UNSUPPORTED = ("sinks", "s_aux", "position_bias", "head_mask")
+# Model types whose own eager attention is the arithmetic above (read in transformers 5.24's modeling files; the
+# zoo's architectures, tests/test_attention.py). Others may compute Q·K in float32 (GPT-J, CodeGen), add sinks or
+# biases: grouped refuses them rather than compute something else under their name.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma4_text", "phi3", "olmo2",
+                         "gpt2")
 
 
 def grouped_attention(module: Any, query, key, value, attention_mask, scaling: float | None = None,
@@ -60,12 +65,30 @@ def grouped_attention(module: Any, query, key, value, attention_mask, scaling: f
         weights = weights + attention_mask
     weights = torch.nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
-    out = torch.matmul(weights.view(b, kv_heads, group * q_len, -1), value).view(b, heads, q_len, dim)
+    out = torch.matmul(weights.view(b, kv_heads, group * q_len, -1), value).view(b, heads, q_len, value.shape[-1])
     return out.transpose(1, 2).contiguous(), weights
 
 
+def check_supported(config) -> None:
+    """Refuse a model whose eager attention is not the arithmetic this kernel does (UnsupportedModel, naming it)."""
+    from ..errors import UnsupportedModel
+
+    text = config.get_text_config()
+    model_type = getattr(text, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES or getattr(text, "reorder_and_upcast_attn", False):
+        raise UnsupportedModel(f"attention implementation {NAME!r} is not offered for model type {model_type!r}"
+                               + (" with reorder_and_upcast_attn" if model_type in SUPPORTED_MODEL_TYPES else ""),
+                               f"grouped reproduces the eager attention of {', '.join(SUPPORTED_MODEL_TYPES)}; "
+                               "use attn_implementation: eager")
+
+
 def register() -> None:
-    """Make ``grouped`` an attention implementation transformers can load a model with (idempotent)."""
+    """Make ``grouped`` an attention implementation transformers can load a model with (idempotent): the kernel,
+    and for its masks eager's (an additive float mask, causal and sliding-window as the model asks). Without the
+    second, transformers builds no mask for an implementation it does not know, and every forward of more than one
+    token would attend to the tokens after it."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
     AttentionInterface.register(NAME, grouped_attention)
+    AttentionMaskInterface.register(NAME, eager_mask)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import determinism
-from .attention import NAME as GROUPED, register as register_grouped
+from .attention import NAME as GROUPED, check_supported as check_grouped, register as register_grouped
 from ..artifacts.format import LayerState
 from .determinism import Drift
 from ..errors import InputError, UnsupportedModel
@@ -404,6 +404,8 @@ def engine_from_model(manifest: Manifest, model: Any, tokenizer: Any, device: An
     """An Engine around a model already on ``device`` (pins applied, torch configured by
     determinism.configure_torch): records the environment in force and probes the cache layout. load_engine ends
     here, and so does a model built in memory rather than read from a checkpoint directory."""
+    if manifest.data["model"]["attn_implementation"] == GROUPED:
+        check_grouped(model.config)
     model.eval()
     engine = Engine(manifest, model, tokenizer, device, hashes, drift, {})
     engine.environment = determinism.effective_environment(manifest.data["runtime"], device)

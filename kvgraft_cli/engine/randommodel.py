@@ -34,11 +34,13 @@ def random_engine(name: str, config, workdir: Path, *, device: str, dtype: str, 
     # The files a checkpoint's hash covers (config.modelhash), the weights replaced by how they were drawn.
     files = {n: sha256_file(model_dir / n) for n in (*CONFIG_FILES, *TOKENIZER_FILES) if (model_dir / n).is_file()}
     tok = {n: h for n, h in files.items() if n in TOKENIZER_FILES}
-    files["(weights)"] = sha256_bytes(f"random, torch.manual_seed({seed}), {dtype}, drawn on {device}, "
+    # A GPU's random numbers depend on its launch grid (its number of SMs): the GPU's name is part of the draw.
+    gpu = determinism.visible_gpu_name() if device == "cuda" else None
+    files["(weights)"] = sha256_bytes(f"random, torch.manual_seed({seed}), {dtype}, drawn on {gpu or device}, "
                                       f"torch {torch.__version__}".encode())
     hashes = ModelHashes(sha256_bytes(listing(files).encode()), sha256_bytes(listing(tok).encode()), files)
     data = make_manifest(str(model_dir), hashes.model_sha256, hashes.tokenizer_sha256, profile=profile,
-                         device=device, dtype=dtype, threads=threads,
+                         device=device, dtype=dtype, threads=threads, gpu_name=gpu,
                          name=f"random-{name}-{dtype}-{profile}-{device}")
     (workdir / f"{name}.yaml").write_text(dump_yaml(data), encoding="utf-8")
     manifest = load_manifest(workdir / f"{name}.yaml")

@@ -63,7 +63,7 @@ for ident in sha256 sha256-tree; do
   for spec in "bfloat16 8192" "float32 8192"; do
     set -- $spec
     timeout 60 python3 scripts/bench_device_restore.py --device cuda --dtype $1 --tokens $2 --identity $ident \
-      --repeat 5 | tee -a "$OUT/bench-device-restore.txt"; echo "rc=$?"
+      --repeat 5 | tee -a "$OUT/bench-device-restore.txt"; echo "rc=${PIPESTATUS[0]}"
   done
 done
 fi  # GPU_RESTORE

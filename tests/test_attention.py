@@ -59,12 +59,13 @@ def test_the_arithmetic_is_eagers(heads, kv_heads, q_len, keys, softcap):
         assert torch.equal(got, want), (dtype, heads, kv_heads, q_len, keys, softcap)
 
 
-def test_what_it_does_not_implement_is_refused():
+@pytest.mark.parametrize("kwarg", ["sinks", "s_aux", "position_bias", "head_mask"])
+def test_what_it_does_not_implement_is_refused(kwarg):
     import torch
 
     q, k, v, mask = _inputs(4, 2, 2, 5, torch.float32)
-    with pytest.raises(UnsupportedModel, match="does not implement sinks"):
-        grouped_attention(_Module(4, 2), q, k, v, mask, scaling=0.125, sinks=torch.zeros(4))
+    with pytest.raises(UnsupportedModel, match=f"does not implement {kwarg}"):
+        grouped_attention(_Module(4, 2), q, k, v, mask, scaling=0.125, **{kwarg: torch.zeros(4)})
     with pytest.raises(UnsupportedModel, match="do not group"):
         grouped_attention(_Module(4, 2), q[:, :3], k, v, mask, scaling=0.125)
 

@@ -33,10 +33,9 @@ QUERY = list(range(100, 116))
 
 def _engine(dtype: str):
     """The SmolLM-135M-shaped model under the native profile, with the grouped kernel registered."""
-    from kvgraft_cli.config.profiles import profile_env
-    from kvgraft_cli.engine import determinism
+    from kvgraft_cli.engine.determinism import pin_profile
 
-    determinism.apply_environment({"env": profile_env("native", "cpu")}).enforce(False, "native")
+    pin_profile("native", "cpu")
     from bench_graft import _smol_config
     from kvgraft_cli.engine.attention import register
     from kvgraft_cli.engine.randommodel import random_engine

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -57,10 +56,9 @@ def main() -> None:
 
     # The kernel flags before torch is imported; then the model is drawn on the device itself (engine.randommodel):
     # an 8B model never goes through the host or a disk, which on a lent GPU takes minutes of its time.
-    from kvgraft_cli.config.profiles import profile_env
-    from kvgraft_cli.engine import determinism
+    from kvgraft_cli.engine.determinism import pin_profile
 
-    determinism.apply_environment({"env": profile_env(args.profile, args.device)}).enforce(False, args.profile)
+    pin_profile(args.profile, args.device)
     from kvgraft_cli.engine.randommodel import random_engine
 
     config = _config(args.model)

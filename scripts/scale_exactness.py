@@ -111,12 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON object per shape on stdout")
     args = ap.parse_args(argv)
 
-    # The profile's kernel flags before torch is imported (runs.matrix.run_profile does the same).
-    from kvgraft_cli.config.profiles import profile_env
-    from kvgraft_cli.engine import determinism
+    # The profile's kernel flags before torch is imported.
+    from kvgraft_cli.engine.determinism import pin_profile
 
-    determinism.apply_environment({"env": profile_env(args.profile, args.device)}).enforce(
-        False, f"profile {args.profile}")
+    pin_profile(args.profile, args.device)
     import torch
 
     from kvgraft_cli.engine.randommodel import random_engine

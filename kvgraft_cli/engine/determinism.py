@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config.profiles import KNOWN_BIT_ENV
+from ..config.profiles import KNOWN_BIT_ENV, profile_env
 from ..errors import DeviceError, DriftError, engine_not_installed
 
 @dataclass
@@ -76,6 +76,12 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def pin_profile(profile: str, device: str = "cpu") -> None:
+    """Apply a kernel-flag profile's environment before torch is imported (for code that builds its own models: the
+    matrix, the benchmarks, the check at scale); DriftError if torch was already imported with other values."""
+    apply_environment({"env": profile_env(profile, device)}).enforce(False, f"profile {profile}")
 
 
 def configure_torch(runtime: dict[str, Any], drift: Drift) -> Any:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..artifacts import format as kvg
-from ..config.profiles import DTYPES, PROFILES, profile_env
+from ..config.profiles import DTYPES, PROFILES
 from ..engine import determinism
 from ..engine.zoo import ARCHS, tiny_manifest
 from ..engine.engine import Engine, load_engine, tensor_sha256
@@ -137,8 +137,7 @@ def run_profile(profile: str, workdir: Path, archs: list[str], dtypes: list[str]
                 on_cell=None) -> list[Cell]:
     """Every arch x dtype cell under one profile, in this process. Pins the profile's environment first."""
     check_selection(archs, dtypes, [profile], schedule)
-    drift = determinism.apply_environment({"env": profile_env(profile, device)})
-    drift.enforce(False, f"profile {profile}")  # torch imported earlier with other flags: refuse, never mislabel
+    determinism.pin_profile(profile, device)  # torch imported earlier with other flags: refuse, never mislabel
     try:
         import torch  # noqa: F401  (after the pins, on purpose)
         import transformers  # noqa: F401

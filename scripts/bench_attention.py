@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 IMPLS = ("eager", "grouped")
 QUERY = list(range(100, 116))
+_WORKDIR = tempfile.TemporaryDirectory()  # the drawn models' config and manifest, removed when the process ends
 
 
 def _engine(dtype: str):
@@ -41,7 +42,7 @@ def _engine(dtype: str):
     from kvgraft_cli.engine.randommodel import random_engine
 
     register()
-    return random_engine("smol", _smol_config(), Path(tempfile.mkdtemp()), device="cpu", dtype=dtype,
+    return random_engine("smol", _smol_config(), Path(_WORKDIR.name) / dtype, device="cpu", dtype=dtype,
                          profile="native")
 
 
@@ -54,7 +55,8 @@ def _states(eng, tokens: int, room: bool = False):
     from kvgraft_cli.engine.growcache import with_room
 
     cfg = eng.model.config
-    shape = (1, cfg.num_key_value_heads, tokens, cfg.hidden_size // cfg.num_attention_heads)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    shape = (1, cfg.num_key_value_heads, tokens, head_dim)
     g = torch.Generator().manual_seed(tokens)
     dt = eng.model.dtype
     states = []

@@ -1,7 +1,7 @@
 """Benchmark: what a deposit costs beyond the prefill it cannot avoid, over a batch of real MATH-500 problems.
 
 Builds a random-weight model from a config (no download; SmolLM-135M's shape, as bench_graft.py and
-bench_restore.py do), then for each of the first --problems verified MATH-500 problems (../shared/data/math500.jsonl,
+bench_restore.py do), then for each of the first --problems verified MATH-500 problems (data/math500/math500.jsonl,
 read in place; problem + worked solution as the prefix, as `kvgraft deposit` renders it) measures, side by side in
 this one process and alternating problem by problem:
 
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MATH500 = REPO.parent / "shared" / "data" / "math500.jsonl"
+MATH500 = REPO / "data" / "math500" / "math500.jsonl"
 
 
 def main() -> None:

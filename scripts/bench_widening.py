@@ -18,7 +18,7 @@ Usage:
 
 The fill: problems generated from a seed (a running sum, a polynomial by Horner's rule, a product modulo m; each
 statement and worked solution 1,000-1,400 characters, the tokenizer is byte-level: about a token a character)
-with real MATH problems mixed in (every 7th problem, from ../shared/data/math500.jsonl when present, those whose
+with real MATH problems mixed in (every 7th problem, from data/math500/math500.jsonl when present, those whose
 worked solution states a final answer). Every solution is checked by kvgraft's own verify_solution; each store is
 the first problems of the same deposit order until it holds its size in tokens, deposited by runs.deposit.deposit
 (the default manifest, one engine, chunks of --chunk problems written under STORE_ROOT/inputs/ so each ledger line
@@ -45,7 +45,7 @@ from pathlib import Path
 os.environ["KVGRAFT_VERIFIED_CACHE"] = "0"
 
 REPO = Path(__file__).resolve().parent.parent
-MATH500 = REPO.parent / "shared" / "data" / "math500.jsonl"
+MATH500 = REPO / "data" / "math500" / "math500.jsonl"
 MATH500_EVERY = 7  # every 7th problem of the order is a MATH problem (while there are unused ones)
 
 CONTEXTS = [

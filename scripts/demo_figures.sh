@@ -2,13 +2,13 @@
 # The README's flywheel figures on the demo model, measured in one run (CPU; nothing downloaded):
 #   bash scripts/demo_figures.sh [OUTDIR]
 # 1. the demo library and queries (examples/demo): recurring questions and new instances of synthetic families;
-# 2. MATH-500 (../shared/data/math500.jsonl): its 500 worked solutions as the library, the same 500 problems asked
+# 2. MATH-500 (data/math500/math500.jsonl): its 500 worked solutions as the library, the same 500 problems asked
 #    again (the recurring case);
 # each with `solve --compare` (baseline and library side by side), `score`, `store stats` and `verify`.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-demo-figures}
-math500=${MATH500:-$here/../shared/data/math500.jsonl}
+math500=${MATH500:-$here/data/math500/math500.jsonl}
 mkdir -p "$out" && cd "$out"
 demo=(-m "$here/kvgraft_cli/data/demo.yaml" --store demo-store --ledger demo-ledger.jsonl)
 kvgraft deposit "$here/examples/demo/library.jsonl" "${demo[@]}" --json > demo-deposit.json

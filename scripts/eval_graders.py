@@ -15,7 +15,7 @@ Every pair is graded with the reference as gold:
 and the verdict digest is compared across two processes with different hash seeds (--seed-check).
 
 Usage (math-verify installed, e.g. pip install 'kvgraft[mathverify]'):
-    python scripts/eval_graders.py [--data ../shared/data/math500.jsonl] [--shifts 5] [--seed-check] [--json]
+    python scripts/eval_graders.py [--data data/math500/math500.jsonl] [--shifts 5] [--seed-check] [--json]
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def evaluate(data: Path, shifts: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "math500.jsonl")
+    ap.add_argument("--data", type=Path, default=REPO / "data" / "math500" / "math500.jsonl")
     ap.add_argument("--shifts", type=int, default=5, help="wrong pairs: problem i against i+1 .. i+SHIFTS")
     ap.add_argument("--seed-check", action="store_true", help="re-run in two processes with other hash seeds")
     ap.add_argument("--json", action="store_true")

@@ -30,8 +30,8 @@ _atexit.register(_shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "problems.jsonl"
-SHARED = REPO.parent / "shared"
-MATH500 = SHARED / "data" / "math500.jsonl"
+VECTORS = REPO / "tests" / "vectors"  # RFC 6962 and RFC 8785 test vectors, committed (tests/vectors/README.md)
+MATH500 = REPO / "data" / "math500" / "math500.jsonl"  # committed (data/math500/README.md)
 
 
 def run_cli(*args: str, cwd: Path, env: dict | None = None, check_rc: int | None = None) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""RFC 8785 canonical JSON: every pair in ../shared/vectors/jcs, and the ledger's fast path agrees with it."""
+"""RFC 8785 canonical JSON: every pair in tests/vectors/jcs, and the ledger's fast path agrees with it."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from conftest import SHARED
+from conftest import VECTORS
 from kvgraft_cli.util.hashing import canonical_json
 from kvgraft_cli.audit.verify import canonical_line
 
-JCS = SHARED / "vectors" / "jcs"
+JCS = VECTORS / "jcs"
 NAMES = sorted(p.stem for p in (JCS / "input").glob("*.json"))
 
 

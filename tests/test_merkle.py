@@ -28,7 +28,7 @@ from kvgraft_cli.ledger.merkle import (
     verify_inclusion,
 )
 
-VECTORS = Path(__file__).resolve().parents[1].parent / "shared" / "vectors" / "rfc6962"
+VECTORS = Path(__file__).resolve().parent / "vectors" / "rfc6962"
 
 # Where these vectors and kvgraft's verifier knowingly disagree (path relative to VECTORS -> why). Each such vector
 # must still fail the way kvgraft decides, with this text in the error.

@@ -235,6 +235,23 @@ class Store:
             self._db.execute("INSERT INTO library_fts(rowid, problem, solution) VALUES (?,?,?)",
                              (cur.lastrowid, library["problem"], library["solution"]))
 
+    def _index_library_rows(self, manifest_sha256: str, rows: list[dict]) -> None:
+        """Measurement only (tests, scripts/bench_retrieval.py): library rows (``problem``, ``solution``, ``answer``,
+        optional ``problem_id``) indexed as recorded, verified entries in one transaction, with artifact rows whose
+        identities are made up and whose objects do not exist. Retrieval reads only these index rows, so it can be
+        measured at any size without a model; grafting one of them would fail (no object)."""
+        from ..eval.problems import normalize_key
+
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            start = self._db.execute("SELECT coalesce(max(rowid), 0) FROM artifacts").fetchone()[0]
+            for i, row in enumerate(rows, start=start + 1):
+                sha = sha256_json({"made_up_row": i, "problem": row["problem"]})
+                self._db.execute("INSERT INTO artifacts VALUES (?,0,0,1,?,?,'',1)", (sha, "0" * 64, manifest_sha256))
+                self._add_library(sha, row.get("problem_id", f"row-{i}"), manifest_sha256, 1, {
+                    "problem_key": problem_key(manifest_sha256, normalize_key(row["problem"])),
+                    "problem": row["problem"], "solution": row["solution"], "answer": row.get("answer")})
+
     def garbage(self, keep: set[str], grace_s: float = 3600.0) -> "Garbage":
         """What ``kvgraft store gc`` may delete: temporary files left by an interrupted write, and objects that no
         index row names and whose hash is not in ``keep`` (the digests the ledgers name), each untouched for at

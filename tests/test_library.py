@@ -9,7 +9,8 @@ import pytest
 
 from kvgraft_cli.eval.problems import normalize_key
 from kvgraft_cli.library.retrieval import find
-from kvgraft_cli.store.local import Store, fts_query, problem_key
+from kvgraft_cli.store import search
+from kvgraft_cli.store.local import Store, problem_key
 
 
 @pytest.fixture
@@ -49,10 +50,11 @@ def test_related_ranks_by_bm25_and_respects_k(store_copy):
     ctx, _, path = store_copy
     with Store(path) as s:
         probe = s._db.execute("SELECT problem FROM library WHERE problem_id = 'gcd-1'").fetchone()[0]
-        hits = s.library_search(probe + " (asked differently)", ctx.manifest.compute_sha256, 3)
+        asked = probe + " (asked differently)"
+        hits = s.library_search(asked, ctx.manifest.compute_sha256, 3)
         assert hits and hits[0].problem_id == "gcd-1" and len(hits) <= 3
         assert [h.score for h in hits] == sorted(h.score for h in hits)  # bm25: lower is better
-        assert s.library_search(probe, ctx.manifest.compute_sha256, 3, min_score=-hits[0].score + 1e-9) == []
+        assert s.library_search(asked, ctx.manifest.compute_sha256, 3, min_score=-hits[0].score + 1e-9) == []
         assert s.library_search("zzzz qqqq", ctx.manifest.compute_sha256, 3) == []
 
 
@@ -61,5 +63,6 @@ def test_any_text_is_a_safe_query(store_copy, text):
     ctx, _, path = store_copy
     with Store(path) as s:
         s.library_search(text, ctx.manifest.compute_sha256, 2)  # never an FTS5 syntax error
-    assert all(part.startswith('"') and part.endswith('"') for part in fts_query(text.split()).split(" OR ") if part)
+    # the query's words are runs of letters and digits, each quoted: no text is FTS5 syntax
+    assert all(w.isalnum() and search.phrase(w) == f'"{w}"' for w in search.words(text))
 

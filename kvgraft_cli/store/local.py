@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..artifacts import format as kvg
+from . import search
 from ..errors import ArtifactError, InputError, StoreError
 from ..util.hashing import sha256_json
 
@@ -62,6 +63,17 @@ CREATE INDEX IF NOT EXISTS library_by_key ON library(problem_key);
 CREATE VIRTUAL TABLE IF NOT EXISTS library_fts USING fts5(problem, solution, content='library',
     content_rowid='rowid', tokenize='unicode61');
 """
+GRAMS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS library_grams (
+    gram INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    entry INTEGER NOT NULL,
+    PRIMARY KEY (gram, size, entry)
+) WITHOUT ROWID;
+"""
+# library_grams: each library problem's four-word sequences (numbers and single letters masked, hashed:
+# store/search.py), the postings that find a problem with bounded work among a million made of the same words; size
+# is how many distinct sequences the problem has, so a sequence's problems are read shortest first.
 # The library is the verified part of the store that `kvgraft solve` reads: one row per verified root artifact,
 # with its problem and solution text. library_fts is an external-content FTS5 index over those rows, written in the
 # same transaction as the row itself (no triggers: a reader never sees one without the other).
@@ -137,6 +149,39 @@ class Store:
                 self._tracks_recording = True
             except sqlite3.OperationalError:
                 pass
+        self._has_grams = self._add_grams_table()
+
+    def _add_grams_table(self) -> bool:
+        """Whether the store has library_grams; a store from before it gets it, filled from its library rows in one
+        transaction (a one-off migration: about a minute a million rows). A store this process cannot write keeps
+        searching without it (words only: the same results on small libraries, less recall on large ones)."""
+        have = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'library_grams'"
+        if self._db.execute(have).fetchone():
+            return True
+        try:
+            with self._db:
+                self._db.execute("BEGIN IMMEDIATE")
+                if not self._db.execute(have).fetchone():  # another process may have added it meanwhile
+                    self._db.execute(GRAMS_SCHEMA.strip().rstrip(";"))
+                    self._fill_grams()
+            return True
+        except sqlite3.OperationalError:
+            return False
+
+    def _fill_grams(self, rows_per_pass: int = 5_000_000) -> None:
+        """Inside the caller's transaction: library_grams filled from every library row, in passes over ranges of
+        the hash, each inserted in key order (appended, not scattered: minutes, not hours, for a million rows)."""
+        n = self._db.execute("SELECT count(*) FROM library").fetchone()[0]
+        parts = max(1, n * 40 // rows_per_pass)  # about 40 sequences a problem
+        for part in range(parts):
+            rows = [(g, len(gs), rowid) for rowid, problem in self._db.execute("SELECT rowid, problem FROM library")
+                    for gs in (search.grams(problem),) for g in gs if ((g + (1 << 63)) * parts) >> 64 == part]
+            rows.sort()
+            self._db.executemany("INSERT OR IGNORE INTO library_grams VALUES (?,?,?)", rows)
+
+    def _add_grams(self, rowid: int, problem: str) -> None:
+        gs = search.grams(problem)
+        self._db.executemany("INSERT OR IGNORE INTO library_grams VALUES (?,?,?)", [(g, len(gs), rowid) for g in gs])
 
     def close(self) -> None:
         self._db.close()
@@ -225,8 +270,10 @@ class Store:
             self._db.execute("BEGIN IMMEDIATE")
             self._add_library(sha256, problem_id, manifest_sha256, num_tokens, library)
 
-    def _add_library(self, sha256: str, problem_id: str, manifest_sha256: str, num_tokens: int, library: dict) -> None:
-        # Inside the caller's transaction: the library row and its full-text row land together or not at all.
+    def _add_library(self, sha256: str, problem_id: str, manifest_sha256: str, num_tokens: int, library: dict,
+                     grams: bool = True) -> None:
+        # Inside the caller's transaction: the library row, its full-text row and its sequences land together or not
+        # at all. ``grams`` False: the caller fills library_grams itself (_fill_grams).
         cur = self._db.execute(
             "INSERT OR IGNORE INTO library VALUES (?,?,?,?,?,?,?,?)",
             (sha256, problem_id, library["problem_key"], manifest_sha256, library["problem"], library["solution"],
@@ -234,12 +281,15 @@ class Store:
         if cur.rowcount:
             self._db.execute("INSERT INTO library_fts(rowid, problem, solution) VALUES (?,?,?)",
                              (cur.lastrowid, library["problem"], library["solution"]))
+            if self._has_grams and grams:
+                self._add_grams(cur.lastrowid, library["problem"])
 
-    def _index_library_rows(self, manifest_sha256: str, rows: list[dict]) -> None:
+    def _index_library_rows(self, manifest_sha256: str, rows: list[dict], grams: bool = True) -> None:
         """Measurement only (tests, scripts/bench_retrieval.py): library rows (``problem``, ``solution``, ``answer``,
         optional ``problem_id``) indexed as recorded, verified entries in one transaction, with artifact rows whose
         identities are made up and whose objects do not exist. Retrieval reads only these index rows, so it can be
-        measured at any size without a model; grafting one of them would fail (no object)."""
+        measured at any size without a model; grafting one of them would fail (no object). Without ``grams`` the
+        rows' sequences are left out of library_grams: a bulk load then fills it once, with :meth:`_fill_grams`."""
         from ..eval.problems import normalize_key
 
         with self._db:
@@ -250,7 +300,8 @@ class Store:
                 self._db.execute("INSERT INTO artifacts VALUES (?,0,0,1,?,?,'',1)", (sha, "0" * 64, manifest_sha256))
                 self._add_library(sha, row.get("problem_id", f"row-{i}"), manifest_sha256, 1, {
                     "problem_key": problem_key(manifest_sha256, normalize_key(row["problem"])),
-                    "problem": row["problem"], "solution": row["solution"], "answer": row.get("answer")})
+                    "problem": row["problem"], "solution": row["solution"], "answer": row.get("answer")},
+                    grams)
 
     def garbage(self, keep: set[str], grace_s: float = 3600.0) -> "Garbage":
         """What ``kvgraft store gc`` may delete: temporary files left by an interrupted write, and objects that no
@@ -382,44 +433,21 @@ class Store:
                                + " ORDER BY l.rowid DESC LIMIT 1", (key,)).fetchone()
         return LibraryHit(*row, None) if row else None
 
-    def library_search(self, text: str, manifest_sha256: str, k: int,
-                       min_score: float | None = None) -> list[LibraryHit]:
-        """The ``k`` verified entries under this compute pin most related to ``text``: FTS5 bm25 over problems and
-        solutions. ``min_score`` keeps hits whose relevance (-bm25, higher is better) is at least that."""
-        query = fts_query(self._rarest(text))
-        if not query or k <= 0:
+    def library_search(self, text: str, manifest_sha256: str, k: int, min_score: float | None = None,
+                       work: search.Work | None = None) -> list[LibraryHit]:
+        """The ``k`` verified entries under this compute pin whose problems are most related to ``text``, by bm25
+        with bounded work whatever the library's size (store/search.py; ``work`` counts it). ``min_score`` keeps
+        hits whose relevance (-bm25, higher is better) is at least that."""
+        if k <= 0:
             return []
-        rows = self._db.execute(
-            "SELECT l.artifact, l.problem_id, l.problem, l.solution, l.answer, l.num_tokens, bm25(library_fts) "
-            "FROM library_fts JOIN library l ON l.rowid = library_fts.rowid" + self._recorded_join +
-            " WHERE library_fts MATCH ? AND l.manifest_sha256 = ?" + self._recorded_only +
-            " ORDER BY bm25(library_fts) LIMIT ?",
-            (query, manifest_sha256, k)).fetchall()
-        hits = [LibraryHit(*r) for r in rows]
+        fetch = ("SELECT l.rowid, l.problem, l.artifact, l.problem_id, l.problem, l.solution, l.answer, l.num_tokens "
+                 "FROM library l" + self._recorded_join + " WHERE l.rowid IN ({ids}) AND l.manifest_sha256 = ?"
+                 + self._recorded_only)
+        hits = [LibraryHit(*row[2:], score) for score, row in search.search(self._db, text, fetch, (manifest_sha256,), work,
+                                                                     self._has_grams)]
         if min_score is not None:
             hits = [h for h in hits if -h.score >= min_score]
         return hits[:k]
-
-    def _rarest(self, text: str) -> list[str]:
-        """The query's most telling words: those in the fewest library documents. Each word's document count is
-        probed with a bounded FTS5 scan (at most COMMON_DOCS rows: a word in more documents counts as common), so
-        the probe costs the same at a thousand entries as at millions. Words are taken rarest first, at most
-        MAX_QUERY_TERMS and, past the first, only while the documents they match stay under MAX_QUERY_DOCS; bm25
-        then ranks just those documents."""
-        words = sorted({w.lower() for w in _WORD.findall(text) if len(w) > 1})[:MAX_PROBED_WORDS]
-        counted = []
-        for w in words:
-            (n,) = self._db.execute("SELECT count(*) FROM (SELECT rowid FROM library_fts WHERE library_fts MATCH ? "
-                                    "LIMIT ?)", (fts_query([w]), COMMON_DOCS)).fetchone()
-            if n:
-                counted.append((n, w))
-        chosen, total = [], 0
-        for n, w in sorted(counted)[:MAX_QUERY_TERMS]:
-            if chosen and (n >= COMMON_DOCS or total + n > MAX_QUERY_DOCS):
-                break
-            chosen.append(w)
-            total += n
-        return chosen
 
     @property
     def _recorded_join(self) -> str:
@@ -451,19 +479,6 @@ class Store:
 
 
 _LIB = "SELECT l.artifact, l.problem_id, l.problem, l.solution, l.answer, l.num_tokens FROM library l"
-_WORD = re.compile(r"[^\W_]+", re.UNICODE)  # letters and digits, as FTS5's unicode61 tokenizer splits
-MAX_PROBED_WORDS = 200  # distinct words of a query that are looked at (a problem statement has far fewer)
-COMMON_DOCS = 1_000  # a word in at least this many library documents tells little
-MAX_QUERY_TERMS = 16
-MAX_QUERY_DOCS = 5_000
-
-
-def fts_query(words: list[str]) -> str:
-    """An FTS5 query matching any of ``words``, each quoted so no text is FTS5 syntax, joined by OR; bm25 ranks
-    the matches."""
-    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
-
-
 def check_chain(links: list[tuple[str, "kvg.Artifact"]], source: str) -> None:
     """Refuse links that do not follow each other: each names the previous one and starts where it ends."""
     pos = 0

@@ -1,5 +1,6 @@
 """What the library holds for a problem, under one compute pin: an exact hit (the same normalized problem text was
-deposited and verified), else the top-k related verified solutions by FTS5 bm25 over problems and solutions."""
+deposited and verified), else the top-k related verified solutions, ranked by bm25 over problems with bounded work
+(store/search.py). docs/RETRIEVAL.md: what the normalization does, and the recall and cost measured up to 1M entries."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ class LibraryHit:
     solution: str
     answer: str | None
     num_tokens: int
-    score: float | None  # bm25 (lower is better, as SQLite's bm25() reports it); None for an exact hit
+    score: float | None  # -relevance (lower is better, as FTS5's bm25; store/search.py); None for an exact hit
 
 
 class Store:
@@ -168,16 +168,15 @@ class Store:
         except sqlite3.OperationalError:
             return False
 
-    def _fill_grams(self, rows_per_pass: int = 5_000_000) -> None:
-        """Inside the caller's transaction: library_grams filled from every library row, in passes over ranges of
-        the hash, each inserted in key order (appended, not scattered: minutes, not hours, for a million rows)."""
-        n = self._db.execute("SELECT count(*) FROM library").fetchone()[0]
-        parts = max(1, n * 40 // rows_per_pass)  # about 40 sequences a problem
-        for part in range(parts):
-            rows = [(g, len(gs), rowid) for rowid, problem in self._db.execute("SELECT rowid, problem FROM library")
-                    for gs in (search.grams(problem),) for g in gs if ((g + (1 << 63)) * parts) >> 64 == part]
-            rows.sort()
-            self._db.executemany("INSERT OR IGNORE INTO library_grams VALUES (?,?,?)", rows)
+    def _fill_grams(self) -> None:
+        """Inside the caller's transaction: library_grams filled from every library row, loaded unsorted into a
+        temporary table and copied in key order (appended, not scattered: minutes, not hours, for a million rows)."""
+        self._db.execute("CREATE TEMP TABLE IF NOT EXISTS grams_load (gram INTEGER, size INTEGER, entry INTEGER)")
+        self._db.executemany("INSERT INTO grams_load VALUES (?,?,?)", (
+            (g, len(gs), rowid) for rowid, problem in self._db.execute("SELECT rowid, problem FROM library")
+            for gs in (search.grams(problem),) for g in gs))
+        self._db.execute("INSERT OR IGNORE INTO library_grams SELECT * FROM grams_load ORDER BY gram, size, entry")
+        self._db.execute("DROP TABLE grams_load")
 
     def _add_grams(self, rowid: int, problem: str) -> None:
         gs = search.grams(problem)
@@ -443,8 +442,8 @@ class Store:
         fetch = ("SELECT l.rowid, l.problem, l.artifact, l.problem_id, l.problem, l.solution, l.answer, l.num_tokens "
                  "FROM library l" + self._recorded_join + " WHERE l.rowid IN ({ids}) AND l.manifest_sha256 = ?"
                  + self._recorded_only)
-        hits = [LibraryHit(*row[2:], score) for score, row in search.search(self._db, text, fetch, (manifest_sha256,), work,
-                                                                     self._has_grams)]
+        ranked = search.search(self._db, text, fetch, (manifest_sha256,), work, self._has_grams)
+        hits = [LibraryHit(*row[2:], score) for score, row in ranked]
         if min_score is not None:
             hits = [h for h in hits if -h.score >= min_score]
         return hits[:k]

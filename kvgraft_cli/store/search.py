@@ -9,11 +9,12 @@ How (over problems only; solutions are not matched):
    PROBE_ROWS problems is *rare* and its problems are read; a word in more is *common*, and only that is known.
 2. Its word sequences: every four consecutive words with numbers and single letters masked (:func:`grams`, so a new
    instance of a problem, other numbers or other variable names, has the same sequences), hashed, each looked up in
-   the ``library_grams`` table: at most :data:`MAX_GRAMS` sequences, for each the first GRAM_ROWS problems that
-   hold it and have at least half as many sequences as the query, shortest first, in one statement that scores each
-   problem by the share of sequences it has in common with the query (shared / union). A problem's sequences are
-   rare even when all its words are common, and a problem that says the query's sentence and more comes after the
-   one that says just it: that is what finds the source among a million problems made of the same sentences.
+   the ``library_grams`` table: at most :data:`MAX_GRAMS` sequences, for each the GRAM_ROWS problems that hold it
+   and have the nearest number of sequences to the query's (half at or above it, half below), in one statement that
+   scores each problem by the share of sequences it has in common with the query (shared / union). A problem's
+   sequences are rare even when all its words are common, and a problem that says the query's sentence and more
+   comes after the one that says just it: that is what finds the source among a million problems made of the same
+   sentences.
 3. Candidates are ordered by that share, then rare-word weight; the first RANK_ROWS are read and ranked by
    bm25 (FTS5's formula: k1 = 1.2, b = 0.75, idf = ln((N - n + 0.5) / (n + 0.5)), at least 1e-6) over the query's
    words, N and the mean problem length from FTS5's own totals record, n capped at PROBE_ROWS for common words.
@@ -136,17 +137,19 @@ def _rows(db: sqlite3.Connection, match: str, work: Work) -> list[int]:
 
 
 def _shared_sequences(db: sqlite3.Connection, hashes: list[int], size: int, work: Work) -> dict[int, float]:
-    """The RANK_ROWS library rows most like the query by sequences: for each of ``hashes``, the first GRAM_ROWS
-    problems holding it with at least half the query's ``size`` (its distinct sequences), shortest first; each
-    problem's share of sequences with the query (shared / union, 1.0 for the same sequences). One statement, which
-    also reports the rows it read."""
+    """The RANK_ROWS library rows most like the query by sequences: for each of ``hashes``, the GRAM_ROWS problems
+    holding it whose count of distinct sequences is nearest the query's ``size`` (half from ``size`` up, half from
+    just below it down); each problem's share of sequences with the query (shared / union, 1.0 for the same
+    sequences). One statement, which also reports the rows it read."""
     if not hashes:
         return {}
     work.statements += 1
-    one = "SELECT entry, size FROM (SELECT entry, size FROM library_grams WHERE gram = ? AND size >= ? LIMIT ?)"
+    up = "SELECT * FROM (SELECT entry, size FROM library_grams WHERE gram = ? AND size >= ? ORDER BY size LIMIT ?)"
+    down = "SELECT * FROM (SELECT entry, size FROM library_grams WHERE gram = ? AND size < ? ORDER BY size DESC LIMIT ?)"
     sql = ("SELECT entry, count(*) * 1.0 / (? + max(size) - count(*)) AS j, sum(count(*)) OVER () FROM ("
-           + " UNION ALL ".join([one] * len(hashes)) + ") GROUP BY entry ORDER BY j DESC, entry LIMIT ?")
-    args = [size] + [v for h in hashes for v in (h, (size + 1) // 2, GRAM_ROWS)] + [RANK_ROWS]
+           + " UNION ALL ".join([up, down] * len(hashes)) + ") GROUP BY entry ORDER BY j DESC, entry LIMIT ?")
+    half = GRAM_ROWS // 2
+    args = [size] + [v for h in hashes for v in (h, size, half, h, size, half)] + [RANK_ROWS]
     rows = db.execute(sql, args).fetchall()
     work.rows_read += rows[0][2] if rows else 0
     return {r[0]: r[1] for r in rows}

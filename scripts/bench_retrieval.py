@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 PIN = "ab" * 32
 HELD_OUT = 100
 BATCH = 10_000
-VERSION = "v2"  # of the library a cache holds: bump when fill() changes
+VERSION = "v3"  # of the library a cache holds: bump when fill() changes
 
 
 def corpus(seed: int = 0) -> tuple[list[dict], list[dict]]:

@@ -22,8 +22,8 @@ from kvgraft_cli.store.local import Store
 STATEMENTS = 35  # totals + 32 word probes + 1 sequence lookup + 1 fetch of the ranked rows
 ROWS_READ = 32 * 256 + 32 * 256  # 32 words and 32 sequences, 256 index rows each
 RANKED = 64
-# SQLite's instructions, FTS5's own segment lookups included (measured: at most 52,500 at 1,000 entries,
-# 195,700 at 20,000, 487,900 at 1,000,000 in the benchmark): the rows behind them are capped above; FTS5's
+# SQLite's instructions, FTS5's own segment lookups included (measured: at most 51,900 at 1,000 entries,
+# 199,000 at 20,000; 487,900 at 1,000,000 in the benchmark): the rows behind them are capped above; FTS5's
 # lookups grow with its index segments (6 at 10,000 entries, 12 at 1,000,000)
 VM_STEPS = 600_000
 

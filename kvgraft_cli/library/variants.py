@@ -134,11 +134,12 @@ def sentences(text: str) -> list[str]:
 
 def filler(pool: list[list[str]], vocabulary: list[str], rng: random.Random, swap: float = 0.3) -> str:
     """A problem-like text: one sentence from each of two or three different problems of ``pool`` (each problem a
-    list of sentences), every number redrawn, and each word replaced with probability ``swap`` by a word drawn
+    list of sentences; a sentence of at least three words where the problem has one, so that no filler is a single
+    problem's sentence plus a wordless fragment: a twin of that problem with other numbers), every number redrawn, and each word replaced with probability ``swap`` by a word drawn
     from ``vocabulary`` (a list with repeats, so common words are drawn often). It reads like a problem and shares
     most of its words, and whole sentences, with real ones; it is the same as none of them."""
     picks = rng.sample(range(len(pool)), rng.choice((2, 2, 3)))
-    parts = [rng.choice(pool[i]) for i in picks]
+    parts = [rng.choice([s for s in pool[i] if len(re.findall(r"[A-Za-z]{2,}", s)) >= 3] or pool[i]) for i in picks]
     text = " ".join(parts)
     text = _NUMBER.sub(lambda m: _other_number(m.group(), rng), text)
     return re.sub(r"[A-Za-z]{2,}", lambda m: rng.choice(vocabulary) if rng.random() < swap else m.group(), text)

@@ -50,7 +50,8 @@ _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 
 @dataclass
 class Work:
-    """What one search did: statements run, index rows read by the probes and AND queries, problems ranked."""
+    """What one search did: its own statements, index rows read by the word probes and the sequence lookup, problems
+    ranked."""
 
     statements: int = 0
     rows_read: int = 0

@@ -16,7 +16,7 @@ from ._output import cell, err, out, print_json, table
 def solve(
     problems: Path = typer.Argument(..., help="JSON Lines file, one problem per line (same mapping as deposit; a solution field is not needed)."),
     k: int = typer.Option(1, "--k", min=1, callback=at_most_max_count, help="How many related solutions to graft (as one chain) when there is no exact hit."),
-    min_score: Optional[float] = typer.Option(None, "--min-score", help="Graft related solutions only when their relevance (-bm25) is at least this."),
+    min_score: Optional[float] = typer.Option(None, "--min-score", help="Graft related solutions only when their relevance (bm25 x (1 + shared word sequences), docs/RETRIEVAL.md) is at least this; off by default (measured there)."),
     no_library: bool = typer.Option(False, "--no-library", help="The baseline: the same problems with nothing grafted."),
     compare: bool = typer.Option(False, "--compare", help="Run the baseline and the library run, and print both with the ratios."),
     deposit_verified: bool = typer.Option(False, "--deposit-verified", help="Deposit each answer that matches the reference as a verified library entry."),

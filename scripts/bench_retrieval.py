@@ -66,10 +66,12 @@ def fill(store: Store, n: int, library: list[dict], seed: int = 0) -> None:
         for i in range(start, min(n, start + BATCH)):
             src = slots.get(i)
             if src is not None:
-                rows.append({"problem": src["question"], "solution": src["answer"], "problem_id": src["id"]})
+                rows.append({"problem": src["question"], "solution": src["answer"], "problem_id": src["id"],
+                             "problem_key": problem_key(PIN, normalize_key(src["question"]))})
                 continue
             sol = " ".join(rng.choice(solutions))
-            rows.append({"problem": filler(pool, vocabulary, rng), "problem_id": f"f{i}",
+            text = filler(pool, vocabulary, rng)
+            rows.append({"problem": text, "problem_key": problem_key(PIN, normalize_key(text)), "problem_id": f"f{i}",
                          "solution": change_all_numbers(sol, rng) or sol})
         store._index_library_rows(PIN, rows, grams=False)
     with store._db:  # the sequence index in one sorted bulk load, as a store from before it is migrated

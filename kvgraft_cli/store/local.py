@@ -284,13 +284,11 @@ class Store:
                 self._add_grams(cur.lastrowid, library["problem"])
 
     def _index_library_rows(self, manifest_sha256: str, rows: list[dict], grams: bool = True) -> None:
-        """Measurement only (tests, scripts/bench_retrieval.py): library rows (``problem``, ``solution``, ``answer``,
-        optional ``problem_id``) indexed as recorded, verified entries in one transaction, with artifact rows whose
-        identities are made up and whose objects do not exist. Retrieval reads only these index rows, so it can be
+        """Measurement only (tests, scripts/bench_retrieval.py): library rows (``problem``, its ``problem_key``,
+        ``solution``, optional ``answer`` and ``problem_id``) indexed as recorded, verified entries in one
+        transaction, with artifact rows whose identities are made up and whose objects do not exist. Retrieval reads only these index rows, so it can be
         measured at any size without a model; grafting one of them would fail (no object). Without ``grams`` the
         rows' sequences are left out of library_grams: a bulk load then fills it once, with :meth:`_fill_grams`."""
-        from ..eval.problems import normalize_key
-
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             start = self._db.execute("SELECT coalesce(max(rowid), 0) FROM artifacts").fetchone()[0]
@@ -298,7 +296,7 @@ class Store:
                 sha = sha256_json({"made_up_row": i, "problem": row["problem"]})
                 self._db.execute("INSERT INTO artifacts VALUES (?,0,0,1,?,?,'',1)", (sha, "0" * 64, manifest_sha256))
                 self._add_library(sha, row.get("problem_id", f"row-{i}"), manifest_sha256, 1, {
-                    "problem_key": problem_key(manifest_sha256, normalize_key(row["problem"])),
+                    "problem_key": row["problem_key"],
                     "problem": row["problem"], "solution": row["solution"], "answer": row.get("answer")},
                     grams)
 

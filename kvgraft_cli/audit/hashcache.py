@@ -22,22 +22,10 @@ from pathlib import Path
 
 from ..artifacts.payload import kvg_payload_sha256
 from ..errors import ArtifactError
-from ..util.fsio import atomic_write_bytes
+from ..util.fsio import atomic_write_bytes, user_cache_dir
 from ..util.hashing import sha256_file
 
 CACHE_NAME = ".kvgraft-verify-cache.json"  # where earlier versions kept it, beside the ledger: no longer read or written
-
-
-def user_cache_dir() -> Path | None:
-    """kvgraft's folder in the user's cache directory: ``$XDG_CACHE_HOME/kvgraft`` when that is an absolute path
-    (the XDG Base Directory rule: a relative one is ignored), else ``~/.cache/kvgraft``; None without a home."""
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    if os.path.isabs(xdg):
-        return Path(xdg) / "kvgraft"
-    try:
-        return Path.home() / ".cache" / "kvgraft"
-    except RuntimeError:  # no HOME and no passwd entry: run without a cache
-        return None
 
 
 def default_cache_path(ledger: Path) -> Path | None:

@@ -452,10 +452,8 @@ _CLAIM_HINT = ("a listing may claim only what its provenance lines record; ask t
 def _check_texts_bind(tok, p: Problem, f: fmt.ObjectFacts, where: str) -> None:
     """The library row's prefix, rendered with the receiving manifest's template as deposit renders it, must
     tokenize to exactly the artifact's token ids."""
-    from .deposit import render_prefix
-
     try:
-        ids = tok.prefix_ids(render_prefix(tok.manifest.data["prompt"]["prefix"], p), where=where)
+        ids = tok.prefix_ids(tok.prompts.root_text(p.fields()), where=where)
     except InputError as e:
         raise ArtifactError(f"{where}: the library row's texts cannot be this artifact's prefix ({e.message})",
                             _CLAIM_HINT) from None
@@ -474,7 +472,9 @@ def _prefix_tokenizer(manifest):
 
     from ..config.modelhash import tokenizer_sha256
     from ..engine.engine import Engine
+    from ..engine.gguf import materialize
 
+    materialize(manifest)
     model_dir = manifest.model_dir
     want = manifest.data["model"]["tokenizer_sha256"]
     try:

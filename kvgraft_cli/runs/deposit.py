@@ -148,7 +148,7 @@ def engine_facts(ctx: RunContext, engine: Engine) -> dict:
 
 def prefix_job(ctx: RunContext, engine: Engine, p: Problem, *, where: str) -> list[int]:
     """A problem's prefix token ids (InputError naming ``where:line`` for one the model cannot hold)."""
-    return engine.prefix_ids(render_prefix(ctx.manifest.data["prompt"]["prefix"], p), where=f"{where}:{p.line}")
+    return engine.prefix_ids(engine.prompts.root_text(p.fields()), where=f"{where}:{p.line}")
 
 
 def compute_deposit(m, engine: Engine, store: Store, p: Problem, ids: list[int], recompute: bool, level: int,

@@ -150,7 +150,7 @@ def graft_generate(ctx: RunContext, engine: Engine, ref: Loaded | str | None, qu
                    max_new_tokens: int) -> GraftResult:
     """Restore the artifact, run the rendered query, greedy-decode up to ``max_new_tokens`` (stops at EOS)."""
     loaded = fit_artifact(ref, ctx, engine)
-    suffix = engine.encode(ctx.manifest.data["prompt"]["query"].format(query=query), where="--query")
+    suffix = engine.encode(engine.prompts.question_text(query), where="--query")
     limit = engine.max_positions
     if limit and len(loaded.token_ids) + len(suffix) > limit:
         raise InputError(f"--query: {len(loaded.token_ids):,} prefix tokens + {len(suffix):,} query tokens exceed the "
@@ -288,7 +288,7 @@ def graft_check(ctx: RunContext, engine: Engine, ref: Loaded | str | None, sampl
     del fresh_cache, reproduced_payload
     fresh_hashes, suffix_hashes = [], []
     for i, text in enumerate(check_suffixes(ctx.manifest.data["runtime"]["seed"], samples)):
-        suffix = engine.encode(ctx.manifest.data["prompt"]["query"].format(query=text))
+        suffix = engine.encode(engine.prompts.question_text(text))
         # Fresh: prefill the prefix from scratch by the manifest's schedule (a chain: link by link, each on the
         # cache of the ones before, as it was deposited), then the suffix, then decode.
         cache_f, _ = prefill_chain(engine, links)

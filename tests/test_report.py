@@ -229,3 +229,57 @@ def test_checkpoint_is_shown(report_ledger, tmp_path):
     assert f"kvgraft-ledger @ {n} lines, signed by lab" in _text((work / "r.html").read_text()), p.stderr
     refused = run_cli("report", "-o", "cp.txt", "--checkpoint", "cp.txt", cwd=work)
     assert refused.returncode == 2 and "kvgraft owns" in refused.stderr
+
+
+def test_the_reference_ledger_with_its_signed_checkpoint(tmp_path):
+    """The project's own ledger: older score lines (score rules 1, no grader recorded) read as the scorer reads them,
+    and the committed checkpoint checked against the committed key."""
+    from conftest import REPO
+
+    ref = REPO / "ledger"
+    p = run_cli("report", str(ref / "reference.jsonl"), "-o", "r.html", "--checkpoint", str(ref / "checkpoint.txt"),
+                "--key", str(ref / "kvgraft.pub"), "--no-plots", "--json", cwd=tmp_path, check_rc=0)
+    data = json.loads(p.stdout)
+    shown = _text((tmp_path / "r.html").read_text())
+    cp = data["verification"]["checkpoint"]
+    assert f"{cp['origin']} @ {cp['size']} lines, signed by {cp['signed_by'][0]}" in shown
+    assert [(s["grader"], s["rules"]) for s in data["scores"]] == [("exact", "1")] * 3
+    assert "rules 1, extractor 1" in shown and len(data["deposits"]) == data["kinds"]["deposit"] == 21
+
+
+def test_values_of_the_wrong_type_are_listed_not_fatal():
+    """A ledger line whose values are not what its kind records is listed with the reason; infinite and NaN values
+    are shown in tables and left out of plots; the page is still drawn (in-process: no CLI)."""
+    import warnings
+    from pathlib import Path
+
+    from kvgraft_cli.audit.verify import VerifyReport
+    from kvgraft_cli.report.collect import collect
+    from kvgraft_cli.report.render import render
+
+    pf = {"path": "p.jsonl", "sha256": "a" * 64}
+    entries = [
+        {"kind": "solve", "inputs": {"problems_file": 5}},
+        {"kind": "solve-outputs", "mode": "library", "inputs": {"problems_file": pf}, "outputs": {"totals": {
+            "accuracy": "inf", "wilson95_low": "nan", "wilson95_high": "-inf", "decode_tokens": 5, "correct": 1,
+            "scored": 2}}},
+        {"kind": "solve-outputs", "mode": "baseline", "inputs": {"problems_file": pf},
+         "outputs": {"totals": {"accuracy": "0.5", "decode_tokens": -3}}},
+        {"kind": "probe", "outputs": {"result": {"offsets": [{"offset": 0, "max_abs_diff": "inf"},
+                                                             {"offset": 3, "max_abs_diff": "nan"},
+                                                             {"offset": 8, "max_abs_diff": "1e-300"}]}}},
+        {"kind": "probe", "outputs": {"result": {"offsets": "x"}}},
+        {"kind": "graft-check", "inputs": {"artifact": "str"}, "outputs": {"result": []}},
+        {"kind": "deposit", "inputs": {"record": {"id": ["x"]}, "token_ids": {"count": True}}},
+        {"kind": "score", "inputs": {"settings": {"rules": ["x"]}}, "outputs": {"result": {"accuracy": {}}}},
+        {"kind": 5}, [1, 2],
+    ]
+    data = "".join(json.dumps(e) + "\n" for e in entries).encode() + b"{torn"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = collect(Path("x.jsonl"), data, VerifyReport("x.jsonl").to_json())
+        page = render(report, True)
+    assert [(s["line"], s["kind"]) for s in report.skipped] == [(5, "probe"), (6, "graft-check"), (7, "deposit"),
+                                                               (8, "score")]
+    assert report.unreadable == [10] and report.kinds["(no kind)"] == 1 and len(report.comparisons) == 1
+    assert page.count("<svg") == 2 and "is not a count" in page and ">inf<" in page  # no per-problem lines: no plot

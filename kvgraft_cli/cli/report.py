@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ..errors import CheckFailed
+from ..errors import CheckFailed, InputError
 from ._common import JSON_OPT, MANIFEST_OPT, ledger_path
 from ._output import err, print_json, printable
 
@@ -25,7 +25,6 @@ def report(
     """Write one self-contained HTML report of a ledger: verification first, then solve comparisons (accuracy with
     Wilson intervals, decode tokens), graft checks, probes, scores and deposits. Plots need pip install
     'kvgraft[report]'. Exit 1 when the ledger does not verify (the report is written and says so)."""
-    from ..errors import InputError
     from ..report import write_report
 
     if key and checkpoint is None:

@@ -225,16 +225,16 @@ def _solve_run(line: int, e: dict, models: _Models, pending: list[tuple[int, dic
     settings = inputs.get("settings")
     problems = []
     for pline, p in pending:
-        pin = _obj(p.get("inputs"), "inputs")
-        if _digest(pin.get("problems_file"))["sha256"] != problems_file["sha256"] or pin.get("settings") != settings:
-            continue
         try:
+            pin = _obj(p.get("inputs"), "inputs")
+            if _digest(pin.get("problems_file"))["sha256"] != problems_file["sha256"] or pin.get("settings") != settings:
+                continue
             costs = _obj(_obj(p.get("outputs"), "outputs").get("costs"), "outputs.costs")
             problems.append({"line": pline, "id": text(_obj(pin.get("record"), "inputs.record").get("id")),
                              "hit": text(_obj(pin.get("library"), "inputs.library").get("hit")),
                              "decode_tokens": count(costs.get("decode_tokens"))})
         except Malformed:
-            continue
+            continue  # a solve line that is not what its kind records: not drawn (its run's totals still are)
     mode = text(e.get("mode")) or ("library" if _obj(settings, "inputs.settings").get("library") else "baseline")
     return {"line": line, "mode": mode, "problems_file": problems_file, "outputs": _digest(outputs.get("outputs")),
             "problems": count(totals.get("problems")), "correct": count(totals.get("correct")),
@@ -305,17 +305,19 @@ def _probe(line: int, e: dict, models: _Models) -> dict[str, Any]:
 
 
 def _score(line: int, e: dict) -> dict[str, Any]:
+    from ..eval.scoring import ScoreSettings
+
     inputs = _obj(e.get("inputs"), "inputs")
     settings = _obj(inputs.get("settings"), "inputs.settings")
     outputs = _obj(e.get("outputs"), "outputs")
     result = _obj(outputs.get("result"), "outputs.result")
+    # How it was scored, read as the scorer (and `verify`) reads it: an entry without rules predates score rules 2
+    # and was scored by rules 1 with the exact grader.
+    how = ScoreSettings.from_recorded(settings, result)
     return {"line": line, "outputs": _digest(inputs.get("outputs")), "answers": _digest(inputs.get("answers")),
-            "records": _digest(outputs.get("records")),
-            "grader": text(settings.get("grader") or result.get("grader")),
-            "grader_version": text(settings.get("grader_version") or result.get("grader_version")),
-            "rules": text(settings.get("rules") or result.get("rules") or "1"),
-            "extractor_version": text(settings.get("extractor_version") or result.get("extractor_version")),
-            "answered_only": settings.get("answered_only") if isinstance(settings.get("answered_only"), bool) else None,
+            "records": _digest(outputs.get("records")), "grader": text(how.grader),
+            "grader_version": text(how.grader_version), "rules": text(how.rules),
+            "extractor_version": text(how.extractor_version), "answered_only": how.answered_only,
             "n": count(result.get("n")), "correct": count(result.get("correct")),
             "answered": count(result.get("answered")), "unanswered": count(result.get("unanswered")),
             "accuracy": num(result.get("accuracy")), "wilson95_low": num(result.get("wilson95_low")),

@@ -11,6 +11,7 @@ mathtext).
 from __future__ import annotations
 
 import io
+import math
 import re
 import textwrap
 from typing import Any, Callable
@@ -56,6 +57,11 @@ def draw(kind: str, item: dict[str, Any], caption: str) -> str:
     return clean_svg(buf.getvalue())
 
 
+def fin(x: float | int | None) -> float | int | None:
+    """A recorded value to draw: None for what cannot be drawn (absent, NaN, infinite; the tables show those)."""
+    return x if x is not None and math.isfinite(x) else None
+
+
 def plain(label: str) -> str:
     """A label from the ledger as matplotlib should draw it: every ``$`` escaped (no mathtext), on one line."""
     return " ".join(str(label).replace("$", r"\$").split())
@@ -76,9 +82,11 @@ def _comparison(plt, c: dict[str, Any]):
     base, lib = c["baseline"], c["library"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3))
     names = ["without library", "with library"]
-    acc = [r["accuracy"] or 0.0 for r in (base, lib)]
-    err = [[max(0.0, a - (r["wilson95_low"] if r["wilson95_low"] is not None else a)) for a, r in zip(acc, (base, lib))],
-           [max(0.0, (r["wilson95_high"] if r["wilson95_high"] is not None else a) - a) for a, r in zip(acc, (base, lib))]]
+    acc = [fin(r["accuracy"]) or 0.0 for r in (base, lib)]
+    low = [fin(r["wilson95_low"]) for r in (base, lib)]
+    high = [fin(r["wilson95_high"]) for r in (base, lib)]
+    err = [[max(0.0, a - (lo if lo is not None else a)) for a, lo in zip(acc, low)],
+           [max(0.0, (hi if hi is not None else a) - a) for a, hi in zip(acc, high)]]
     ax1.bar(names, [100 * a for a in acc], yerr=[[100 * e for e in err[0]], [100 * e for e in err[1]]],
             color=[BASELINE, LIBRARY], capsize=6)
     for i, r in enumerate((base, lib)):
@@ -86,7 +94,7 @@ def _comparison(plt, c: dict[str, Any]):
                      xytext=(14, 2), textcoords="offset points")
     ax1.set_ylim(0, 105)
     ax1.set_ylabel("accuracy, % (Wilson 95%)")
-    tokens = [r["decode_tokens"] or 0 for r in (base, lib)]
+    tokens = [max(0, r["decode_tokens"] or 0) for r in (base, lib)]
     ax2.bar(names, tokens, color=[BASELINE, LIBRARY])
     for i, t in enumerate(tokens):
         ax2.annotate(f"{t:,}", (i, t), ha="center", va="bottom", xytext=(0, 2), textcoords="offset points")
@@ -120,15 +128,17 @@ def _per_problem(plt, c: dict[str, Any]):
 
 def _probe(plt, p: dict[str, Any]):
     """max |diff| against offset, both axes logarithmic (offset 0, and a difference of 0, at the bottom edge)."""
-    rows = sorted(p["offsets"], key=lambda r: r["offset"])
-    positive = [v for r in rows for v in (r["max_abs_diff"], r["unmoved_max_abs_diff"]) if v]
+    rows = [{k: fin(v) if isinstance(v, float) else v for k, v in r.items()}
+            for r in sorted(p["offsets"], key=lambda r: r["offset"])]
+    positive = [v for r in rows for v in (r["max_abs_diff"], r["unmoved_max_abs_diff"]) if v and v > 0]
     floor = min(positive) / 10 if positive else 1e-8
     fig, ax = plt.subplots(figsize=(8, 3.2))
     xs = [r["offset"] for r in rows]
 
     def series(key, label, color, marker):
         ys = [r[key] for r in rows]
-        ax.plot([x for x, y in zip(xs, ys) if y], [y for y in ys if y], marker + "-", color=color, label=label)
+        ax.plot([x for x, y in zip(xs, ys) if y and y > 0], [y for y in ys if y and y > 0], marker + "-", color=color,
+                label=label)
         zeros = [x for x, y in zip(xs, ys) if y == 0]
         if zeros:
             ax.plot(zeros, [floor] * len(zeros), marker, color=color, markerfacecolor="white", markersize=9,

@@ -59,6 +59,7 @@ def text(value: Any) -> str | None:
 
 
 def _obj(value: Any, what: str) -> dict:
+    """``value`` when it is an object ({} when absent); Malformed otherwise."""
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -94,6 +95,7 @@ class _Models:
         self._names: dict[tuple[str, str], dict[str, str | None]] = {}
 
     def of(self, entry: dict) -> dict[str, Any]:
+        """The model and manifest an entry records, with the manifest's names when readable."""
         model = _obj(entry.get("model"), "model")
         manifest = _obj(entry.get("manifest"), "manifest")
         label = {
@@ -112,6 +114,7 @@ class _Models:
         return self._names[key]
 
     def _locate(self, path: str | None, source: str | None) -> Path | None:
+        """The manifest file: ``path`` beside the ledger, or a builtin manifest of the package."""
         if path:
             return self.base_dir / path
         from ..config.manifest import BUILTIN_PREFIX, data_dir
@@ -124,6 +127,7 @@ class _Models:
 
 
 def _manifest_names(path: Path | None, sha: str | None) -> dict[str, str | None]:
+    """The manifest's name and model path from its file, when the file is there and hashes to ``sha``."""
     names: dict[str, str | None] = {"manifest_name": None, "model_path": None, "manifest_status": "not here"}
     if path is None or not sha:
         names["manifest_status"] = "not named"
@@ -201,11 +205,13 @@ def collect(ledger: Path, data: bytes, verification: dict[str, Any]) -> ReportDa
 
 
 def _digest(d: Any) -> dict[str, Any]:
+    """A recorded digest as {path, sha256}."""
     d = _obj(d, "a digest")
     return {"path": text(d.get("path")), "sha256": text(d.get("sha256"))}
 
 
 def _deposit(line: int, e: dict, models: _Models) -> dict[str, Any]:
+    """A deposit line: id, status, verification, tokens, artifact."""
     inputs, outputs = _obj(e.get("inputs"), "inputs"), _obj(e.get("outputs"), "outputs")
     record, artifact = _obj(inputs.get("record"), "inputs.record"), _obj(outputs.get("artifact"), "outputs.artifact")
     verification = _obj(e.get("verification"), "verification")
@@ -264,6 +270,7 @@ def _pair(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[s
 
 
 def _graft_check(line: int, e: dict, models: _Models) -> dict[str, Any]:
+    """A graft-check line: its recorded result."""
     inputs = _obj(e.get("inputs"), "inputs")
     result = _obj(_obj(e.get("outputs"), "outputs").get("result"), "outputs.result")
     schedule = result.get("schedule")
@@ -282,6 +289,7 @@ def _graft_check(line: int, e: dict, models: _Models) -> dict[str, Any]:
 
 
 def _probe(line: int, e: dict, models: _Models) -> dict[str, Any]:
+    """A probe line: its per-offset results."""
     inputs = _obj(e.get("inputs"), "inputs")
     result = _obj(_obj(e.get("outputs"), "outputs").get("result"), "outputs.result")
     offsets = result.get("offsets")
@@ -305,6 +313,7 @@ def _probe(line: int, e: dict, models: _Models) -> dict[str, Any]:
 
 
 def _score(line: int, e: dict) -> dict[str, Any]:
+    """A score line: its result and how it was scored."""
     from ..eval.scoring import ScoreSettings
 
     inputs = _obj(e.get("inputs"), "inputs")

@@ -20,6 +20,7 @@ HINT = "write the report somewhere else (-o report.html)"
 
 
 def _same(a: Path, b: Path) -> bool:
+    """The same file (hard or symbolic links included), or the same path once resolved."""
     try:
         if a.exists() and b.exists():
             return os.path.samefile(a, b)
@@ -29,6 +30,7 @@ def _same(a: Path, b: Path) -> bool:
 
 
 def _inside(path: Path, folder: Path) -> bool:
+    """``path`` is ``folder`` or lies inside it, links resolved."""
     p, f = os.path.realpath(path), os.path.realpath(folder)
     return p == f or p.startswith(f.rstrip(os.sep) + os.sep)
 

@@ -49,6 +49,7 @@ def flt(x: float | None, spec: str = ".4f") -> str:
 
 
 def cnt(x: int | None) -> str:
+    """A recorded count with thousands separators."""
     return "n/a" if x is None else f"{x:,}"
 
 
@@ -60,6 +61,7 @@ def sha(value: str | None, n: int = 16) -> str:
 
 
 def yes_no(v: bool | None, yes: str = "yes", no: str = "no") -> str:
+    """A recorded flag, coloured; n/a when not recorded."""
     if v is None:
         return "n/a"
     return f'<span class="pass">{yes}</span>' if v else f'<span class="fail">{no}</span>'
@@ -79,6 +81,7 @@ def model_caption(m: dict[str, Any], full: bool = True) -> str:
 
 
 def _model_cell(m: dict[str, Any]) -> str:
+    """The model column of a table: the manifest's name (or source) and the model hash prefix."""
     name = m.get("manifest_name") or m.get("manifest_source") or ""
     return f'{esc(name)}<br>{sha(m.get("model_sha256"))}'
 
@@ -144,6 +147,7 @@ def render(data: ReportData, with_plots: bool) -> str:
 
 
 def _verification(data: ReportData) -> str:
+    """The first section: the verifier's verdict and what it checked."""
     v = data.verification
     badge = ('<span class="badge ok">VERIFIED</span>' if v["passed"]
              else '<span class="badge bad">NOT VERIFIED</span>')
@@ -170,6 +174,7 @@ def _verification(data: ReportData) -> str:
 
 
 def _run_row(r: dict[str, Any]) -> list[str]:
+    """One solve run as a table row (RUN_HEAD)."""
     label = "with library" if r["mode"] == "library" else "without library"
     return [f"{label}<br><span class=\"sub\">line {r['line']}</span>",
             f"{cnt(r['correct'])}/{cnt(r['scored'])}", flt(r["accuracy"]),
@@ -183,6 +188,7 @@ RUN_HEAD = ["run", "correct", "accuracy", "Wilson 95%", "decode tokens", "prefil
 
 
 def _comparisons(data: ReportData, fig: _Figures) -> str:
+    """Each library run against its baseline: table, bar chart, per-problem plot; then the unpaired runs."""
     out = ['<h2 id="solve">Solve: with vs without the library</h2>']
     if not data.comparisons and not data.runs:
         return out[0] + "<p>No <code>solve-outputs</code> entries.</p>"
@@ -209,6 +215,7 @@ def _comparisons(data: ReportData, fig: _Figures) -> str:
 
 
 def _graft_checks(data: ReportData) -> str:
+    """One row per `graft --check` line."""
     out = ['<h2 id="graft-checks">Graft checks (<code>graft --check</code>)</h2>']
     if not data.graft_checks:
         return out[0] + "<p>No <code>graft-check</code> entries.</p>"
@@ -223,6 +230,7 @@ def _graft_checks(data: ReportData) -> str:
 
 
 def _probes(data: ReportData, fig: _Figures) -> str:
+    """Each probe: its offsets as a table and |diff| against offset as a plot."""
     out = ['<h2 id="probes">Probes: |diff| against offset</h2>']
     if not data.probes:
         return out[0] + "<p>No <code>probe</code> entries.</p>"
@@ -242,6 +250,7 @@ def _probes(data: ReportData, fig: _Figures) -> str:
 
 
 def _scores(data: ReportData) -> str:
+    """One row per score line, with the solve run whose outputs it scored."""
     out = ['<h2 id="scores">Scores</h2>']
     if not data.scores:
         return out[0] + "<p>No <code>score</code> entries.</p>"
@@ -263,6 +272,7 @@ def _scores(data: ReportData) -> str:
 
 
 def _deposits(data: ReportData) -> str:
+    """One row per deposit line (the first MAX_DEPOSIT_ROWS)."""
     out = [f'<h2 id="deposits">Deposits ({len(data.deposits):,})</h2>']
     if not data.deposits:
         return out[0] + "<p>No <code>deposit</code> entries.</p>"

@@ -77,7 +77,7 @@ def default_codec(dtype: str) -> str:
     bfloat16, 8,176   1.00x, 0.133 s    1.28x, 0.317 s    1.44x, 0.357 s
     ================  ================  ================  ================
 
-    (*) measured under load; raw takes 0.26 s on a quiet machine (README). shuffle-zstd restores about as fast as
+    (*) measured under load; raw takes 0.26 s on a quiet machine (docs/PERFORMANCE.md). shuffle-zstd restores about as fast as
     zstd or faster (its chunks decompress in parallel), with files 9-11% smaller, but 2.4-2.8x slower than raw; so
     ``auto`` stays raw, and ``--codec shuffle-zstd`` is the one for archives and transfers."""
     return "raw"

@@ -2,7 +2,7 @@
 
 Each top-level command is a plain function in a module named after it; each group (manifest, store, ledger, prereg)
 is a module with its own ``app``. Commands import torch inside their body, so ``kvgraft --help``, ``verify``,
-``inspect``, ``ledger`` and ``score`` never load it (tests/test_cli_ux.py checks it).
+``inspect``, ``ledger``, ``score`` and ``report`` never load it (tests/test_cli_ux.py checks it).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 
 import typer
 
-from . import (deposit, graft, inspect, ledger, manifest, matrix, model_hash, prereg, probe, replay, score, solve,
-               store, verify)
+from . import (deposit, graft, inspect, ledger, manifest, matrix, model_hash, prereg, probe, replay, report, score,
+               solve, store, verify)
 from ._errors import render
 from ._help import Command, Group
 
@@ -28,6 +28,7 @@ COMMANDS = {
     "replay": replay.replay,
     "score": score.score,
     "verify": verify.verify,
+    "report": report.report,
     "inspect": inspect.inspect,
     "solve": solve.solve,
     "model-hash": model_hash.model_hash,

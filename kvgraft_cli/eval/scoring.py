@@ -42,7 +42,7 @@ Z95 = 1.959963984540054  # two-sided 95% normal quantile
 SCORE_RULES = "2"
 RULES = ("1", "2")
 GRADERS = ("exact", "math-verify")
-MATH_VERIFY_PIN = "0.9.0"  # the version evaluated (README, scripts/eval_graders.py); `kvgraft[mathverify]` installs it
+MATH_VERIFY_PIN = "0.9.0"  # the version evaluated (docs/SCORES.md, scripts/eval_graders.py); `kvgraft[mathverify]` installs it
 MATH_VERIFY_LIBS = ("latex2sympy2_extended", "antlr4-python3-runtime", "sympy")  # recorded beside it
 GRADER_TIMEOUT_S = 60  # one math-verify comparison; past it the score stops with an error, never a verdict
 MATH_VERIFY_HINT = f"pip install 'kvgraft[mathverify]' (math-verify=={MATH_VERIFY_PIN})"
@@ -163,7 +163,7 @@ def _math_verify_equal(extracted: str, reference: str) -> bool:
     time-outs off. Three of its leniencies are refused first: an equation against a value ("x=5" for "5": math-verify
     keeps the right-hand side), a percentage against a number ("10\\%" for "10"), and an interval closed at
     infinity against one that is not ("[-\\infty, 0]" for "(-\\infty, 0]": sympy opens it silently); and numbers
-    are compared to :data:`MATH_VERIFY_FLOAT_ROUNDING` decimals, not 6 (README: the evaluation)."""
+    are compared to :data:`MATH_VERIFY_FLOAT_ROUNDING` decimals, not 6 (docs/SCORES.md: the evaluation)."""
     import logging
 
     if _shape(extracted) != _shape(reference):

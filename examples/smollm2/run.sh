@@ -7,7 +7,8 @@
 #      once with nothing grafted (the baseline, reasoning under the chat template with 512 tokens) and once from the
 #      library;
 #   3. score: all four outputs files, with math-verify (the grader the README recommends);
-#   4. verify: every ledger line and the files it names, without torch.
+#   4. verify: every ledger line and the files it names, without torch;
+#   5. report: the ledger drawn as one self-contained HTML page (report.html: open it in a browser).
 # Sized for about 10 minutes on 2 cores (the baselines' reasoning is most of it). Usage: bash examples/smollm2/run.sh [DIR]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -22,4 +23,5 @@ for set in recurring heldout; do
   done
 done
 kvgraft verify "${m[@]}"
+kvgraft report -o report.html "${m[@]}"
 echo "main job done: store, ledger and outputs in $(pwd)"

@@ -572,6 +572,9 @@ CASES = {
     "space for T": lambda ls: _edit(ls, 2, time="2026-01-01 00:00:00Z"),
     "hour 24": lambda ls: _edit(ls, 2, time="2026-01-01T24:00:00Z"),
     "time number": lambda ls: _edit(ls, 2, time=5),
+    # DIGIT is ASCII 0-9 (#24.1): Arabic-Indic and fullwidth digits are other Unicode decimal digits
+    "arabic-indic digits": lambda ls: _edit(ls, 2, time="\u0662\u0660\u0662\u0666-12-02T00:00:00Z"),
+    "fullwidth digits": lambda ls: _edit(ls, 2, time="2026-12-02T0\uff10:00:00Z"),
     "no time": lambda ls: _edit(ls, 2, time=...),
     "kind upper": lambda ls: _edit(ls, 2, kind="Note"),
     "kind newline": lambda ls: _edit(ls, 2, kind="note\n"),

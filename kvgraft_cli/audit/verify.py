@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -127,7 +128,21 @@ def _validator():
     # fastjsonschema compiles the schema to Python: about 50x faster than jsonschema per entry, which matters at
     # 100,000+ lines. (Manifests use jsonschema, which reports every problem in one pass.)
     text = (resources.files("kvgraft_cli") / "schemas" / "ledger-entry.schema.json").read_text()
-    return fastjsonschema.compile(json.loads(text))
+    return fastjsonschema.compile(json.loads(text), formats={"date-time": _date_time_ok})
+
+
+@lru_cache(maxsize=1)
+def _date_time_regex() -> re.Pattern:
+    # fastjsonschema's own date-time grammar (the one docs/LEDGER.md writes down), compiled with re.ASCII: its \d
+    # otherwise matches every Unicode decimal digit ("\u0662\u0660\u0662\u0666-..."), and the spec's DIGIT is 0-9.
+    from fastjsonschema.draft04 import CodeGeneratorDraft04
+
+    return re.compile(CodeGeneratorDraft04.FORMAT_REGEXS["date-time"], re.ASCII)
+
+
+def _date_time_ok(value: str) -> bool:
+    """Whether ``value`` is an RFC 3339 date-time in the spec's grammar, ASCII digits only."""
+    return _date_time_regex().match(value) is not None
 
 
 def canonical_line(entry: Any) -> bytes:

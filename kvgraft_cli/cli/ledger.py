@@ -203,7 +203,12 @@ def checkpoint(
     from ..ledger.checkpoint import load_key, sign, write_checkpoint
     from ..ledger.proofs import LedgerTree
 
-    cp = LedgerTree.read(ledger_path(ledger, manifest), complete=True).checkpoint(origin)
+    from ..runs.owned import check_output
+
+    path = ledger_path(ledger, manifest)
+    if output is not None:
+        check_output(output, "--output", ledger=path)  # a checkpoint never replaces the ledger it checkpoints
+    cp = LedgerTree.read(path, complete=True).checkpoint(origin)
     text = cp.body() if key is None else sign(cp.body(), load_key(key))
     if output is None:
         sys.stdout.write(text)

@@ -106,6 +106,24 @@ def test_torn_tail_is_reported_and_repair_removes_only_it(tmp_path):
     assert verify_ledger(p).passed
 
 
+def test_repair_names_a_half_written_line_in_the_middle(tmp_path):
+    """#24.11: with line 2 of 5 half-written, `ledger repair` said "no torn line; nothing changed", exit 0. It changes
+    nothing (it never rewrites complete lines) but fails naming line 2 and `kvgraft verify`; a torn tail is still
+    removed first."""
+    p = _synthetic(tmp_path / "l.jsonl", 5)
+    lines = _lines(p)
+    _write(p, lines[:1] + [lines[1][:len(lines[1]) // 2]] + lines[2:])
+    damaged = p.read_bytes()
+    r = run_cli("ledger", "repair", "l.jsonl", cwd=tmp_path)
+    assert r.returncode == 1 and p.read_bytes() == damaged, r
+    assert r.stderr.startswith("Error: ") and "line 2" in r.stderr and "kvgraft verify" in r.stderr, r.stderr
+    assert "nothing changed" not in r.stdout
+    p.write_bytes(damaged + b'{"kind":"te')
+    r = run_cli("ledger", "repair", "l.jsonl", cwd=tmp_path)
+    assert r.returncode == 1 and p.read_bytes() == damaged and "line 2" in r.stderr, r
+    assert "removed a torn last line" in r.stdout
+
+
 def test_since_names_the_rewritten_line_and_checks_consistency(tmp_path):
     p = _synthetic(tmp_path / "l.jsonl", 5)
     base = tmp_path / "base.jsonl"

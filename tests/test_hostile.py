@@ -128,11 +128,11 @@ main()
 """
 
 
-def measured_cli(*args: str, cwd: Path, timeout: int = 300,
-                 stdout: list | None = None) -> tuple[int, list[str], float, float]:
+def measured_cli(*args: str, cwd: Path, timeout: int = 300, stdout: list | None = None,
+                 env: dict | None = None) -> tuple[int, list[str], float, float]:
     """Run the CLI in a fresh process: (exit code, stderr lines without the measurement, MiB of peak RSS, seconds);
-    its stdout is appended to ``stdout`` when given."""
-    env = environ_without_pins()
+    its stdout is appended to ``stdout`` when given; ``env`` adds variables."""
+    env = {**environ_without_pins(), **(env or {})}
     env.pop("KVGRAFT_DEBUG", None)
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", _MEASURED_CLI, *args], cwd=cwd, env=env, capture_output=True,
@@ -574,3 +574,40 @@ def test_an_inconsistent_header_is_refused_before_its_size_is_allocated(tmp_path
         rc, err, mib, _ = measured_cli(*args, cwd=tmp_path)
         assert rc == 2 and "token_ids must be int64" in " ".join(err), err
         assert mib < 600, mib  # the CLI and torch themselves; never the described gigabyte
+
+
+# -- 5. a line without end (#24.8) -------------------------------------------------------------------------------
+
+def test_a_problems_line_longer_than_the_limit_is_refused_before_it_is_read(tmp_path):
+    """A line longer than KVGRAFT_MAX_LINE (default 64 MiB) is refused by its length, naming the line and the
+    variable, having read at most that many bytes of it (exit 2); a file of one endless line is refused the same."""
+    path = tmp_path / "long.jsonl"
+    good = json.dumps({"id": "a", "problem": "What is 1+1?", "solution": "The answer is: 2", "answer": "2"})
+    path.write_text(good + "\n" + "x" * 3000)  # the second line is 3,000 bytes and never ends
+    rc, err, _, _ = measured_cli("deposit", str(path), "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path,
+                                 env={"KVGRAFT_MAX_LINE": "2K"})
+    assert rc == 2 and len(err) == 1, err
+    assert "long.jsonl:2" in err[0] and "2,048 bytes" in err[0] and "KVGRAFT_MAX_LINE" in err[0], err
+    assert not (tmp_path / "s").exists() and not (tmp_path / "l.jsonl").exists()
+
+
+def test_an_endless_problems_file_is_refused_in_bounded_memory(tmp_path):
+    """`kvgraft deposit /dev/zero` read the whole endless line into memory and died of MemoryError (exit 1). The
+    reader alone, in a process whose address space may grow by 256 MiB, now refuses it at the line limit."""
+    code = (
+        "import resource, sys\n"
+        "from kvgraft_cli.eval.problems import read_problems\n"
+        "from kvgraft_cli.errors import ProblemFileError\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_AS)\n"
+        "used = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (used + (256 << 20), hard))\n"
+        "m = {'id': 'id', 'problem': 'problem', 'solution': 'solution', 'answer': 'answer', "
+        "'answer_extract': 'verbatim'}\n"
+        "try:\n"
+        "    read_problems('/dev/zero', m)\n"
+        "except ProblemFileError as e:\n"
+        "    print('refused:', e.message)\n")
+    p = subprocess.run([sys.executable, "-c", code], env={**environ_without_pins(), "KVGRAFT_MAX_LINE": "1M"},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("refused: /dev/zero:1:"), (p.stdout, p.stderr[-2000:])
+    assert "KVGRAFT_MAX_LINE" in p.stdout

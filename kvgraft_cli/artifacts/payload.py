@@ -29,15 +29,15 @@ import json
 import math
 import os
 import queue
-import re
 import struct
 import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..errors import ArtifactError, InputError, IntegrityError
+from ..errors import ArtifactError, IntegrityError
 from . import container, layout
 from .identity import PayloadHasher
+from ..util.limits import size_setting  # re-exported: readers and tests name it here
 
 CHUNK = 1 << 22
 MAX_HEADER = 8 << 20  # a payload's safetensors header; a kvgraft header takes about 250 bytes a layer
@@ -55,19 +55,6 @@ ST_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "
 def max_payload() -> int:
     """The largest payload a reader accepts: ``KVGRAFT_MAX_PAYLOAD`` (bytes, or ``64G``-style), default 32 GiB."""
     return size_setting(ENV_MAX_PAYLOAD, DEFAULT_MAX_PAYLOAD, allow_zero=False)
-
-
-def size_setting(name: str, default: int, allow_zero: bool = True) -> int:
-    """A size from the environment variable ``name``: bytes, or with a K/M/G/T suffix (binary: ``64G``)."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    m = re.fullmatch(r"(\d{1,20})\s*([kmgt]?)(?:i?b)?", raw, re.IGNORECASE)
-    if not m or (int(m.group(1)) == 0 and not allow_zero):
-        shown = raw if len(raw) <= 40 else raw[:40] + f"...({len(raw)} chars)"
-        raise InputError(f"{name}={shown!r} is not a size",
-                         f"set {name} to a number of bytes, optionally with K, M, G or T (binary), e.g. 64G")
-    return int(m.group(1)) << (10 * "_kmgt".index(m.group(2).lower() or "_"))
 
 
 def compress(payload: bytes, level: int = 3) -> bytes:

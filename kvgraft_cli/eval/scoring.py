@@ -34,6 +34,7 @@ from . import answers
 from ..errors import InputError, ProblemFileError
 from ..util import jsonio
 from ..util.fsio import atomic_write_bytes
+from ..util.limits import read_lines
 from ..util.hashing import canonical_json, sha256_bytes
 from .problems import read_problems
 
@@ -297,11 +298,13 @@ def read_outputs(path: Path, id_field: str, output_field: str) -> list[tuple[int
     """(line, id, output text) of an outputs JSONL file; the first bad line raises ProblemFileError."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        lines = read_lines(path, "outputs file")  # each line bounded (util.limits)
     except FileNotFoundError:
         raise ProblemFileError(f"outputs file not found: {path}") from None
+    except IsADirectoryError:
+        raise ProblemFileError(f"{path} is a directory, expected an outputs JSON Lines file") from None
     out, seen = [], {}
-    for n, line in enumerate(raw.split(b"\n"), start=1):
+    for n, line in lines:
         if not line.strip():
             continue
         try:

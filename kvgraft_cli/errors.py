@@ -47,6 +47,11 @@ class ArtifactError(InputError):
     """An artifact that is missing, truncated, tampered with or not a kvgraft artifact."""
 
 
+class PayloadTooLarge(ArtifactError):
+    """An artifact whose frame or container declares a payload larger than ``KVGRAFT_MAX_PAYLOAD``: bad input (exit
+    2) wherever it is met, `kvgraft verify` included, never a mismatch (docs/LEDGER.md, docs/FORMAT.md)."""
+
+
 class IntegrityError(ArtifactError):
     """An artifact whose bytes are damaged or differ from its identity (tampered, truncated, corrupt): a failed
     check, exit 1, the same as `kvgraft verify` reports for it."""

@@ -181,7 +181,8 @@ def test_zstd_bomb_is_refused_in_bounded_memory(tmp_path, bomb, reader):
     the 1 GiB bomb, MemoryError for the 64 GiB one."""
     path = _bombs(tmp_path)[bomb]
     r = capped(reader, path, "0" * 64 if reader == "read" else None)
-    assert r["error"] and r["error"].split(":")[0] in ("IntegrityError", "ArtifactError"), r
+    # PayloadTooLarge: the ArtifactError for a declared size over the limit (exit 2 in verify too, #24.4)
+    assert r["error"] and r["error"].split(":")[0] in ("IntegrityError", "ArtifactError", "PayloadTooLarge"), r
     assert r["grown_mib"] < 64 and r["seconds"] < 20, r
 
 
@@ -193,10 +194,10 @@ def test_consistent_header_is_bounded_by_identity_and_limit(tmp_path):
     assert r["error"].startswith("IntegrityError") and "does not match its identity" in r["error"], r
     assert r["grown_mib"] < 64, r
     r = capped("read", path, None, env={"KVGRAFT_MAX_PAYLOAD": "512M"})
-    assert r["error"].startswith("ArtifactError") and r["exit_code"] == 2 and "KVGRAFT_MAX_PAYLOAD" in r["error"]
+    assert r["error"].startswith("PayloadTooLarge") and r["exit_code"] == 2 and "KVGRAFT_MAX_PAYLOAD" in r["error"]
     assert "limit of 536,870,912 bytes" in r["error"] and r["grown_mib"] < 64, r
     r = capped("hash", path, None, env={"KVGRAFT_MAX_PAYLOAD": "512M"})
-    assert r["error"].startswith("ArtifactError"), r
+    assert r["error"].startswith("PayloadTooLarge") and r["exit_code"] == 2, r
 
 
 def test_a_payload_without_a_header_is_refused_by_graft_and_bounded_in_verify(tmp_path):

@@ -283,6 +283,13 @@ def _read_text(path: Path) -> str:
 
 
 # -- files --
+def max_payload() -> int:
+    """KVGRAFT_MAX_PAYLOAD: bytes, or with a K/M/G/T suffix (binary); default 32 GiB."""
+    raw = os.environ.get("KVGRAFT_MAX_PAYLOAD", "").strip()
+    m = re.fullmatch(r"([0-9]+)([KMGTkmgt]?)", raw)
+    return int(m[1]) << (10 * " KMGT".index(m[2].upper() or " ")) if m else 32 << 30
+
+
 def file_digest(path: Path) -> str | None:
     """SHA-256 of the bytes, or of the payload for a .kvg: a raw v2 container's payload, else the zstd frame's
     (None: not a valid .kvg file)."""
@@ -297,6 +304,8 @@ def file_digest(path: Path) -> str | None:
             return None
         if c.get("version") != 2:
             return None
+        if isinstance(c.get("payload_bytes"), int) and c["payload_bytes"] > max_payload():
+            raise Unusable("payload over KVGRAFT_MAX_PAYLOAD")  # bad input, not a mismatch
         if c.get("codec") == "shuffle-zstd":
             return shuffled_digest(data, c)
         if c.get("codec") != "raw" or len(data) != c["payload_offset"] + c["payload_bytes"]:
@@ -306,6 +315,8 @@ def file_digest(path: Path) -> str | None:
         size = zstandard.get_frame_parameters(data).content_size
         if not 0 < size < 2**64 - 1:
             return None
+        if size > max_payload():
+            raise Unusable("payload over KVGRAFT_MAX_PAYLOAD")  # bad input, not a mismatch
         payload = zstandard.ZstdDecompressor().decompress(data, allow_extra_data=False)
     except zstandard.ZstdError:
         return None
@@ -919,6 +930,24 @@ def test_referenced_files_agree(tmp_path):
     assert v["files"] == expected
     assert v["status"] == "fail" and v["bad_lines"] == {3, 4}  # outputs.n is no digest (sha256: 5); line 4's shape
     assert verify_ledger(lp, cache=False, require_files=True).passed is False
+
+
+@pytest.mark.parametrize("form", ["zstd", "raw container", "shuffle-zstd container"])
+def test_a_payload_over_the_limit_is_unusable_input_for_both(tmp_path, monkeypatch, form):
+    """#24.4: a declared payload over KVGRAFT_MAX_PAYLOAD is bad input (exit 2), not a mismatch, for every file form;
+    at the limit exactly it is read."""
+    payload = os.urandom(4096)
+    data = {"zstd": _zstd(payload), "raw container": container.raw_file(payload),
+            "shuffle-zstd container": container.shuffle_zstd_file(payload, 4)}[form]
+    (tmp_path / "a.kvg").write_bytes(data)
+    lp = tmp_path / "ledger.jsonl"
+    ledger.append(lp, "test", {"outputs": {"artifact": {"path": "a.kvg", "sha256": hashlib.sha256(payload).hexdigest()}}})
+    monkeypatch.setenv("KVGRAFT_MAX_PAYLOAD", "4K")
+    assert agree(lp)["status"] == "pass"
+    monkeypatch.setenv("KVGRAFT_MAX_PAYLOAD", "4095")
+    assert agree(lp)["status"] == "input"
+    assert run_cli("verify", "ledger.jsonl", "--full", cwd=tmp_path,
+                   env={"KVGRAFT_MAX_PAYLOAD": "4095"}).returncode == 2
 
 
 def test_only_manifest_and_direct_members_are_files(tmp_path):

@@ -200,6 +200,40 @@ def test_cache_skips_verified_files_and_full_bypasses_it(copy, monkeypatch):
     assert len(calls) == 1 and not r.passed
 
 
+def test_a_payload_over_the_limit_is_bad_input_with_full_and_from_the_cache(copy):
+    """#24.4: a payload over KVGRAFT_MAX_PAYLOAD is bad input (exit 2, docs/LEDGER.md), not a mismatch (exit 1) under
+    --full; and without --full a file already in the cache is still held to the limit (its header is read)."""
+    cwd, small = copy.parent, {"KVGRAFT_MAX_PAYLOAD": "1K"}  # every deposited payload is larger
+    run_cli("verify", "ledger.jsonl", "--cache", "c.json", cwd=cwd, check_rc=0)  # every file now in the cache
+    for extra in (["--full"], []):
+        r = run_cli("verify", "ledger.jsonl", "--cache", "c.json", *extra, cwd=cwd, env=small)
+        assert r.returncode == 2, (extra, r)
+        assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1 and "KVGRAFT_MAX_PAYLOAD" in r.stderr, r
+
+
+def test_verify_says_how_many_files_it_took_from_the_cache_unread(copy):
+    """#24.5: the cache cannot see a change that keeps size, mtime and inode, so every run that used it says how many
+    files it took from it unread, and that --full (the third party's choice) re-reads them."""
+    cwd = copy.parent
+
+    def run(*extra):
+        return json.loads(run_cli("verify", "ledger.jsonl", "--cache", "c.json", "--json", *extra, cwd=cwd,
+                                  check_rc=0).stdout)
+
+    first = run()
+    assert first["files"]["from_cache"] == 0 and not any("cache" in w for w in first["warnings"])
+    second = run()
+    n = second["files"]["checked"]
+    assert second["files"]["from_cache"] == n > 0, second["files"]
+    assert any(f"{n} of {n} referenced files were taken from the verify cache unread" in w and "--full" in w
+               for w in second["warnings"]), second["warnings"]
+    human = run_cli("verify", "ledger.jsonl", "--cache", "c.json", cwd=cwd, check_rc=0).stdout
+    assert "taken from the verify cache unread" in " ".join(human.split()), human
+    assert run("--full")["files"]["from_cache"] == 0
+    plain = json.loads(run_cli("verify", "ledger.jsonl", "--no-cache", "--json", cwd=cwd, check_rc=0).stdout)
+    assert plain["files"]["from_cache"] == 0
+
+
 def test_payload_hash_matches_artifact_identity(copy):
     e = next(e for e in ledger.read(copy) if e["kind"] == "deposit")
     art = copy.parent / e["outputs"]["artifact"]["path"]

@@ -34,7 +34,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..errors import ArtifactError, IntegrityError
+from ..errors import ArtifactError, IntegrityError, PayloadTooLarge
 from . import container, layout
 from .identity import PayloadHasher
 from ..util.limits import size_setting  # re-exported: readers and tests name it here
@@ -71,6 +71,34 @@ def _max_frame_bytes(n: int) -> int:
     return n + (n >> 3) + (1 << 16)
 
 
+def too_large(source: str, what: str, size: int, cap: int) -> PayloadTooLarge:
+    """The error for a payload declared larger than the reader's limit (bad input, exit 2; never a mismatch)."""
+    return PayloadTooLarge(f"{source}: {what} declares a payload of {size:,} bytes, more than this reader's limit of "
+                           f"{cap:,} bytes", f"if the artifact is genuine, raise {ENV_MAX_PAYLOAD} (bytes, or e.g. 64G)")
+
+
+def check_declared_size(path: Path) -> None:
+    """Hold a ``.kvg`` file to the payload limit by its header alone (the zstd frame header, or the container
+    header): PayloadTooLarge when it declares more. What `verify` applies to a file it takes from its cache unread.
+    A header that cannot be read is left to the full read (this raises nothing else)."""
+    import zstandard
+
+    source, cap = str(path), max_payload()
+    try:
+        with _open(Path(path)) as f:
+            head = f.read(_FRAME_HEADER_MAX)
+            if container.is_container(head):
+                container.parse_container(f, os.fstat(f.fileno()).st_size, source, cap)
+                return
+            size = zstandard.get_frame_parameters(head).content_size
+    except PayloadTooLarge:
+        raise
+    except (ArtifactError, zstandard.ZstdError):
+        return
+    if size not in (zstandard.CONTENTSIZE_UNKNOWN, zstandard.CONTENTSIZE_ERROR) and size > cap:
+        raise too_large(source, "zstd frame", size, cap)
+
+
 def _frame_size(read_at: Callable[[int, int], bytes], file_size: int, source: str, cap: int) -> int:
     """Check a frame's structure without decompressing anything (its header, every block header, the checksum, the
     end of the file) and return the content size it declares, refused above ``cap``."""
@@ -88,9 +116,7 @@ def _frame_size(read_at: Callable[[int, int], bytes], file_size: int, source: st
     if size in (zstandard.CONTENTSIZE_UNKNOWN, zstandard.CONTENTSIZE_ERROR) or size <= 0:
         raise IntegrityError(f"{source}: zstd frame has no usable content size (a .kvg frame declares it)")
     if size > cap:
-        raise ArtifactError(f"{source}: zstd frame declares a payload of {size:,} bytes, more than this reader's "
-                            f"limit of {cap:,} bytes", f"if the artifact is genuine, raise {ENV_MAX_PAYLOAD} "
-                            "(bytes, or e.g. 64G)")
+        raise too_large(source, "zstd frame", size, cap)
     if file_size > _max_frame_bytes(size):
         raise IntegrityError(f"{source}: {file_size:,} bytes is more than any zstd frame of {size:,} bytes takes",
                              _REFETCH)

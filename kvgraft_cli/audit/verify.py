@@ -62,6 +62,9 @@ class VerifyReport:
     checkpoint: dict[str, Any] | None = None
     since: dict[str, Any] | None = None
     require_files: bool = False
+    # Files whose digest came from the verified-file cache, unread (size, mtime and inode unchanged): said on every
+    # run that used the cache, since a change keeping all three is invisible to it; --full reads everything.
+    files_from_cache: int = 0
     scores_checked: int = 0
     # Scores whose verdicts could not be recomputed here: {line, reason}. From records: the aggregate was recomputed
     # from the records file (counted in scores_checked too); not recomputable: nothing was.
@@ -88,6 +91,11 @@ class VerifyReport:
         """What passed without being checked: referenced files that are not here (a failure with --require-files),
         and objects of remote stores (never fetched by verify: `kvgraft store pull` brings them here)."""
         found = []
+        if self.files_from_cache:
+            found.append(f"{self.files_from_cache} of {len(self.files)} referenced files were taken from the verify "
+                         "cache unread (their size, mtime and inode are unchanged since they were hashed; a change "
+                         "that keeps all three is not seen): `kvgraft verify --full` re-reads every file, the check "
+                         "for a third party")
         if self.missing and not self.require_files:
             found.append(f"{len(self.missing)} of {len(self.files)} referenced files are missing here, so their "
                          "hashes were not checked (--require-files makes this a failure)")
@@ -116,6 +124,7 @@ class VerifyReport:
             "first_problem": self.first_problem(), "warnings": self.warnings(),
             "findings": [asdict(f) for f in self.findings],
             "files": {"checked": len(self.files), "ok": sum(f.status == "ok" for f in self.files),
+                      "from_cache": self.files_from_cache,
                       "missing": [asdict(f) for f in self.missing], "mismatched": [asdict(f) for f in self.mismatched],
                       "remote": [asdict(f) for f in self.remote]},
             "checkpoint": self.checkpoint, "since": self.since, "scores_checked": self.scores_checked,
@@ -456,6 +465,7 @@ def _open_cache(ledger: Path, cache: Path | bool | None, full: bool) -> HashCach
 def _rehash(report: VerifyReport, entries: list[dict | None], base_dir: Path, full: bool,
             cache: HashCache) -> None:
     this_run: dict[Path, str] = {}  # a file many entries name (the problems file) is hashed once per run
+    unread: set[Path] = set()  # files whose digest came from the cache
     for i, entry in enumerate(entries):
         if entry is None:
             continue
@@ -472,7 +482,12 @@ def _rehash(report: VerifyReport, entries: list[dict | None], base_dir: Path, fu
                 report.files.append(FileCheck(i + 1, fld, d["path"], "missing", d["sha256"]))
                 continue
             if target not in this_run:
+                hits = cache.hits
                 this_run[target] = digest_of(target, cache)
+                if cache.hits > hits:
+                    unread.add(target)
+            # Counted per (line, field), as report.files is: "N of M referenced files".
+            report.files_from_cache += target in unread
             actual = this_run[target]
             status = "ok" if actual == d["sha256"] else "mismatch"
             report.files.append(FileCheck(i + 1, fld, d["path"], status, d["sha256"], actual))

@@ -5,8 +5,8 @@ json, base64, re, os), `zstandard` for artifact payloads and a pure-Python Ed255
 checkpoints. It covers everything the spec says a verifier checks: lines (value space, canonical form, schema, seq,
 chain, torn tail), the Merkle root, checkpoints (syntax, bytes signed, extension lines, origin, several keys),
 `--since` (ledger or checkpoint base, torn base) and referenced files (which digests are files, where they are,
-`.kvg` by zstd payload). Score recomputation needs kvgraft's own scorer and is left to `kvgraft verify` (the spec
-says so); its findings are left out of the comparison.
+`.kvg` by zstd payload) and the score settings no kvgraft wrote (downgrades). Score recomputation needs kvgraft's
+own scorer and is left to `kvgraft verify` (the spec says so); its findings are left out of the comparison.
 
 Everything below the second ruler builds ledgers, checkpoints and files (with kvgraft's writers, as a user would),
 tampers with them, and checks that both verifiers give the same verdict, the same bad lines, the same root, the same
@@ -282,6 +282,49 @@ def _read_text(path: Path) -> str:
         raise Unusable(str(path)) from None
 
 
+# -- scores: settings no kvgraft wrote (the rest of a score needs kvgraft's scorer) --
+RULES_EXTRACTORS = {"1": ("1", "2"), "2": ("3",)}
+RULES_2_SETTINGS = ("extractor_version", "answered_only", "grader", "grader_version")
+RULES_2_RESULT = ("rules", "answered", "unanswered", "no_reference", "answered_only", "grader", "grader_libs")
+
+
+def _ver(v) -> tuple | None:
+    parts = v.split(".") if isinstance(v, str) else [""]
+    return tuple(int(p) for p in parts) if all(re.fullmatch(r"[0-9]+", p) for p in parts) else None
+
+
+def score_settings_ok(e: dict, rules_before: bool) -> bool:
+    """Spec, "Scores": whether some kvgraft could have written this score's settings (``rules_before``: an earlier
+    score line of the ledger records settings.rules)."""
+    ins, outs = e.get("inputs"), e.get("outputs")
+    if not isinstance(ins, dict) or not isinstance(outs, dict) or not isinstance(outs.get("result"), dict):
+        return True  # a finding of the scorer's part, not this one
+    s = ins["settings"] if isinstance(ins.get("settings"), dict) else {}
+    r = outs["result"]
+    if "rules" not in s:
+        return (not any(k in s for k in RULES_2_SETTINGS) and not any(k in r for k in RULES_2_RESULT)
+                and str(r.get("extractor_version", "2")) in RULES_EXTRACTORS["1"]
+                and not (isinstance(e.get("time"), str) and e["time"][:10] > "2026-12-01") and not rules_before)
+    rules, ext = s["rules"], s.get("extractor_version")
+    if _ver(rules) is None or ("extractor_version" in r and r["extractor_version"] != ext):
+        return False
+    if rules not in RULES_EXTRACTORS:
+        return _ver(rules) > (2,)  # a later kvgraft's rules: not recomputable, not refused
+    if _ver(ext) is None or _ver(ext) < _ver(RULES_EXTRACTORS[rules][0]):
+        return False
+    if rules == "1":
+        return ext in RULES_EXTRACTORS["1"] and not any(k in s for k in RULES_2_SETTINGS[1:]) \
+            and not any(k in r for k in RULES_2_RESULT)
+    grader, pin = s.get("grader", "exact"), s.get("grader_version")
+    if grader == "exact":
+        return "grader_version" not in s
+    if grader == "math-verify":
+        libs = r.get("grader_libs")
+        return _ver(pin) is not None and _ver(pin) >= (0, 9, 0) and (
+            libs is None or (isinstance(libs, dict) and libs.get("math-verify") == pin))
+    return True
+
+
 # -- files --
 def max_payload() -> int:
     """KVGRAFT_MAX_PAYLOAD: bytes, or with a K/M/G/T suffix (binary); default 32 GiB."""
@@ -489,6 +532,14 @@ def _spec_verify(path, checkpoint, keys, since, files) -> dict:
                         hashed[target] = file_digest(target)
                     status = "ok" if hashed[target] == d["sha256"] else "mismatch"
                 result["files"][(i + 1, field, d["path"])] = status
+        rules_before = False  # scores are checked with files, and skipped with them (--no-files)
+        for i, e in enumerate(entries):
+            if e is not None and e.get("kind") == "score":
+                if not score_settings_ok(e, rules_before):
+                    bad.add(i + 1)
+                ins = e.get("inputs")
+                rules_before |= isinstance(ins, dict) and isinstance(ins.get("settings"), dict) \
+                    and "rules" in ins["settings"]
     failed = bad or whole or "mismatch" in result["files"].values()
     return {**result, "status": "fail" if failed else "pass", "bad_lines": bad, "whole": whole}
 # =====================================================================================================================
@@ -948,6 +999,63 @@ def test_a_payload_over_the_limit_is_unusable_input_for_both(tmp_path, monkeypat
     assert agree(lp)["status"] == "input"
     assert run_cli("verify", "ledger.jsonl", "--full", cwd=tmp_path,
                    env={"KVGRAFT_MAX_PAYLOAD": "4095"}).returncode == 2
+
+
+R2 = {"rules": "2", "extractor_version": "3", "answered_only": False, "grader": "exact"}
+MV = {**R2, "grader": "math-verify", "grader_version": "0.9.0"}
+OLD = "2026-11-30T12:00:00.000000+00:00"
+SCORE_CASES = {
+    # name: ([(settings, result, time or None: now)], passes)
+    "rules 2": ([(R2, {"rules": "2", "extractor_version": "3"}, None)], True),
+    "rules 2, a later extractor": ([({**R2, "extractor_version": "4"}, {"extractor_version": "4"}, None)], True),
+    "rules 2, extractor 1": ([({**R2, "extractor_version": "1"}, {"extractor_version": "1"}, None)], False),
+    "rules 2, extractor 2": ([({**R2, "extractor_version": "2"}, {"extractor_version": "2"}, None)], False),
+    "extractors differ": ([({**R2, "extractor_version": "9"}, {"extractor_version": "3"}, None)], False),
+    "math-verify pin": ([(MV, {"extractor_version": "3", "grader_libs": {"math-verify": "0.9.0"}}, None)], True),
+    "math-verify later": ([({**MV, "grader_version": "0.10.0"}, {"extractor_version": "3"}, None)], True),
+    "math-verify 0.8.0": ([({**MV, "grader_version": "0.8.0"}, {"extractor_version": "3"}, None)], False),
+    "math-verify no version": ([({**MV, "grader_version": ...}, {"extractor_version": "3"}, None)], False),
+    "grader_libs other": ([(MV, {"extractor_version": "3", "grader_libs": {"math-verify": "0.8.0"}}, None)], False),
+    "exact with a version": ([({**R2, "grader_version": "1"}, {"extractor_version": "3"}, None)], False),
+    "rules 1, old": ([({}, {"extractor_version": "2", "unscored_problems": 1}, OLD)], True),
+    "rules 1, extractor 1": ([({}, {"extractor_version": "1"}, OLD)], True),
+    "rules 1, today": ([({}, {"extractor_version": "2"}, None)], False),
+    "rules 1, extractor 3": ([({}, {"extractor_version": "3"}, OLD)], False),
+    "rules 1, answered_only": ([({"answered_only": False}, {"extractor_version": "2"}, OLD)], False),
+    "rules 1, result.answered": ([({}, {"extractor_version": "2", "answered": 3}, OLD)], False),
+    "rules 1 after rules 2": ([(R2, {"extractor_version": "3"}, OLD), ({}, {"extractor_version": "2"}, OLD)], False),
+    "rules 1 before rules 2": ([({}, {"extractor_version": "2"}, OLD), (R2, {"extractor_version": "3"}, None)], True),
+    "rules 1, recorded": ([({"rules": "1", "extractor_version": "2"}, {"extractor_version": "2"}, None)], True),
+    "rules 1, recorded, grader": ([({"rules": "1", "extractor_version": "2", "grader": "exact"},
+                                    {"extractor_version": "2"}, None)], False),
+    "rules 0": ([({**R2, "rules": "0"}, {"extractor_version": "3"}, None)], False),
+    "rules x": ([({**R2, "rules": "x"}, {"extractor_version": "3"}, None)], False),
+    "rules 3 (later)": ([({**R2, "rules": "3"}, {"extractor_version": "3"}, None)], True),
+    "rules 2, Arabic-Indic 3": ([({**R2, "extractor_version": "\u0663"}, {"extractor_version": "\u0663"}, None)],
+                                False),
+}
+
+
+@pytest.mark.parametrize("name", list(SCORE_CASES))
+def test_score_settings_no_kvgraft_wrote_agree(tmp_path, name):
+    """#24.2: the spec's rules for score settings no kvgraft wrote (older rules or versions, fields that came later,
+    the ledger's order) need no scorer; both verifiers refuse the same lines. The files are absent, so nothing else
+    about the score is checked (not recomputable)."""
+    entries, passes = SCORE_CASES[name]
+    p = tmp_path / "l.jsonl"
+    for settings, result, _ in entries:
+        settings = {k: v for k, v in settings.items() if v is not ...}
+        ledger.append(p, "score", {"inputs": {"settings": {"mapping": {}, **settings}},
+                                   "outputs": {"result": result}})
+    lines = p.read_bytes().split(b"\n")[:-1]
+    for i, (_, _, time) in enumerate(entries):
+        if time is not None:
+            lines = _edit(lines, i, time=time)
+    _write(p, lines)
+    v = agree(p)
+    assert (v["status"] == "pass") == passes, v
+    r = verify_ledger(p, cache=False)
+    assert [f.check for f in r.findings] == ([] if passes else ["score-settings"]), r.findings
 
 
 def test_only_manifest_and_direct_members_are_files(tmp_path):

@@ -273,18 +273,25 @@ def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str]
     if rehash:
         _rehash(report, entries, path.parent, full, _open_cache(path, cache, full))
         verified = {(f.line, f.path) for f in report.files if f.status == "ok"}
+        with_rules = None  # the first score line that records its rules: no rules-1 kvgraft wrote after it
         for i, entry in enumerate(entries):
             if entry is not None and entry.get("kind") == "score":
-                _check_score(report, i + 1, entry, path.parent, verified)
+                _check_score(report, i + 1, entry, path.parent, verified, with_rules)
+                settings = (entry.get("inputs") or {}).get("settings") if isinstance(entry.get("inputs"), dict) \
+                    else None
+                if with_rules is None and isinstance(settings, dict) and "rules" in settings:
+                    with_rules = i + 1
     return report
 
 
 def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
-                 verified: set[tuple[int, str]]) -> None:
+                 verified: set[tuple[int, str]], with_rules: int | None = None) -> None:
     """Recompute a recorded score by the score rules, extractor version and grader it records (eval.scoring): from
-    its outputs and answers files when present (records and aggregate must come out the same), else from its records
-    file alone (the aggregate must; counted in ``scores_from_records`` with the reason). A score that neither can
-    recompute is counted in ``scores_not_recomputable`` with the reason, never passed in silence."""
+    its outputs and answers files when present (records and aggregate must come out the same, member for member),
+    else from its records file alone (the aggregate must; counted in ``scores_from_records`` with the reason). A
+    score that neither can recompute is counted in ``scores_not_recomputable`` with the reason, never passed in
+    silence. First, settings no kvgraft could have written are a finding and nothing is recomputed (a downgrade:
+    scoring.written_by_no_kvgraft, and no entry without rules after ``with_rules``, the first line that has them)."""
     from ..eval import scoring
 
     def present(d):
@@ -307,6 +314,14 @@ def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
         return
     recorded = dict(outs["result"])
     settings = ins.get("settings") if isinstance(ins.get("settings"), dict) else {}
+    downgrade = scoring.written_by_no_kvgraft(settings, recorded, entry.get("time"))
+    if downgrade is None and "rules" not in settings and with_rules is not None:
+        downgrade = (f"it records no score rules (read as rules 1), after line {with_rules}, whose score records "
+                     "them: an older kvgraft's entry cannot follow a newer one's in one ledger")
+    if downgrade is not None:  # its own check name: the spec's verifier applies it too (no scorer needed)
+        report.findings.append(Finding(line, "score-settings", f"{downgrade}; not recomputed (settings no kvgraft "
+                                       "wrote)"))
+        return
     how = scoring.ScoreSettings.from_recorded(settings, recorded)
     outputs_path, answers_path = present(ins.get("outputs")), present(ins.get("answers"))
     if not outputs_path or not answers_path:
@@ -328,10 +343,10 @@ def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
                                            f"({type(e).__name__}: {str(e)[:120]})"))
             return
         rec_sha = hashlib.sha256(result.records_bytes()).hexdigest()
-        # grader_libs says which library versions graded; other versions here are no difference in the score
-        # itself, but they are named when the verdicts differ.
+        # Member for member, grader_libs included (docs/LEDGER.md): the library versions math-verify's verdicts
+        # depend on are part of the recorded grader, so a machine with others cannot confirm them (#24.3).
         got = result.summary()
-        libs = (recorded.pop("grader_libs", None), got.pop("grader_libs", None))
+        libs = (recorded.get("grader_libs"), got.get("grader_libs"))
         if rec_sha != (outs.get("records") or {}).get("sha256"):
             why = (f"; graded with {json.dumps(libs[0], sort_keys=True)}, recomputed with "
                    f"{json.dumps(libs[1], sort_keys=True)}" if libs[0] != libs[1] else "")
@@ -339,7 +354,10 @@ def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
                                            f"ones (recomputed sha256 {rec_sha}{why})"))
         diff = _score_differences(recorded, got)
         if diff:
-            report.findings.append(Finding(line, "score", f"the recomputed score differs from the recorded one: {diff}"))
+            only_libs = " (the verdicts agree: install the recorded library versions to confirm them)" if \
+                _score_differences(dict(recorded, grader_libs=None), dict(got, grader_libs=None)) == "" else ""
+            report.findings.append(Finding(line, "score", "the recomputed score differs from the recorded one: "
+                                           f"{diff}{only_libs}"))
         report.scores_checked += 1
         return
     records_path = present(outs.get("records"))

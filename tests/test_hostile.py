@@ -612,3 +612,39 @@ def test_an_endless_problems_file_is_refused_in_bounded_memory(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.startswith("refused: /dev/zero:1:"), (p.stdout, p.stderr[-2000:])
     assert "KVGRAFT_MAX_LINE" in p.stdout
+
+
+# -- 6. an artifact longer than the model, grafted by its path (#24.9) ---------------------------------------------
+
+_CAPPED_CLI = r"""
+import resource, sys
+from kvgraft_cli.cli.app import main  # imported before the cap: part of the baseline
+
+def vm_bytes():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+
+cap = vm_bytes() + (512 << 20)
+resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+sys.argv = ["kvgraft"] + sys.argv[1:]
+main()
+"""
+
+
+def test_an_artifact_longer_than_the_model_is_refused_by_its_header(tmp_path):
+    """A 1 MB zstd file whose well-formed header declares 2,064,885 tokens (a 1 GiB payload), grafted by its path,
+    was decompressed before anything looked at its length: MemoryError under an address-space cap, `internal error`,
+    exit 1. Its header alone exceeds the model's 32,768 positions: refused first (exit 2), in a process whose
+    address space may grow by 512 MiB."""
+    head, size = kvg_head(n_tok=2_064_885, head_dim=64)
+    bomb = tmp_path / "bomb.kvg"
+    bomb.write_bytes(zstd_frame(head, size - len(head), size))
+    assert bomb.stat().st_size < 2 * MiB and size > GiB - MiB
+    env = environ_without_pins()
+    env.pop("KVGRAFT_DEBUG", None)
+    p = subprocess.run([sys.executable, "-c", _CAPPED_CLI, "graft", str(bomb), "--store", "s", "--ledger",
+                        "l.jsonl"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("Error: ") and p.stderr.count("\n") == 1 and "internal error" not in p.stderr, p.stderr
+    assert "2,064,885 tokens" in p.stderr and "32,768 positions" in p.stderr, p.stderr

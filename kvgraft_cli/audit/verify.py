@@ -233,6 +233,20 @@ def check_line(raw: bytes, index: int, prev_line: bytes | None) -> tuple[dict | 
     return entry, out
 
 
+def first_bad_line(path: Path) -> tuple[int, str] | None:
+    """The first complete line (1-based) of a ledger that :func:`check_line` finds wrong by itself (not JSON, not
+    canonical, schema, seq or chain) and why, or None. What `kvgraft ledger repair` cannot mend: a line in the
+    middle that was half-written or edited is complete (it ends with a newline), and repair never rewrites complete
+    lines (#24.11)."""
+    prev = None
+    for i, raw in enumerate(LedgerTree.from_bytes(Path(path).read_bytes()).lines):
+        _, found = check_line(raw, i, prev)
+        if found:
+            return i + 1, found[0].message
+        prev = raw
+    return None
+
+
 def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str] | None = None,
                   since: Path | None = None, rehash: bool = True, full: bool = False,
                   require_files: bool = False, cache: Path | bool | None = None,

@@ -243,7 +243,8 @@ def repair(
     manifest: Optional[Path] = MANIFEST_OPT,
 ) -> None:
     """Remove a torn last line (bytes after the last newline) and nothing else."""
-    from ..ledger.log import first_bad_line, repair
+    from ..audit.verify import first_bad_line
+    from ..ledger.log import repair
 
     path = ledger_path(ledger, manifest)
     removed = repair(path)

@@ -233,22 +233,6 @@ def repair(path: Path) -> int:
         return len(tail)
 
 
-def first_bad_line(path: Path) -> tuple[int, str] | None:
-    """The first complete line (1-based) of a ledger that `kvgraft verify` finds wrong by itself (not JSON, not
-    canonical, schema, seq or chain) and why, or None. What `repair` cannot mend: a line in the middle that was
-    half-written or edited is complete (it ends with a newline), and repair never rewrites complete lines."""
-    from ..audit.verify import check_line  # the verifier's own line check: repair and verify never disagree
-
-    lines, _ = split_lines(Path(path).read_bytes())
-    prev = None
-    for i, raw in enumerate(lines):
-        _, found = check_line(raw, i, prev)
-        if found:
-            return i + 1, found[0].message
-        prev = raw
-    return None
-
-
 def appended_since(base_lines: list[bytes], lines: list[bytes]) -> list[dict[str, Any]]:
     """The entries after the base's lines, when the ledger is an append to the base (else CheckFailed)."""
     if len(base_lines) > len(lines) or any(a != b for a, b in zip(base_lines, lines)):

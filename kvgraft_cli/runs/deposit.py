@@ -14,6 +14,7 @@ from ..util.hashing import digest, sha256_file
 from ..config.modelhash import context_window
 from ..eval.problems import Problem, check_lengths, normalize_key, read_problems, verify_solution
 from .context import RunContext
+from ..store import writers
 from ..store.local import Store, prefix_key, problem_key
 
 if TYPE_CHECKING:
@@ -111,7 +112,8 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
             on_start(len(plan))
         prefixes = [prefix_job(ctx, engine, p, where=where) for p, _ in plan]
         computed = None
-    with ctx.open_store(codec=codec) as store:
+    # Registered as a running writer while it writes: gc keeps what it writes, whatever its grace (store.writers).
+    with ctx.open_store(codec=codec) as store, writers.registered(store.root):
         for i, ((p, verdict), ids) in enumerate(zip(plan, prefixes)):
             if computed is None:
                 c = compute_deposit(ctx.manifest, engine, store, p, ids, recompute, level, engine_facts(ctx, engine))

@@ -262,10 +262,9 @@ def parse_container(f, file_size: int, source: str, cap: int) -> Container:
     if any(pad):
         raise IntegrityError(f"{source}: corrupt .kvg container (padding is not zero)", _REFETCH)
     if n > cap:
-        from .payload import ENV_MAX_PAYLOAD
+        from .payload import too_large
 
-        raise ArtifactError(f"{source}: container declares a payload of {n:,} bytes, more than this reader's limit "
-                            f"of {cap:,} bytes", f"if the artifact is genuine, raise {ENV_MAX_PAYLOAD} (e.g. 64G)")
+        raise too_large(source, "container", n, cap)
     if codec == "raw":
         c, stored = Container("raw", offset, n), n
     else:

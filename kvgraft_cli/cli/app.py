@@ -49,6 +49,10 @@ def main() -> None:
     """Console-script entry point: run the command; any error becomes one ``Error:`` line and its exit code."""
     try:
         code = app(standalone_mode=False)
+        if code == 130:
+            # Typer turns a KeyboardInterrupt into Exit(130) and returns the code without a word (no kvgraft command
+            # exits 130 itself): say it, and what the user can rely on (#24.10).
+            code = render(KeyboardInterrupt())
     except BaseException as e:  # noqa: BLE001  (SystemExit from typer.Exit is handled by Click already)
         if isinstance(e, SystemExit):
             raise

@@ -29,6 +29,7 @@ from ..eval.scoring import wilson_interval
 from ..ledger import log as ledger
 from ..runs.context import RunContext
 from ..runs.deposit import DepositReport, deposit_one, engine_facts
+from ..runs.owned import check_output
 from ..store.local import Store
 from ..util.fsio import atomic_write_bytes
 from ..util.hashing import canonical_json, digest, sha256_bytes, sha256_file
@@ -134,11 +135,10 @@ def own_solution(output: str, extracted: str) -> str:
     return f"{text}\nThe answer is: {extracted}"
 
 
-def check_outputs(problems_path: Path, outputs_path: Path, force: bool) -> None:
-    """Refuse to overwrite the problems file, or (without ``force``) an outputs file a ledger entry may name."""
-    if Path(outputs_path).resolve() == Path(problems_path).resolve():
-        raise InputError(f"--outputs {outputs_path} is the problems file; it would be overwritten",
-                         "write the outputs elsewhere")
+def check_outputs(problems_path: Path, outputs_path: Path, force: bool, ctx: RunContext | None = None) -> None:
+    """Refuse to overwrite a file kvgraft owns, whatever ``force`` says (the problems file, and with ``ctx`` the
+    ledger, the store and the manifest: runs.owned), or (without ``force``) an outputs file a ledger entry may name."""
+    check_output(outputs_path, "--outputs", ctx, inputs={"the problems file": problems_path})
     if Path(outputs_path).exists() and not force:
         raise InputError(f"outputs file {outputs_path} exists (an earlier run's ledger entry names its hash)",
                          "pass --outputs NEW.jsonl, or --force to overwrite it")
@@ -174,7 +174,7 @@ def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 
         problems = problems[:limit]
     # A text no position limit could fit is refused by its length, before anything is tokenized or loaded.
     check_lengths(problems, problems_path, context_window(m.model_dir), fields=("problem",))
-    check_outputs(problems_path, outputs_path, force)
+    check_outputs(problems_path, outputs_path, force, ctx)
     decode = m.data["decode"]
     full_budget = decode["max_new_tokens"]
     answer_budget = decode.get("answer_tokens", full_budget)

@@ -31,6 +31,7 @@ from ..store.local import link_key, prefix_key, problem_key
 from ..util import jsonio
 from ..util.hashing import digest, sha256_bytes, sha256_file
 from .context import RunContext
+from .owned import check_output
 
 DEFAULT_ORIGIN = "kvgraft-ledger"
 
@@ -162,6 +163,8 @@ def export_bundle(ctx: RunContext, refs: list[str], output: Path, *, key: str | 
     from ..ledger.checkpoint import load_key, sign
 
     _local_only(ctx, "export from", "pull")
+    # Never over the ledger or the store (#24.6), and into a folder that exists (#24.9): write_bundle creates none.
+    check_output(output, "--output", ctx, folder_must_exist=True)
     signer = load_key(key) if key is not None else None  # a bad key is refused before any work
     tree = LedgerTree.read(ctx.ledger, complete=True)
     with ctx.open_store(create=False) as store:

@@ -15,6 +15,7 @@ transformers can dequantize, a tokenizer.
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def read_gguf(path: Path, supported_architectures: list[str] | None = None) -> G
         raise InputError("reading a GGUF needs the gguf package", "pip install 'kvgraft\\[engine]'") from None
     try:
         reader = GGUFReader(str(path))
-    except (ValueError, IndexError, OSError, struct_error(), TypeError) as e:
+    except (ValueError, IndexError, OSError, struct.error, TypeError) as e:
         raise InputError(f"{path}: a damaged or truncated GGUF ({type(e).__name__}: {str(e)[:160]})",
                          "download or reinstall the file") from None
     size = path.stat().st_size
@@ -158,12 +159,6 @@ def read_gguf(path: Path, supported_architectures: list[str] | None = None) -> G
                                "use a GGUF that embeds its tokenizer")
     return GGUFInfo(path, arch, field("general.name"), tuple(types), len(reader.tensors),
                     field("tokenizer.chat_template") is not None)
-
-
-def struct_error():
-    import struct
-
-    return struct.error
 
 
 def gguf_version() -> str:

@@ -247,6 +247,18 @@ def first_bad_line(path: Path) -> tuple[int, str] | None:
     return None
 
 
+def read_ledger_bytes(path: Path) -> bytes:
+    """A ledger file's bytes; InputError (one line, with a hint) when it is missing, a folder or unreadable."""
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"ledger not found: {path}", LEDGER_NOT_FOUND_HINT) from None
+    except IsADirectoryError:
+        raise InputError(f"{path} is a directory, expected a ledger file") from None
+    except OSError as e:
+        raise InputError(f"cannot read ledger {path}: {e.strerror or e}") from None
+
+
 def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str] | None = None,
                   since: Path | None = None, rehash: bool = True, full: bool = False,
                   require_files: bool = False, cache: Path | bool | None = None,
@@ -257,14 +269,7 @@ def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str]
     never the ledger's folder; a path: that file; False: no cache (nothing read or written). ``origin``: the log
     identity the checkpoint must name (its first line); None: any."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"ledger not found: {path}", LEDGER_NOT_FOUND_HINT) from None
-    except IsADirectoryError:
-        raise InputError(f"{path} is a directory, expected a ledger file") from None
-    except OSError as e:
-        raise InputError(f"cannot read ledger {path}: {e.strerror or e}") from None
+    data = read_ledger_bytes(path)
     report = VerifyReport(str(path), require_files=require_files)
     tree = LedgerTree.from_bytes(data)
     lines, tail = tree.lines, tree.tail

@@ -17,7 +17,7 @@ def write_report(ledger: Path, out: Path, *, checkpoint: Path | None = None, key
     """Verify ``ledger`` (as `kvgraft verify` does), render it and write ``out`` atomically; returns the
     :class:`~.collect.ReportData`. ``plots``: None draws them when matplotlib is installed. InputError, with
     nothing written, for a missing ledger or an ``out`` that may not be written."""
-    from ..audit.verify import LEDGER_NOT_FOUND_HINT, verify_ledger
+    from ..audit.verify import read_ledger_bytes, verify_ledger
     from ..util.fsio import atomic_write_bytes
     from . import destination
     from . import plots as plotting
@@ -25,14 +25,7 @@ def write_report(ledger: Path, out: Path, *, checkpoint: Path | None = None, key
     from .render import render
 
     ledger, out = Path(ledger), Path(out)
-    try:
-        data = ledger.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"ledger not found: {ledger}", LEDGER_NOT_FOUND_HINT) from None
-    except IsADirectoryError:
-        raise InputError(f"{ledger} is a directory, expected a ledger file") from None
-    except OSError as e:
-        raise InputError(f"cannot read ledger {ledger}: {e.strerror or e}") from None
+    data = read_ledger_bytes(ledger)
     extra = [Path(p) for p in (checkpoint, *(keys or [])) if p is not None and Path(p).exists()]
     destination.check(out, ledger, data, extra)
     verification = verify_ledger(ledger, checkpoint=checkpoint, keys=keys, rehash=rehash).to_json()

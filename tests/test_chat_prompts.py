@@ -112,3 +112,49 @@ def test_text_manifests_pin_what_they_pinned():
     assert compute_pin(chat) == compute_pin(other)
     other["prompt"]["assistant"] = "{solution}"
     assert compute_pin(chat) != compute_pin(other)
+
+
+# Renders an assistant turn differently once later turns follow, but only when its text has "Final" in it: the
+# stand-in exchange passes, real library entries do not, so only the whole-conversation check of solve finds it.
+RENAMES_IN_CONTEXT = CHATML.replace(
+    "message['content'] + '<|im_end|>'",
+    "(message['content'].replace('Final', 'FINAL') if message['role'] == 'assistant' and not loop.last "
+    "else message['content']) + '<|im_end|>'")
+
+
+def _chat_engine(engine, template: str):
+    import dataclasses
+
+    from kvgraft_cli.config.manifest import Manifest
+
+    tok = copy.deepcopy(engine.tokenizer)
+    tok.chat_template = template
+    data = copy.deepcopy(engine.manifest.data)
+    data["prompt"] = dict(CHAT_PROMPT)
+    data["decode"] = {"max_new_tokens": 4, "answer_tokens": 2}
+    m = Manifest(data=data, source="chat-test", file_sha256="0" * 64, base_dir=engine.manifest.base_dir)
+    return dataclasses.replace(engine, manifest=m, tokenizer=tok)
+
+
+def test_solve_checks_the_whole_conversation(tmp_path, engine):
+    """solve grafts the library's exchanges and asks the question; with a template that renders an earlier turn
+    differently, the grafted tokens are not the whole conversation's, and solve refuses before decoding (red if
+    solve skips Prompts.check_conversation). With the plain ChatML template the same run answers."""
+    from conftest import EXAMPLES
+    from kvgraft_cli.library.solve import solve
+    from kvgraft_cli.runs.context import RunContext
+    from kvgraft_cli.runs.deposit import deposit
+
+    problems = tmp_path / "p.jsonl"
+    problems.write_text("".join(EXAMPLES.read_text().splitlines(keepends=True)[:2]))
+    for name, template in (("ok", CHATML), ("bad", RENAMES_IN_CONTEXT)):
+        eng = _chat_engine(engine, template)
+        ctx = RunContext.make(eng.manifest, tmp_path / name / "store", tmp_path / name / "ledger.jsonl")
+        deposit(ctx, problems, engine=eng)
+        if name == "ok":
+            run = solve(ctx, problems, tmp_path / name / "out.jsonl", engine=eng)
+            assert [r.hit for r in run.records] == ["exact", "exact"]
+            assert all(r.output.startswith("Final answer:") for r in run.records)
+        else:
+            with pytest.raises(UnsupportedModel, match="not the tokens of the whole conversation"):
+                solve(ctx, problems, tmp_path / name / "out.jsonl", engine=eng)

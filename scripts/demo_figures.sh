@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's flywheel figures on the demo model, measured in one run (CPU; nothing downloaded):
+# The flywheel figures (docs/LIBRARY.md) on the demo model, measured in one run (CPU; nothing downloaded):
 #   bash scripts/demo_figures.sh [OUTDIR]
 # 1. the demo library and queries (examples/demo): recurring questions and new instances of synthetic families;
 # 2. MATH-500 (data/math500/math500.jsonl): its 500 worked solutions as the library, the same 500 problems asked

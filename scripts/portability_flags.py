@@ -4,7 +4,7 @@ For each flag variant on top of the portable base (1 thread, MKL_CBWR=COMPATIBLE
 dtype, a child process (flags are read when torch loads) runs four tiny zoo models (random weights, seed 1) over
 inputs of 1, 5, 17 and 64 tokens and prints a SHA-256 prefix of all logits bytes per model. Equal lines on two
 machines mean bit-identical forwards there. Results land in $OUT/onednn.json (default: the current folder).
-This is how the oneDNN cap of the portable profile was found (README "What is exact"). Usage:
+This is how the oneDNN cap of the portable profile was found (docs/EXACTNESS.md). Usage:
     python scripts/portability_flags.py
 """
 import hashlib

@@ -26,7 +26,7 @@ mechanism, not a capable model: it knows no mathematics, and without a library i
 Measured (one thread, other work sharing the 2-core machine): copying appeared between steps 500 and 1,000. Held-out
 probes of 40 samples at short / current context lengths: step 500 2.5% / 0%, step 1,000 22.5% / 37.5%, step 1,500
 60% / 55%, step 2,000 85% / 75%. The committed model is step 2,000 of the 2,500-step curriculum (2,560 s). Through
-`kvgraft solve` it answers 49/50 of the demo queries from the library and 0/50 without (README, "The flywheel,
+`kvgraft solve` it answers 49/50 of the demo queries from the library and 0/50 without (docs/LIBRARY.md, "The flywheel,
 measured"). An earlier recipe (1.2M parameters, mixed question/answer losses, contexts growing to 2,000 tokens)
 never copied more than 4% in its probe logs over 3,850 steps: short contexts, batches of 16 and an answer-only loss made the difference.
 The committed weights came from a run of this recipe whose batches and config were checked identical to this

@@ -92,3 +92,17 @@ def run_without_torch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """Run the CLI in a process where importing torch, transformers or safetensors fails."""
     return subprocess.run([sys.executable, "-c", BLOCK_TORCH, *args], cwd=cwd, capture_output=True, text=True,
                           timeout=300)
+
+
+@pytest.fixture(scope="session")
+def report_ledger(tmp_path_factory):
+    """A folder where the CLI ran one of each kind `kvgraft report` shows, on the first 4 examples (tiny model):
+    deposit, solve --compare, a score of each run, graft --check and probe. Read-only for tests."""
+    d = tmp_path_factory.mktemp("report")
+    (d / "problems.jsonl").write_text("".join(line + "\n" for line in EXAMPLES.read_text().splitlines()[:4]))
+    for args in (["deposit", "problems.jsonl"], ["solve", "problems.jsonl", "--compare", "--k", "2"],
+                 ["score", "problems.solve.jsonl", "--answers", "problems.jsonl"],
+                 ["score", "problems.baseline.jsonl", "--answers", "problems.jsonl"],
+                 ["graft", "--check", "--samples", "2"], ["probe", "--offsets", "0,1,8", "--samples", "2"]):
+        run_cli(*args, cwd=d, check_rc=0)
+    return d

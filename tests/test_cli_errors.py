@@ -21,6 +21,7 @@ import re
 import shutil
 import sqlite3
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -469,3 +470,37 @@ def test_deposit_torn_ledger_writes_nothing(engine_runs):
     msg = error_line(r.proc)
     assert LEDGER in msg and "torn" in msg
     assert_nothing_written(r.root, ledger_before=TORN_LEDGER)
+
+
+def test_ctrl_c_during_deposit_says_what_was_kept_and_how_to_resume(tmp_path):
+    """#24.10: SIGINT during `kvgraft deposit` exited 130 with an empty stderr (typer turns the interrupt into
+    Exit(130) before kvgraft's error handler sees it). Now one line: how many problems were recorded and kept, and
+    that re-running the same command resumes."""
+    import signal
+    import time
+
+    from conftest import EXAMPLES
+    from kvgraft_cli.config.profiles import environ_without_pins
+
+    lines = EXAMPLES.read_text().splitlines()
+    many = tmp_path / "many.jsonl"  # long enough that the interrupt lands mid-run
+    many.write_text("".join(json.dumps({**json.loads(lines[i % len(lines)]), "id": f"p{i}"}) + "\n"
+                            for i in range(300)))
+    env = environ_without_pins()
+    env.pop("KVGRAFT_DEBUG", None)
+    p = subprocess.Popen([sys.executable, "-m", "kvgraft_cli", "deposit", "many.jsonl"], cwd=tmp_path, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ledger_file = tmp_path / "kvgraft-ledger.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:
+        if ledger_file.is_file() and ledger_file.read_bytes().count(b"\n") >= 2:
+            break
+        time.sleep(0.05)
+    assert p.poll() is None, p.communicate()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, (out, err)
+    assert err.startswith("Error: interrupted") and err.count("\n") == 1, err
+    kept = ledger_file.read_bytes().count(b"\n")
+    assert re.search(rf"\b{kept} of \d+ problems were deposited and recorded", err) and "re-run" in err, err
+    assert run_cli("verify", "kvgraft-ledger.jsonl", "--no-files", cwd=tmp_path).returncode == 0

@@ -128,11 +128,11 @@ main()
 """
 
 
-def measured_cli(*args: str, cwd: Path, timeout: int = 300,
-                 stdout: list | None = None) -> tuple[int, list[str], float, float]:
+def measured_cli(*args: str, cwd: Path, timeout: int = 300, stdout: list | None = None,
+                 env: dict | None = None) -> tuple[int, list[str], float, float]:
     """Run the CLI in a fresh process: (exit code, stderr lines without the measurement, MiB of peak RSS, seconds);
-    its stdout is appended to ``stdout`` when given."""
-    env = environ_without_pins()
+    its stdout is appended to ``stdout`` when given; ``env`` adds variables."""
+    env = {**environ_without_pins(), **(env or {})}
     env.pop("KVGRAFT_DEBUG", None)
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", _MEASURED_CLI, *args], cwd=cwd, env=env, capture_output=True,
@@ -181,7 +181,8 @@ def test_zstd_bomb_is_refused_in_bounded_memory(tmp_path, bomb, reader):
     the 1 GiB bomb, MemoryError for the 64 GiB one."""
     path = _bombs(tmp_path)[bomb]
     r = capped(reader, path, "0" * 64 if reader == "read" else None)
-    assert r["error"] and r["error"].split(":")[0] in ("IntegrityError", "ArtifactError"), r
+    # PayloadTooLarge: the ArtifactError for a declared size over the limit (exit 2 in verify too, #24.4)
+    assert r["error"] and r["error"].split(":")[0] in ("IntegrityError", "ArtifactError", "PayloadTooLarge"), r
     assert r["grown_mib"] < 64 and r["seconds"] < 20, r
 
 
@@ -193,10 +194,10 @@ def test_consistent_header_is_bounded_by_identity_and_limit(tmp_path):
     assert r["error"].startswith("IntegrityError") and "does not match its identity" in r["error"], r
     assert r["grown_mib"] < 64, r
     r = capped("read", path, None, env={"KVGRAFT_MAX_PAYLOAD": "512M"})
-    assert r["error"].startswith("ArtifactError") and r["exit_code"] == 2 and "KVGRAFT_MAX_PAYLOAD" in r["error"]
+    assert r["error"].startswith("PayloadTooLarge") and r["exit_code"] == 2 and "KVGRAFT_MAX_PAYLOAD" in r["error"]
     assert "limit of 536,870,912 bytes" in r["error"] and r["grown_mib"] < 64, r
     r = capped("hash", path, None, env={"KVGRAFT_MAX_PAYLOAD": "512M"})
-    assert r["error"].startswith("ArtifactError"), r
+    assert r["error"].startswith("PayloadTooLarge") and r["exit_code"] == 2, r
 
 
 def test_a_payload_without_a_header_is_refused_by_graft_and_bounded_in_verify(tmp_path):
@@ -574,3 +575,76 @@ def test_an_inconsistent_header_is_refused_before_its_size_is_allocated(tmp_path
         rc, err, mib, _ = measured_cli(*args, cwd=tmp_path)
         assert rc == 2 and "token_ids must be int64" in " ".join(err), err
         assert mib < 600, mib  # the CLI and torch themselves; never the described gigabyte
+
+
+# -- 5. a line without end (#24.8) -------------------------------------------------------------------------------
+
+def test_a_problems_line_longer_than_the_limit_is_refused_before_it_is_read(tmp_path):
+    """A line longer than KVGRAFT_MAX_LINE (default 64 MiB) is refused by its length, naming the line and the
+    variable, having read at most that many bytes of it (exit 2); a file of one endless line is refused the same."""
+    path = tmp_path / "long.jsonl"
+    good = json.dumps({"id": "a", "problem": "What is 1+1?", "solution": "The answer is: 2", "answer": "2"})
+    path.write_text(good + "\n" + "x" * 3000)  # the second line is 3,000 bytes and never ends
+    rc, err, _, _ = measured_cli("deposit", str(path), "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path,
+                                 env={"KVGRAFT_MAX_LINE": "2K"})
+    assert rc == 2 and len(err) == 1, err
+    assert "long.jsonl:2" in err[0] and "2,048 bytes" in err[0] and "KVGRAFT_MAX_LINE" in err[0], err
+    assert not (tmp_path / "s").exists() and not (tmp_path / "l.jsonl").exists()
+
+
+def test_an_endless_problems_file_is_refused_in_bounded_memory(tmp_path):
+    """`kvgraft deposit /dev/zero` read the whole endless line into memory and died of MemoryError (exit 1). The
+    reader alone, in a process whose address space may grow by 256 MiB, now refuses it at the line limit."""
+    code = (
+        "import resource, sys\n"
+        "from kvgraft_cli.eval.problems import read_problems\n"
+        "from kvgraft_cli.errors import ProblemFileError\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_AS)\n"
+        "used = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (used + (256 << 20), hard))\n"
+        "m = {'id': 'id', 'problem': 'problem', 'solution': 'solution', 'answer': 'answer', "
+        "'answer_extract': 'verbatim'}\n"
+        "try:\n"
+        "    read_problems('/dev/zero', m)\n"
+        "except ProblemFileError as e:\n"
+        "    print('refused:', e.message)\n")
+    p = subprocess.run([sys.executable, "-c", code], env={**environ_without_pins(), "KVGRAFT_MAX_LINE": "1M"},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("refused: /dev/zero:1:"), (p.stdout, p.stderr[-2000:])
+    assert "KVGRAFT_MAX_LINE" in p.stdout
+
+
+# -- 6. an artifact longer than the model, grafted by its path (#24.9) ---------------------------------------------
+
+_CAPPED_CLI = r"""
+import resource, sys
+from kvgraft_cli.cli.app import main  # imported before the cap: part of the baseline
+
+def vm_bytes():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+
+cap = vm_bytes() + (512 << 20)
+resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+sys.argv = ["kvgraft"] + sys.argv[1:]
+main()
+"""
+
+
+def test_an_artifact_longer_than_the_model_is_refused_by_its_header(tmp_path):
+    """A 1 MB zstd file whose well-formed header declares 2,064,885 tokens (a 1 GiB payload), grafted by its path,
+    was decompressed before anything looked at its length: MemoryError under an address-space cap, `internal error`,
+    exit 1. Its header alone exceeds the model's 32,768 positions: refused first (exit 2), in a process whose
+    address space may grow by 512 MiB."""
+    head, size = kvg_head(n_tok=2_064_885, head_dim=64)
+    bomb = tmp_path / "bomb.kvg"
+    bomb.write_bytes(zstd_frame(head, size - len(head), size))
+    assert bomb.stat().st_size < 2 * MiB and size > GiB - MiB
+    env = environ_without_pins()
+    env.pop("KVGRAFT_DEBUG", None)
+    p = subprocess.run([sys.executable, "-c", _CAPPED_CLI, "graft", str(bomb), "--store", "s", "--ledger",
+                        "l.jsonl"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("Error: ") and p.stderr.count("\n") == 1 and "internal error" not in p.stderr, p.stderr
+    assert "2,064,885 tokens" in p.stderr and "32,768 positions" in p.stderr, p.stderr

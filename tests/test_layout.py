@@ -24,9 +24,10 @@ for _peer in ("engine", "store", "ledger", "eval"):
 ALLOWED["audit"] = ALLOWED["artifacts"] | {"artifacts", "ledger", "eval"}
 ALLOWED["runs"] = ALLOWED["artifacts"] | {"artifacts", "engine", "store", "ledger", "eval"}
 ALLOWED["library"] = ALLOWED["runs"] | {"runs"}
-ALLOWED["cli"] = ALLOWED["library"] | {"library", "audit"}
+ALLOWED["report"] = ALLOWED["audit"] | {"audit"}  # the HTML report: reads what the verifier reads, and its verdict
+ALLOWED["cli"] = ALLOWED["library"] | {"library", "audit", "report"}
 ALLOWED["__main__"] = {"cli"}
-HEAVY = ("torch", "transformers", "safetensors", "tokenizers", "boto3", "ray")
+HEAVY = ("torch", "transformers", "safetensors", "tokenizers", "boto3", "ray", "matplotlib")
 
 
 def _part(module: str, known: set[str]) -> str:

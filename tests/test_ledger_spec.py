@@ -5,8 +5,8 @@ json, base64, re, os), `zstandard` for artifact payloads and a pure-Python Ed255
 checkpoints. It covers everything the spec says a verifier checks: lines (value space, canonical form, schema, seq,
 chain, torn tail), the Merkle root, checkpoints (syntax, bytes signed, extension lines, origin, several keys),
 `--since` (ledger or checkpoint base, torn base) and referenced files (which digests are files, where they are,
-`.kvg` by zstd payload). Score recomputation needs kvgraft's own scorer and is left to `kvgraft verify` (the spec
-says so); its findings are left out of the comparison.
+`.kvg` by zstd payload) and the score settings no kvgraft wrote (downgrades). Score recomputation needs kvgraft's
+own scorer and is left to `kvgraft verify` (the spec says so); its findings are left out of the comparison.
 
 Everything below the second ruler builds ledgers, checkpoints and files (with kvgraft's writers, as a user would),
 tampers with them, and checks that both verifiers give the same verdict, the same bad lines, the same root, the same
@@ -282,7 +282,57 @@ def _read_text(path: Path) -> str:
         raise Unusable(str(path)) from None
 
 
+# -- scores: settings no kvgraft wrote (the rest of a score needs kvgraft's scorer) --
+RULES_EXTRACTORS = {"1": ("1", "2"), "2": ("3",)}
+RULES_2_SETTINGS = ("extractor_version", "answered_only", "grader", "grader_version")
+RULES_2_RESULT = ("rules", "answered", "unanswered", "no_reference", "answered_only", "grader", "grader_libs")
+
+
+def _ver(v) -> tuple | None:
+    parts = v.split(".") if isinstance(v, str) else [""]
+    return tuple(int(p) for p in parts) if all(re.fullmatch(r"[0-9]+", p) for p in parts) else None
+
+
+def score_settings_ok(e: dict, rules_before: bool) -> bool:
+    """Spec, "Scores": whether some kvgraft could have written this score's settings (``rules_before``: an earlier
+    score line of the ledger records settings.rules)."""
+    ins, outs = e.get("inputs"), e.get("outputs")
+    if not isinstance(ins, dict) or not isinstance(outs, dict) or not isinstance(outs.get("result"), dict):
+        return True  # a finding of the scorer's part, not this one
+    s = ins["settings"] if isinstance(ins.get("settings"), dict) else {}
+    r = outs["result"]
+    if "rules" not in s:
+        return (not any(k in s for k in RULES_2_SETTINGS) and not any(k in r for k in RULES_2_RESULT)
+                and str(r.get("extractor_version", "2")) in RULES_EXTRACTORS["1"]
+                and not (isinstance(e.get("time"), str) and e["time"][:10] > "2026-12-01") and not rules_before)
+    rules, ext = s["rules"], s.get("extractor_version")
+    if _ver(rules) is None or ("extractor_version" in r and r["extractor_version"] != ext):
+        return False
+    if rules not in RULES_EXTRACTORS:
+        return _ver(rules) > (2,)  # a later kvgraft's rules: not recomputable, not refused
+    if _ver(ext) is None or _ver(ext) < _ver(RULES_EXTRACTORS[rules][0]):
+        return False
+    if rules == "1":
+        return ext in RULES_EXTRACTORS["1"] and not any(k in s for k in RULES_2_SETTINGS[1:]) \
+            and not any(k in r for k in RULES_2_RESULT)
+    grader, pin = s.get("grader", "exact"), s.get("grader_version")
+    if grader == "exact":
+        return "grader_version" not in s
+    if grader == "math-verify":
+        libs = r.get("grader_libs")
+        return _ver(pin) is not None and _ver(pin) >= (0, 9, 0) and (
+            libs is None or (isinstance(libs, dict) and libs.get("math-verify") == pin))
+    return True
+
+
 # -- files --
+def max_payload() -> int:
+    """KVGRAFT_MAX_PAYLOAD: bytes, or with a K/M/G/T suffix (binary); default 32 GiB."""
+    raw = os.environ.get("KVGRAFT_MAX_PAYLOAD", "").strip()
+    m = re.fullmatch(r"([0-9]+)([KMGTkmgt]?)", raw)
+    return int(m[1]) << (10 * " KMGT".index(m[2].upper() or " ")) if m else 32 << 30
+
+
 def file_digest(path: Path) -> str | None:
     """SHA-256 of the bytes, or of the payload for a .kvg: a raw v2 container's payload, else the zstd frame's
     (None: not a valid .kvg file)."""
@@ -297,6 +347,8 @@ def file_digest(path: Path) -> str | None:
             return None
         if c.get("version") != 2:
             return None
+        if isinstance(c.get("payload_bytes"), int) and c["payload_bytes"] > max_payload():
+            raise Unusable("payload over KVGRAFT_MAX_PAYLOAD")  # bad input, not a mismatch
         if c.get("codec") == "shuffle-zstd":
             return shuffled_digest(data, c)
         if c.get("codec") != "raw" or len(data) != c["payload_offset"] + c["payload_bytes"]:
@@ -306,6 +358,8 @@ def file_digest(path: Path) -> str | None:
         size = zstandard.get_frame_parameters(data).content_size
         if not 0 < size < 2**64 - 1:
             return None
+        if size > max_payload():
+            raise Unusable("payload over KVGRAFT_MAX_PAYLOAD")  # bad input, not a mismatch
         payload = zstandard.ZstdDecompressor().decompress(data, allow_extra_data=False)
     except zstandard.ZstdError:
         return None
@@ -478,6 +532,14 @@ def _spec_verify(path, checkpoint, keys, since, files) -> dict:
                         hashed[target] = file_digest(target)
                     status = "ok" if hashed[target] == d["sha256"] else "mismatch"
                 result["files"][(i + 1, field, d["path"])] = status
+        rules_before = False  # scores are checked with files, and skipped with them (--no-files)
+        for i, e in enumerate(entries):
+            if e is not None and e.get("kind") == "score":
+                if not score_settings_ok(e, rules_before):
+                    bad.add(i + 1)
+                ins = e.get("inputs")
+                rules_before |= isinstance(ins, dict) and isinstance(ins.get("settings"), dict) \
+                    and "rules" in ins["settings"]
     failed = bad or whole or "mismatch" in result["files"].values()
     return {**result, "status": "fail" if failed else "pass", "bad_lines": bad, "whole": whole}
 # =====================================================================================================================
@@ -572,6 +634,9 @@ CASES = {
     "space for T": lambda ls: _edit(ls, 2, time="2026-01-01 00:00:00Z"),
     "hour 24": lambda ls: _edit(ls, 2, time="2026-01-01T24:00:00Z"),
     "time number": lambda ls: _edit(ls, 2, time=5),
+    # DIGIT is ASCII 0-9 (#24.1): Arabic-Indic and fullwidth digits are other Unicode decimal digits
+    "arabic-indic digits": lambda ls: _edit(ls, 2, time="\u0662\u0660\u0662\u0666-12-02T00:00:00Z"),
+    "fullwidth digits": lambda ls: _edit(ls, 2, time="2026-12-02T0\uff10:00:00Z"),
     "no time": lambda ls: _edit(ls, 2, time=...),
     "kind upper": lambda ls: _edit(ls, 2, kind="Note"),
     "kind newline": lambda ls: _edit(ls, 2, kind="note\n"),
@@ -916,6 +981,81 @@ def test_referenced_files_agree(tmp_path):
     assert v["files"] == expected
     assert v["status"] == "fail" and v["bad_lines"] == {3, 4}  # outputs.n is no digest (sha256: 5); line 4's shape
     assert verify_ledger(lp, cache=False, require_files=True).passed is False
+
+
+@pytest.mark.parametrize("form", ["zstd", "raw container", "shuffle-zstd container"])
+def test_a_payload_over_the_limit_is_unusable_input_for_both(tmp_path, monkeypatch, form):
+    """#24.4: a declared payload over KVGRAFT_MAX_PAYLOAD is bad input (exit 2), not a mismatch, for every file form;
+    at the limit exactly it is read."""
+    payload = os.urandom(4096)
+    data = {"zstd": _zstd(payload), "raw container": container.raw_file(payload),
+            "shuffle-zstd container": container.shuffle_zstd_file(payload, 4)}[form]
+    (tmp_path / "a.kvg").write_bytes(data)
+    lp = tmp_path / "ledger.jsonl"
+    ledger.append(lp, "test", {"outputs": {"artifact": {"path": "a.kvg", "sha256": hashlib.sha256(payload).hexdigest()}}})
+    monkeypatch.setenv("KVGRAFT_MAX_PAYLOAD", "4K")
+    assert agree(lp)["status"] == "pass"
+    monkeypatch.setenv("KVGRAFT_MAX_PAYLOAD", "4095")
+    assert agree(lp)["status"] == "input"
+    assert run_cli("verify", "ledger.jsonl", "--full", cwd=tmp_path,
+                   env={"KVGRAFT_MAX_PAYLOAD": "4095"}).returncode == 2
+
+
+R2 = {"rules": "2", "extractor_version": "3", "answered_only": False, "grader": "exact"}
+MV = {**R2, "grader": "math-verify", "grader_version": "0.9.0"}
+OLD = "2026-11-30T12:00:00.000000+00:00"
+SCORE_CASES = {
+    # name: ([(settings, result, time or None: now)], passes)
+    "rules 2": ([(R2, {"rules": "2", "extractor_version": "3"}, None)], True),
+    "rules 2, a later extractor": ([({**R2, "extractor_version": "4"}, {"extractor_version": "4"}, None)], True),
+    "rules 2, extractor 1": ([({**R2, "extractor_version": "1"}, {"extractor_version": "1"}, None)], False),
+    "rules 2, extractor 2": ([({**R2, "extractor_version": "2"}, {"extractor_version": "2"}, None)], False),
+    "extractors differ": ([({**R2, "extractor_version": "9"}, {"extractor_version": "3"}, None)], False),
+    "math-verify pin": ([(MV, {"extractor_version": "3", "grader_libs": {"math-verify": "0.9.0"}}, None)], True),
+    "math-verify later": ([({**MV, "grader_version": "0.10.0"}, {"extractor_version": "3"}, None)], True),
+    "math-verify 0.8.0": ([({**MV, "grader_version": "0.8.0"}, {"extractor_version": "3"}, None)], False),
+    "math-verify no version": ([({**MV, "grader_version": ...}, {"extractor_version": "3"}, None)], False),
+    "grader_libs other": ([(MV, {"extractor_version": "3", "grader_libs": {"math-verify": "0.8.0"}}, None)], False),
+    "exact with a version": ([({**R2, "grader_version": "1"}, {"extractor_version": "3"}, None)], False),
+    "rules 1, old": ([({}, {"extractor_version": "2", "unscored_problems": 1}, OLD)], True),
+    "rules 1, extractor 1": ([({}, {"extractor_version": "1"}, OLD)], True),
+    "rules 1, today": ([({}, {"extractor_version": "2"}, None)], False),
+    "rules 1, extractor 3": ([({}, {"extractor_version": "3"}, OLD)], False),
+    "rules 1, answered_only": ([({"answered_only": False}, {"extractor_version": "2"}, OLD)], False),
+    "rules 1, result.answered": ([({}, {"extractor_version": "2", "answered": 3}, OLD)], False),
+    "rules 1 after rules 2": ([(R2, {"extractor_version": "3"}, OLD), ({}, {"extractor_version": "2"}, OLD)], False),
+    "rules 1 before rules 2": ([({}, {"extractor_version": "2"}, OLD), (R2, {"extractor_version": "3"}, None)], True),
+    "rules 1, recorded": ([({"rules": "1", "extractor_version": "2"}, {"extractor_version": "2"}, None)], True),
+    "rules 1, recorded, grader": ([({"rules": "1", "extractor_version": "2", "grader": "exact"},
+                                    {"extractor_version": "2"}, None)], False),
+    "rules 0": ([({**R2, "rules": "0"}, {"extractor_version": "3"}, None)], False),
+    "rules x": ([({**R2, "rules": "x"}, {"extractor_version": "3"}, None)], False),
+    "rules 3 (later)": ([({**R2, "rules": "3"}, {"extractor_version": "3"}, None)], True),
+    "rules 2, Arabic-Indic 3": ([({**R2, "extractor_version": "\u0663"}, {"extractor_version": "\u0663"}, None)],
+                                False),
+}
+
+
+@pytest.mark.parametrize("name", list(SCORE_CASES))
+def test_score_settings_no_kvgraft_wrote_agree(tmp_path, name):
+    """#24.2: the spec's rules for score settings no kvgraft wrote (older rules or versions, fields that came later,
+    the ledger's order) need no scorer; both verifiers refuse the same lines. The files are absent, so nothing else
+    about the score is checked (not recomputable)."""
+    entries, passes = SCORE_CASES[name]
+    p = tmp_path / "l.jsonl"
+    for settings, result, _ in entries:
+        settings = {k: v for k, v in settings.items() if v is not ...}
+        ledger.append(p, "score", {"inputs": {"settings": {"mapping": {}, **settings}},
+                                   "outputs": {"result": result}})
+    lines = p.read_bytes().split(b"\n")[:-1]
+    for i, (_, _, time) in enumerate(entries):
+        if time is not None:
+            lines = _edit(lines, i, time=time)
+    _write(p, lines)
+    v = agree(p)
+    assert (v["status"] == "pass") == passes, v
+    r = verify_ledger(p, cache=False)
+    assert [f.check for f in r.findings] == ([] if passes else ["score-settings"]), r.findings
 
 
 def test_only_manifest_and_direct_members_are_files(tmp_path):

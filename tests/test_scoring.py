@@ -161,6 +161,24 @@ def test_score_does_not_need_a_solution_field(tmp_path):
     assert (r["n"], r["correct"], r["unanswered"]) == (2, 1, 1)
 
 
+OLD_TIME = "2026-11-30T12:00:00.000000+00:00"  # before score rules 2 shipped (scoring.LAST_RULES_1_DAY)
+
+
+def _backdate(led, line: int, time: str = OLD_TIME) -> None:
+    """Rewrite one line's time (as a kvgraft of rules 1 wrote it, before rules 2 shipped) and re-chain the lines
+    after it: an entry without settings.rules dated today is a downgrade (#24.2)."""
+    import hashlib
+
+    entries = ledger.read(led)
+    entries[line - 1]["time"] = time
+    out, prev = [], None
+    for e in entries:
+        e["prev"] = hashlib.sha256(prev).hexdigest() if prev is not None else None
+        prev = json.dumps(e, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode()
+        out.append(prev)
+    led.write_bytes(b"".join(x + b"\n" for x in out))
+
+
 def _entry(out, rec_sha, result, settings=None, rec_path="rec.jsonl"):
     """A score ledger entry over the examples, as `kvgraft score` writes one (settings: the current ones)."""
     extra = ScoreSettings().to_settings() if settings is None else settings
@@ -226,6 +244,7 @@ def test_old_rules_entries_recompute_with_their_own_rules(tmp_path):
     rec_sha = write_records(tmp_path / "rec.jsonl", res)
     led = tmp_path / "l.jsonl"
     ledger.append(led, "score", _entry(out, rec_sha, s, settings={}))
+    _backdate(led, 1)
     new = score(out, EXAMPLES, DEFAULT_MAP).summary()
     assert (new["n"], new["correct"]) == (8, 2)  # extractor 3 reads "**Answer:** 5"; unanswered count
     v = verify_ledger(led)
@@ -234,22 +253,23 @@ def test_old_rules_entries_recompute_with_their_own_rules(tmp_path):
 
 def test_scores_from_another_extractor_version_are_recomputed_from_records(tmp_path):
     """Outputs are never re-extracted with another extractor than the one that scored them (that would change the
-    number); without that version here, the records file holds each extraction and the aggregate is recomputed
-    from it, and verify says the verdicts were not recomputed."""
+    number); without that version here (a later kvgraft's extractor 4), the records file holds each extraction and
+    the aggregate is recomputed from it, and verify says the verdicts were not recomputed."""
     out = _outputs(tmp_path, [{"id": "sum-1", "output": "\\boxed{42}"}, {"id": "lin-1", "output": "x"}])
-    res = score(out, EXAMPLES, DEFAULT_MAP, settings=ScoreSettings.from_recorded({}))
-    data = res.records_bytes().replace(b'"extractor_version":"2"', b'"extractor_version":"0"')
+    res = score(out, EXAMPLES, DEFAULT_MAP)
+    data = res.records_bytes().replace(b'"extractor_version":"3"', b'"extractor_version":"4"')
     (tmp_path / "rec.jsonl").write_bytes(data)
     led = tmp_path / "l.jsonl"
-    ledger.append(led, "score", _entry(out, sha256_bytes(data), dict(res.summary(), extractor_version="0"), {}))
-    ledger.append(led, "score", _entry(out, sha256_bytes(data), dict(res.summary(), extractor_version="0", correct=2),
-                                       {}))
+    later = dict(ScoreSettings().to_settings(), extractor_version="4")
+    ledger.append(led, "score", _entry(out, sha256_bytes(data), dict(res.summary(), extractor_version="4"), later))
+    ledger.append(led, "score", _entry(out, sha256_bytes(data), dict(res.summary(), extractor_version="4", correct=2),
+                                       later))
     v = verify_ledger(led)
     assert v.scores_checked == 2
     assert [(f.line, f.check) for f in v.findings] == [(2, "score")]
     assert "correct recorded 2, recomputed 1" in v.findings[0].message
     assert [x["line"] for x in v.scores_from_records] == [1, 2]
-    assert "extractor version 0 is not in this kvgraft" in v.scores_from_records[0]["reason"]
+    assert "extractor version 4 is not in this kvgraft" in v.scores_from_records[0]["reason"]
 
 
 def test_unrecomputable_score_is_counted_with_its_reason(tmp_path):
@@ -258,6 +278,7 @@ def test_unrecomputable_score_is_counted_with_its_reason(tmp_path):
     res = score(out, EXAMPLES, DEFAULT_MAP, settings=ScoreSettings.from_recorded({}))
     led = tmp_path / "l.jsonl"
     ledger.append(led, "score", _entry(out, "0" * 64, dict(res.summary(), extractor_version="1"), {}, "gone.jsonl"))
+    _backdate(led, 1)
     v = verify_ledger(led)
     assert v.passed and v.scores_checked == 0
     assert v.scores_not_recomputable == [{"line": 1, "reason": "extractor version 1 is not in this kvgraft (it has "
@@ -398,10 +419,12 @@ def test_cli_math_verify_score_is_recorded_and_verified_without_torch(tmp_path):
     p = run_without_torch("verify", "kvgraft-ledger.jsonl", "--json", cwd=tmp_path)
     v = json.loads(p.stdout)
     assert p.returncode == 0 and v["scores_checked"] == 2 and not v["scores_not_recomputable"], p.stderr
-    # Recorded on a machine with another sympy: the same verdicts recompute, so nothing differs.
+    # Recorded with another sympy: compared member for member (#24.3), so this machine cannot confirm it; the
+    # finding says the verdicts agree and what to install.
     entry = {k: e[k] for k in ("inputs", "outputs")}
     libs = dict(e["outputs"]["result"]["grader_libs"], sympy="0.0")
     entry["outputs"] = {**entry["outputs"], "result": {**e["outputs"]["result"], "grader_libs": libs}}
     ledger.append(tmp_path / "kvgraft-ledger.jsonl", "score", entry)
     v = verify_ledger(tmp_path / "kvgraft-ledger.jsonl")
-    assert v.passed and v.scores_checked == 3, v.first_problem()
+    assert not v.passed and v.scores_checked == 3 and [f.line for f in v.findings] == [3], v.first_problem()
+    assert "grader_libs" in v.findings[0].message and "the verdicts agree" in v.findings[0].message

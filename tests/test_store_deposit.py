@@ -111,3 +111,52 @@ def test_an_index_row_pointing_a_prefix_at_another_artifact_is_refused(ctx, engi
     with pytest.raises(IntegrityError, match=f"index names artifact {b.artifact[:16]}"):
         deposit(ctx, EXAMPLES, engine=engine, limit=1)
     assert ctx.ledger.read_bytes() == before
+
+
+def test_an_object_deleted_before_its_index_row_says_so_not_ray(ctx, engine, monkeypatch):
+    """#24.12: `kvgraft store gc --grace 0` during a deposit deleted an object written but not yet indexed; the
+    single-process deposit then failed naming `--ray-address`. The message says what happened and how to resume;
+    nothing was recorded for that problem."""
+    import pytest
+
+    from kvgraft_cli.errors import StoreError
+    from kvgraft_cli.runs import deposit as dep
+
+    real = dep.compute_deposit
+
+    def then_gc(m, engine, store, *args):  # what gc --grace 0 does between the object and its index row
+        c = real(m, engine, store, *args)
+        store.object_path(c.artifact).unlink()
+        return c
+
+    monkeypatch.setattr(dep, "compute_deposit", then_gc)
+    with pytest.raises(StoreError) as e:
+        deposit(ctx, EXAMPLES, limit=1, engine=engine)
+    text = f"{e.value.message} {e.value.hint}"
+    assert "--ray" not in text and "gc" in text and "deleted" in text and "re-run" in text, text
+    assert not ctx.ledger.exists() or ctx.ledger.read_bytes() == b""
+
+
+def test_gc_with_no_grace_during_a_deposit_deletes_nothing_it_wrote(ctx, engine, monkeypatch):
+    """#24.12, the other half: gc skips objects younger than the oldest running deposit it can see (a registered
+    writer holding its lock, store/writers.py), whatever --grace says; so `gc --grace 0` in the middle of a deposit
+    leaves the deposit whole. Once no writer runs, the grace alone applies again."""
+    from kvgraft_cli.runs import deposit as dep
+    from kvgraft_cli.runs.gc import collect_garbage
+
+    real, seen = dep.compute_deposit, []
+
+    def with_gc(m, engine, store, *args):  # gc --grace 0 between the object and its index row
+        c = real(m, engine, store, *args)
+        seen.append(collect_garbage(ctx.store, [], grace_s=0))
+        return c
+
+    monkeypatch.setattr(dep, "compute_deposit", with_gc)
+    report = deposit(ctx, EXAMPLES, limit=2, engine=engine)
+    assert [r.status for r in report.results] == ["deposited", "deposited"]
+    assert seen and all(not g.unindexed for g in seen), seen
+    assert not list((ctx.store / "writers").iterdir())  # the registration is gone with the deposit
+    orphan = ctx.store / "objects" / "ab" / ("ab" * 32 + ".kvg")
+    orphan.parent.mkdir(exist_ok=True)
+    orphan.write_bytes(b"unindexed")
+    assert collect_garbage(ctx.store, [], grace_s=0).unindexed == [str(orphan)] and not orphan.exists()

@@ -106,6 +106,24 @@ def test_torn_tail_is_reported_and_repair_removes_only_it(tmp_path):
     assert verify_ledger(p).passed
 
 
+def test_repair_names_a_half_written_line_in_the_middle(tmp_path):
+    """#24.11: with line 2 of 5 half-written, `ledger repair` said "no torn line; nothing changed", exit 0. It changes
+    nothing (it never rewrites complete lines) but fails naming line 2 and `kvgraft verify`; a torn tail is still
+    removed first."""
+    p = _synthetic(tmp_path / "l.jsonl", 5)
+    lines = _lines(p)
+    _write(p, lines[:1] + [lines[1][:len(lines[1]) // 2]] + lines[2:])
+    damaged = p.read_bytes()
+    r = run_cli("ledger", "repair", "l.jsonl", cwd=tmp_path)
+    assert r.returncode == 1 and p.read_bytes() == damaged, r
+    assert r.stderr.startswith("Error: ") and "line 2" in r.stderr and "kvgraft verify" in r.stderr, r.stderr
+    assert "nothing changed" not in r.stdout
+    p.write_bytes(damaged + b'{"kind":"te')
+    r = run_cli("ledger", "repair", "l.jsonl", cwd=tmp_path)
+    assert r.returncode == 1 and p.read_bytes() == damaged and "line 2" in r.stderr, r
+    assert "removed a torn last line" in r.stdout
+
+
 def test_since_names_the_rewritten_line_and_checks_consistency(tmp_path):
     p = _synthetic(tmp_path / "l.jsonl", 5)
     base = tmp_path / "base.jsonl"
@@ -180,6 +198,40 @@ def test_cache_skips_verified_files_and_full_bypasses_it(copy, monkeypatch):
     calls.clear()
     r = verify_ledger(copy)
     assert len(calls) == 1 and not r.passed
+
+
+def test_a_payload_over_the_limit_is_bad_input_with_full_and_from_the_cache(copy):
+    """#24.4: a payload over KVGRAFT_MAX_PAYLOAD is bad input (exit 2, docs/LEDGER.md), not a mismatch (exit 1) under
+    --full; and without --full a file already in the cache is still held to the limit (its header is read)."""
+    cwd, small = copy.parent, {"KVGRAFT_MAX_PAYLOAD": "1K"}  # every deposited payload is larger
+    run_cli("verify", "ledger.jsonl", "--cache", "c.json", cwd=cwd, check_rc=0)  # every file now in the cache
+    for extra in (["--full"], []):
+        r = run_cli("verify", "ledger.jsonl", "--cache", "c.json", *extra, cwd=cwd, env=small)
+        assert r.returncode == 2, (extra, r)
+        assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1 and "KVGRAFT_MAX_PAYLOAD" in r.stderr, r
+
+
+def test_verify_says_how_many_files_it_took_from_the_cache_unread(copy):
+    """#24.5: the cache cannot see a change that keeps size, mtime and inode, so every run that used it says how many
+    files it took from it unread, and that --full (the third party's choice) re-reads them."""
+    cwd = copy.parent
+
+    def run(*extra):
+        return json.loads(run_cli("verify", "ledger.jsonl", "--cache", "c.json", "--json", *extra, cwd=cwd,
+                                  check_rc=0).stdout)
+
+    first = run()
+    assert first["files"]["from_cache"] == 0 and not any("cache" in w for w in first["warnings"])
+    second = run()
+    n = second["files"]["checked"]
+    assert second["files"]["from_cache"] == n > 0, second["files"]
+    assert any(f"{n} of {n} referenced files were taken from the verify cache unread" in w and "--full" in w
+               for w in second["warnings"]), second["warnings"]
+    human = run_cli("verify", "ledger.jsonl", "--cache", "c.json", cwd=cwd, check_rc=0).stdout
+    assert "taken from the verify cache unread" in " ".join(human.split()), human
+    assert run("--full")["files"]["from_cache"] == 0
+    plain = json.loads(run_cli("verify", "ledger.jsonl", "--no-cache", "--json", cwd=cwd, check_rc=0).stdout)
+    assert plain["files"]["from_cache"] == 0
 
 
 def test_payload_hash_matches_artifact_identity(copy):

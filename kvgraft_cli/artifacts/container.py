@@ -77,7 +77,7 @@ def default_codec(dtype: str) -> str:
     bfloat16, 8,176   1.00x, 0.133 s    1.28x, 0.317 s    1.44x, 0.357 s
     ================  ================  ================  ================
 
-    (*) measured under load; raw takes 0.26 s on a quiet machine (README). shuffle-zstd restores about as fast as
+    (*) measured under load; raw takes 0.26 s on a quiet machine (docs/PERFORMANCE.md). shuffle-zstd restores about as fast as
     zstd or faster (its chunks decompress in parallel), with files 9-11% smaller, but 2.4-2.8x slower than raw; so
     ``auto`` stays raw, and ``--codec shuffle-zstd`` is the one for archives and transfers."""
     return "raw"
@@ -262,10 +262,9 @@ def parse_container(f, file_size: int, source: str, cap: int) -> Container:
     if any(pad):
         raise IntegrityError(f"{source}: corrupt .kvg container (padding is not zero)", _REFETCH)
     if n > cap:
-        from .payload import ENV_MAX_PAYLOAD
+        from .payload import too_large
 
-        raise ArtifactError(f"{source}: container declares a payload of {n:,} bytes, more than this reader's limit "
-                            f"of {cap:,} bytes", f"if the artifact is genuine, raise {ENV_MAX_PAYLOAD} (e.g. 64G)")
+        raise too_large(source, "container", n, cap)
     if codec == "raw":
         c, stored = Container("raw", offset, n), n
     else:

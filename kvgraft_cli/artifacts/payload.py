@@ -29,15 +29,15 @@ import json
 import math
 import os
 import queue
-import re
 import struct
 import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..errors import ArtifactError, InputError, IntegrityError
+from ..errors import ArtifactError, IntegrityError, PayloadTooLarge
 from . import container, layout
 from .identity import PayloadHasher
+from ..util.limits import size_setting  # re-exported: readers and tests name it here
 
 CHUNK = 1 << 22
 MAX_HEADER = 8 << 20  # a payload's safetensors header; a kvgraft header takes about 250 bytes a layer
@@ -57,19 +57,6 @@ def max_payload() -> int:
     return size_setting(ENV_MAX_PAYLOAD, DEFAULT_MAX_PAYLOAD, allow_zero=False)
 
 
-def size_setting(name: str, default: int, allow_zero: bool = True) -> int:
-    """A size from the environment variable ``name``: bytes, or with a K/M/G/T suffix (binary: ``64G``)."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    m = re.fullmatch(r"(\d{1,20})\s*([kmgt]?)(?:i?b)?", raw, re.IGNORECASE)
-    if not m or (int(m.group(1)) == 0 and not allow_zero):
-        shown = raw if len(raw) <= 40 else raw[:40] + f"...({len(raw)} chars)"
-        raise InputError(f"{name}={shown!r} is not a size",
-                         f"set {name} to a number of bytes, optionally with K, M, G or T (binary), e.g. 64G")
-    return int(m.group(1)) << (10 * "_kmgt".index(m.group(2).lower() or "_"))
-
-
 def compress(payload: bytes, level: int = 3) -> bytes:
     """One zstd frame of the payload, with content size and checksum in the frame header."""
     import zstandard
@@ -82,6 +69,34 @@ def _max_frame_bytes(n: int) -> int:
     writer that ends a block every few dozen bytes adds more, so allow n/8 and 64 KiB. Bounds what is read into
     memory and how many block headers are walked."""
     return n + (n >> 3) + (1 << 16)
+
+
+def too_large(source: str, what: str, size: int, cap: int) -> PayloadTooLarge:
+    """The error for a payload declared larger than the reader's limit (bad input, exit 2; never a mismatch)."""
+    return PayloadTooLarge(f"{source}: {what} declares a payload of {size:,} bytes, more than this reader's limit of "
+                           f"{cap:,} bytes", f"if the artifact is genuine, raise {ENV_MAX_PAYLOAD} (bytes, or e.g. 64G)")
+
+
+def check_declared_size(path: Path) -> None:
+    """Hold a ``.kvg`` file to the payload limit by its header alone (the zstd frame header, or the container
+    header): PayloadTooLarge when it declares more. What `verify` applies to a file it takes from its cache unread.
+    A header that cannot be read is left to the full read (this raises nothing else)."""
+    import zstandard
+
+    source, cap = str(path), max_payload()
+    try:
+        with _open(Path(path)) as f:
+            head = f.read(_FRAME_HEADER_MAX)
+            if container.is_container(head):
+                container.parse_container(f, os.fstat(f.fileno()).st_size, source, cap)
+                return
+            size = zstandard.get_frame_parameters(head).content_size
+    except PayloadTooLarge:
+        raise
+    except (ArtifactError, zstandard.ZstdError):
+        return
+    if size not in (zstandard.CONTENTSIZE_UNKNOWN, zstandard.CONTENTSIZE_ERROR) and size > cap:
+        raise too_large(source, "zstd frame", size, cap)
 
 
 def _frame_size(read_at: Callable[[int, int], bytes], file_size: int, source: str, cap: int) -> int:
@@ -101,9 +116,7 @@ def _frame_size(read_at: Callable[[int, int], bytes], file_size: int, source: st
     if size in (zstandard.CONTENTSIZE_UNKNOWN, zstandard.CONTENTSIZE_ERROR) or size <= 0:
         raise IntegrityError(f"{source}: zstd frame has no usable content size (a .kvg frame declares it)")
     if size > cap:
-        raise ArtifactError(f"{source}: zstd frame declares a payload of {size:,} bytes, more than this reader's "
-                            f"limit of {cap:,} bytes", f"if the artifact is genuine, raise {ENV_MAX_PAYLOAD} "
-                            "(bytes, or e.g. 64G)")
+        raise too_large(source, "zstd frame", size, cap)
     if file_size > _max_frame_bytes(size):
         raise IntegrityError(f"{source}: {file_size:,} bytes is more than any zstd frame of {size:,} bytes takes",
                              _REFETCH)

@@ -20,24 +20,12 @@ import json
 import os
 from pathlib import Path
 
-from ..artifacts.payload import kvg_payload_sha256
-from ..errors import ArtifactError
-from ..util.fsio import atomic_write_bytes
+from ..artifacts.payload import check_declared_size, kvg_payload_sha256
+from ..errors import ArtifactError, PayloadTooLarge
+from ..util.fsio import atomic_write_bytes, user_cache_dir
 from ..util.hashing import sha256_file
 
 CACHE_NAME = ".kvgraft-verify-cache.json"  # where earlier versions kept it, beside the ledger: no longer read or written
-
-
-def user_cache_dir() -> Path | None:
-    """kvgraft's folder in the user's cache directory: ``$XDG_CACHE_HOME/kvgraft`` when that is an absolute path
-    (the XDG Base Directory rule: a relative one is ignored), else ``~/.cache/kvgraft``; None without a home."""
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    if os.path.isabs(xdg):
-        return Path(xdg) / "kvgraft"
-    try:
-        return Path.home() / ".cache" / "kvgraft"
-    except RuntimeError:  # no HOME and no passwd entry: run without a cache
-        return None
 
 
 def default_cache_path(ledger: Path) -> Path | None:
@@ -55,6 +43,8 @@ def raw_digest(path: Path) -> str:
     if path.suffix == ".kvg":
         try:
             return kvg_payload_sha256(path)
+        except PayloadTooLarge:  # bad input (exit 2, docs/LEDGER.md), not a mismatch
+            raise
         except ArtifactError as e:  # the frame breaks the .kvg rules: truncated, corrupt, trailing bytes
             return f"unreadable: {e.message}"
     return sha256_file(path)
@@ -65,6 +55,7 @@ class HashCache:
 
     def __init__(self, path: Path | None, enabled: bool = True):
         self.path, self.enabled, self.dirty = path, enabled, False
+        self.hits = 0  # files whose digest this run took from the cache, unread
         self.entries: dict[str, list] = {}
         # Loaded even with --full (enabled=False: no lookups), so saving keeps the rows this run did not touch.
         if path is not None and path.is_file():
@@ -106,6 +97,9 @@ def digest_of(path: Path, cache: HashCache) -> str:
     """The recorded-style digest of a file, from the cache when its stat is unchanged."""
     hit, key = cache.get(path)
     if hit is not None:
+        if path.suffix == ".kvg":
+            check_declared_size(path)  # the payload limit holds for a cached file too (its header only is read)
+        cache.hits += 1
         return hit
     d = raw_digest(path)
     cache.put(path, key, d)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -61,6 +62,9 @@ class VerifyReport:
     checkpoint: dict[str, Any] | None = None
     since: dict[str, Any] | None = None
     require_files: bool = False
+    # Files whose digest came from the verified-file cache, unread (size, mtime and inode unchanged): said on every
+    # run that used the cache, since a change keeping all three is invisible to it; --full reads everything.
+    files_from_cache: int = 0
     scores_checked: int = 0
     # Scores whose verdicts could not be recomputed here: {line, reason}. From records: the aggregate was recomputed
     # from the records file (counted in scores_checked too); not recomputable: nothing was.
@@ -87,6 +91,11 @@ class VerifyReport:
         """What passed without being checked: referenced files that are not here (a failure with --require-files),
         and objects of remote stores (never fetched by verify: `kvgraft store pull` brings them here)."""
         found = []
+        if self.files_from_cache:
+            found.append(f"{self.files_from_cache} of {len(self.files)} referenced files were taken from the verify "
+                         "cache unread (their size, mtime and inode are unchanged since they were hashed; a change "
+                         "that keeps all three is not seen): `kvgraft verify --full` re-reads every file, the check "
+                         "for a third party")
         if self.missing and not self.require_files:
             found.append(f"{len(self.missing)} of {len(self.files)} referenced files are missing here, so their "
                          "hashes were not checked (--require-files makes this a failure)")
@@ -115,6 +124,7 @@ class VerifyReport:
             "first_problem": self.first_problem(), "warnings": self.warnings(),
             "findings": [asdict(f) for f in self.findings],
             "files": {"checked": len(self.files), "ok": sum(f.status == "ok" for f in self.files),
+                      "from_cache": self.files_from_cache,
                       "missing": [asdict(f) for f in self.missing], "mismatched": [asdict(f) for f in self.mismatched],
                       "remote": [asdict(f) for f in self.remote]},
             "checkpoint": self.checkpoint, "since": self.since, "scores_checked": self.scores_checked,
@@ -127,7 +137,21 @@ def _validator():
     # fastjsonschema compiles the schema to Python: about 50x faster than jsonschema per entry, which matters at
     # 100,000+ lines. (Manifests use jsonschema, which reports every problem in one pass.)
     text = (resources.files("kvgraft_cli") / "schemas" / "ledger-entry.schema.json").read_text()
-    return fastjsonschema.compile(json.loads(text))
+    return fastjsonschema.compile(json.loads(text), formats={"date-time": _date_time_ok})
+
+
+@lru_cache(maxsize=1)
+def _date_time_regex() -> re.Pattern:
+    # fastjsonschema's own date-time grammar (the one docs/LEDGER.md writes down), compiled with re.ASCII: its \d
+    # otherwise matches every Unicode decimal digit ("\u0662\u0660\u0662\u0666-..."), and the spec's DIGIT is 0-9.
+    from fastjsonschema.draft04 import CodeGeneratorDraft04
+
+    return re.compile(CodeGeneratorDraft04.FORMAT_REGEXS["date-time"], re.ASCII)
+
+
+def _date_time_ok(value: str) -> bool:
+    """Whether ``value`` is an RFC 3339 date-time in the spec's grammar, ASCII digits only."""
+    return _date_time_regex().match(value) is not None
 
 
 def canonical_line(entry: Any) -> bytes:
@@ -209,6 +233,32 @@ def check_line(raw: bytes, index: int, prev_line: bytes | None) -> tuple[dict | 
     return entry, out
 
 
+def first_bad_line(path: Path) -> tuple[int, str] | None:
+    """The first complete line (1-based) of a ledger that :func:`check_line` finds wrong by itself (not JSON, not
+    canonical, schema, seq or chain) and why, or None. What `kvgraft ledger repair` cannot mend: a line in the
+    middle that was half-written or edited is complete (it ends with a newline), and repair never rewrites complete
+    lines (#24.11)."""
+    prev = None
+    for i, raw in enumerate(LedgerTree.from_bytes(Path(path).read_bytes()).lines):
+        _, found = check_line(raw, i, prev)
+        if found:
+            return i + 1, found[0].message
+        prev = raw
+    return None
+
+
+def read_ledger_bytes(path: Path) -> bytes:
+    """A ledger file's bytes; InputError (one line, with a hint) when it is missing, a folder or unreadable."""
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"ledger not found: {path}", LEDGER_NOT_FOUND_HINT) from None
+    except IsADirectoryError:
+        raise InputError(f"{path} is a directory, expected a ledger file") from None
+    except OSError as e:
+        raise InputError(f"cannot read ledger {path}: {e.strerror or e}") from None
+
+
 def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str] | None = None,
                   since: Path | None = None, rehash: bool = True, full: bool = False,
                   require_files: bool = False, cache: Path | bool | None = None,
@@ -219,14 +269,7 @@ def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str]
     never the ledger's folder; a path: that file; False: no cache (nothing read or written). ``origin``: the log
     identity the checkpoint must name (its first line); None: any."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"ledger not found: {path}", LEDGER_NOT_FOUND_HINT) from None
-    except IsADirectoryError:
-        raise InputError(f"{path} is a directory, expected a ledger file") from None
-    except OSError as e:
-        raise InputError(f"cannot read ledger {path}: {e.strerror or e}") from None
+    data = read_ledger_bytes(path)
     report = VerifyReport(str(path), require_files=require_files)
     tree = LedgerTree.from_bytes(data)
     lines, tail = tree.lines, tree.tail
@@ -249,18 +292,25 @@ def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str]
     if rehash:
         _rehash(report, entries, path.parent, full, _open_cache(path, cache, full))
         verified = {(f.line, f.path) for f in report.files if f.status == "ok"}
+        with_rules = None  # the first score line that records its rules: no rules-1 kvgraft wrote after it
         for i, entry in enumerate(entries):
             if entry is not None and entry.get("kind") == "score":
-                _check_score(report, i + 1, entry, path.parent, verified)
+                _check_score(report, i + 1, entry, path.parent, verified, with_rules)
+                settings = (entry.get("inputs") or {}).get("settings") if isinstance(entry.get("inputs"), dict) \
+                    else None
+                if with_rules is None and isinstance(settings, dict) and "rules" in settings:
+                    with_rules = i + 1
     return report
 
 
 def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
-                 verified: set[tuple[int, str]]) -> None:
+                 verified: set[tuple[int, str]], with_rules: int | None = None) -> None:
     """Recompute a recorded score by the score rules, extractor version and grader it records (eval.scoring): from
-    its outputs and answers files when present (records and aggregate must come out the same), else from its records
-    file alone (the aggregate must; counted in ``scores_from_records`` with the reason). A score that neither can
-    recompute is counted in ``scores_not_recomputable`` with the reason, never passed in silence."""
+    its outputs and answers files when present (records and aggregate must come out the same, member for member),
+    else from its records file alone (the aggregate must; counted in ``scores_from_records`` with the reason). A
+    score that neither can recompute is counted in ``scores_not_recomputable`` with the reason, never passed in
+    silence. First, settings no kvgraft could have written are a finding and nothing is recomputed (a downgrade:
+    scoring.written_by_no_kvgraft, and no entry without rules after ``with_rules``, the first line that has them)."""
     from ..eval import scoring
 
     def present(d):
@@ -283,6 +333,14 @@ def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
         return
     recorded = dict(outs["result"])
     settings = ins.get("settings") if isinstance(ins.get("settings"), dict) else {}
+    downgrade = scoring.written_by_no_kvgraft(settings, recorded, entry.get("time"))
+    if downgrade is None and "rules" not in settings and with_rules is not None:
+        downgrade = (f"it records no score rules (read as rules 1), after line {with_rules}, whose score records "
+                     "them: an older kvgraft's entry cannot follow a newer one's in one ledger")
+    if downgrade is not None:  # its own check name: the spec's verifier applies it too (no scorer needed)
+        report.findings.append(Finding(line, "score-settings", f"{downgrade}; not recomputed (settings no kvgraft "
+                                       "wrote)"))
+        return
     how = scoring.ScoreSettings.from_recorded(settings, recorded)
     outputs_path, answers_path = present(ins.get("outputs")), present(ins.get("answers"))
     if not outputs_path or not answers_path:
@@ -304,10 +362,10 @@ def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
                                            f"({type(e).__name__}: {str(e)[:120]})"))
             return
         rec_sha = hashlib.sha256(result.records_bytes()).hexdigest()
-        # grader_libs says which library versions graded; other versions here are no difference in the score
-        # itself, but they are named when the verdicts differ.
+        # Member for member, grader_libs included (docs/LEDGER.md): the library versions math-verify's verdicts
+        # depend on are part of the recorded grader, so a machine with others cannot confirm them (#24.3).
         got = result.summary()
-        libs = (recorded.pop("grader_libs", None), got.pop("grader_libs", None))
+        libs = (recorded.get("grader_libs"), got.get("grader_libs"))
         if rec_sha != (outs.get("records") or {}).get("sha256"):
             why = (f"; graded with {json.dumps(libs[0], sort_keys=True)}, recomputed with "
                    f"{json.dumps(libs[1], sort_keys=True)}" if libs[0] != libs[1] else "")
@@ -315,7 +373,10 @@ def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
                                            f"ones (recomputed sha256 {rec_sha}{why})"))
         diff = _score_differences(recorded, got)
         if diff:
-            report.findings.append(Finding(line, "score", f"the recomputed score differs from the recorded one: {diff}"))
+            only_libs = " (the verdicts agree: install the recorded library versions to confirm them)" if \
+                _score_differences(dict(recorded, grader_libs=None), dict(got, grader_libs=None)) == "" else ""
+            report.findings.append(Finding(line, "score", "the recomputed score differs from the recorded one: "
+                                           f"{diff}{only_libs}"))
         report.scores_checked += 1
         return
     records_path = present(outs.get("records"))
@@ -441,6 +502,7 @@ def _open_cache(ledger: Path, cache: Path | bool | None, full: bool) -> HashCach
 def _rehash(report: VerifyReport, entries: list[dict | None], base_dir: Path, full: bool,
             cache: HashCache) -> None:
     this_run: dict[Path, str] = {}  # a file many entries name (the problems file) is hashed once per run
+    unread: set[Path] = set()  # files whose digest came from the cache
     for i, entry in enumerate(entries):
         if entry is None:
             continue
@@ -457,7 +519,12 @@ def _rehash(report: VerifyReport, entries: list[dict | None], base_dir: Path, fu
                 report.files.append(FileCheck(i + 1, fld, d["path"], "missing", d["sha256"]))
                 continue
             if target not in this_run:
+                hits = cache.hits
                 this_run[target] = digest_of(target, cache)
+                if cache.hits > hits:
+                    unread.add(target)
+            # Counted per (line, field), as report.files is: "N of M referenced files".
+            report.files_from_cache += target in unread
             actual = this_run[target]
             status = "ok" if actual == d["sha256"] else "mismatch"
             report.files.append(FileCheck(i + 1, fld, d["path"], status, d["sha256"], actual))

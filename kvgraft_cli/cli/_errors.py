@@ -51,7 +51,8 @@ def render(exc: BaseException) -> int:
         _say(f"Error: {where}: {msg}. Hint: see `{where} --help`.")
         return 2
     if isinstance(exc, (KeyboardInterrupt, typer.Abort)):
-        _say("Error: interrupted.")
+        _say(_line("interrupted", "every ledger line written before it is whole and kept; re-run the same command "
+                   "to resume (`kvgraft verify` checks the ledger)"))
         return 130
     _say(f"Error: internal error: {type(exc).__name__}: {exc}. Hint: re-run with KVGRAFT_DEBUG=1 for the traceback "
          "and report it.")

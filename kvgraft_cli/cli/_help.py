@@ -1,12 +1,14 @@
 """How kvgraft's help reads: arguments as ``PROBLEMS`` and ``[LEDGER]`` (not typer's ``{problems}``), flags without a
-``<bool>`` type. Every command is registered with ``cls=Command`` and every group made with ``cls=Group``
-(tests/test_cli_ux.py walks the whole command tree)."""
+``<bool>`` type, and brackets in help text printed as written. Every command is registered with ``cls=Command`` and
+every group made with ``cls=Group`` (tests/test_cli_ux.py and tests/test_help_extras.py walk the whole command
+tree)."""
 
 from __future__ import annotations
 
 import inspect
 
 import typer.core
+from rich.markup import escape
 
 
 def _tidy(params) -> None:
@@ -19,6 +21,18 @@ def _tidy(params) -> None:
             p.metavar = ""  # a flag takes no value: show no type
 
 
+def _literal(text: str | None) -> str | None:
+    """Help text as written: typer renders help through rich, which reads ``[ray]`` in ``pip install 'kvgraft[ray]'``
+    as a style tag and drops it. kvgraft's help uses no markup, so every tag-like bracket is escaped."""
+    return escape(text) if text else text
+
+
+def _literal_help(params) -> None:
+    for p in params:
+        if getattr(p, "help", None):
+            p.help = _literal(p.help)
+
+
 def _unwrap(text: str | None) -> str | None:
     """A docstring's paragraphs as single lines (rich help keeps the source's line breaks mid-sentence)."""
     if not text:
@@ -27,11 +41,13 @@ def _unwrap(text: str | None) -> str | None:
 
 
 class Command(typer.core.TyperCommand):
-    """A typer command whose help names arguments in capitals, shows no type for flags and reflows docstrings."""
+    """A typer command whose help names arguments in capitals, shows no type for flags, reflows docstrings and
+    prints brackets as written."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.help = _unwrap(self.help)
+        self.help = _literal(_unwrap(self.help))
+        _literal_help(self.params)
         _tidy(self.params)
 
     def get_help_option(self, ctx):
@@ -52,7 +68,12 @@ class Command(typer.core.TyperCommand):
 
 
 class Group(typer.core.TyperGroup):
-    """A typer group whose ``--help`` flag shows no type."""
+    """A typer group whose ``--help`` flag shows no type and whose help prints brackets as written."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.help = _literal(self.help)
+        _literal_help(self.params)
 
     def get_help_option(self, ctx):
         opt = super().get_help_option(ctx)

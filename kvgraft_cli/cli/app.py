@@ -2,7 +2,7 @@
 
 Each top-level command is a plain function in a module named after it; each group (manifest, store, ledger, prereg)
 is a module with its own ``app``. Commands import torch inside their body, so ``kvgraft --help``, ``verify``,
-``inspect``, ``ledger`` and ``score`` never load it (tests/test_cli_ux.py checks it).
+``inspect``, ``ledger``, ``score`` and ``report`` never load it (tests/test_cli_ux.py checks it).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 
 import typer
 
-from . import (deposit, graft, inspect, ledger, manifest, matrix, model_hash, prereg, probe, replay, score, solve,
-               store, verify)
+from . import (deposit, graft, inspect, ledger, manifest, matrix, model_hash, prereg, probe, replay, report, score,
+               solve, store, verify)
 from ._errors import render
 from ._help import Command, Group
 
@@ -28,6 +28,7 @@ COMMANDS = {
     "replay": replay.replay,
     "score": score.score,
     "verify": verify.verify,
+    "report": report.report,
     "inspect": inspect.inspect,
     "solve": solve.solve,
     "model-hash": model_hash.model_hash,
@@ -48,6 +49,10 @@ def main() -> None:
     """Console-script entry point: run the command; any error becomes one ``Error:`` line and its exit code."""
     try:
         code = app(standalone_mode=False)
+        if code == 130:
+            # Typer turns a KeyboardInterrupt into Exit(130) and returns the code without a word (no kvgraft command
+            # exits 130 itself): say it, and what the user can rely on (#24.10).
+            code = render(KeyboardInterrupt())
     except BaseException as e:  # noqa: BLE001  (SystemExit from typer.Exit is handled by Click already)
         if isinstance(e, SystemExit):
             raise

@@ -12,6 +12,23 @@ from ._common import (RAY_ADDRESS_OPT, RAY_OPT, WORKERS_OPT, Codec, at_most_max_
 from ._output import cell, err, human_bytes, out, print_json, printable, short, table
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _lines_after(path: Path, offset: int) -> int:
+    """Complete lines a file has past byte ``offset`` (the ledger lines a run appended)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+    except OSError:
+        return 0
+
+
 @engine_options
 def deposit(
     problems: Path = typer.Argument(..., help="JSON Lines file, one problem per line."),
@@ -29,6 +46,7 @@ def deposit(
     """Verify, prefill and store each problem's solution as a byte-exact KV artifact; record it in the ledger."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from ..errors import Interrupted
     from ..runs.deposit import deposit as run_deposit
 
     ctx = context(manifest, store, ledger, allow_drift, field_overrides(field, answer_extract))
@@ -41,14 +59,28 @@ def deposit(
         task = progress.add_task("starting Ray workers, loading models" if pool else "loading model, checking hashes",
                                  total=None)
 
+        start = _size(ctx.ledger)  # lines past it are this run's: counted if it is interrupted
+        total: list[int] = []
+
         def on_start(n: int) -> None:
+            total.append(n)
             progress.update(task, total=n, completed=0, description="")
 
         def on_progress(r) -> None:
             progress.update(task, advance=1, description=r.id)
 
-        report = run_deposit(ctx, problems, limit=limit, allow_unverified=allow_unverified, recompute=recompute,
-                             on_start=on_start, on_progress=on_progress, codec=codec.value, pool=pool)
+        try:
+            report = run_deposit(ctx, problems, limit=limit, allow_unverified=allow_unverified, recompute=recompute,
+                                 on_start=on_start, on_progress=on_progress, codec=codec.value, pool=pool)
+        except KeyboardInterrupt:
+            # Typer would turn the interrupt into a silent exit 130 (#24.10): say what was kept and how to resume.
+            # Each ledger line is appended whole under the lock; an artifact stored but not yet recorded is stored
+            # again (as "already stored") by the next run, or removed by `kvgraft store gc`.
+            of = f" of {total[0]}" if total else ""
+            raise Interrupted(f"interrupted: {_lines_after(ctx.ledger, start)}{of} problems were deposited and "
+                              f"recorded in {ctx.ledger} before it, and are kept (every ledger line is whole)",
+                              f"re-run `kvgraft deposit {problems}` to resume: what is already stored comes back "
+                              "as 'already stored'; `kvgraft verify` checks the ledger") from None
     if as_json:
         print_json(report.to_json())
         return

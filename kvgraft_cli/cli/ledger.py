@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from ..errors import InputError
+from ..errors import CheckFailed, InputError
 from ..util import jsonio
 from ._common import JSON_OPT, MANIFEST_OPT, at_most_max_count, ledger_path
 from ._help import Command, Group
@@ -203,7 +203,12 @@ def checkpoint(
     from ..ledger.checkpoint import load_key, sign, write_checkpoint
     from ..ledger.proofs import LedgerTree
 
-    cp = LedgerTree.read(ledger_path(ledger, manifest), complete=True).checkpoint(origin)
+    from ..runs.owned import check_output
+
+    path = ledger_path(ledger, manifest)
+    if output is not None:
+        check_output(output, "--output", ledger=path)  # a checkpoint never replaces the ledger it checkpoints
+    cp = LedgerTree.read(path, complete=True).checkpoint(origin)
     text = cp.body() if key is None else sign(cp.body(), load_key(key))
     if output is None:
         sys.stdout.write(text)
@@ -238,13 +243,22 @@ def repair(
     manifest: Optional[Path] = MANIFEST_OPT,
 ) -> None:
     """Remove a torn last line (bytes after the last newline) and nothing else."""
+    from ..audit.verify import first_bad_line
     from ..ledger.log import repair
 
     path = ledger_path(ledger, manifest)
     removed = repair(path)
     if removed:
         out.print(f"{path}: removed a torn last line of {removed} bytes; complete lines untouched", markup=False)
-    else:
+    # A damaged line in the middle is complete (it ends with a newline): no repair of the tail mends it, and saying
+    # "nothing changed" alone would read as "the ledger is fine" (#24.11).
+    bad = first_bad_line(path)
+    if bad is not None:
+        raise CheckFailed(f"{path}: line {bad[0]} is damaged ({bad[1]}); repair removes only a "
+                          "torn last line and never rewrites complete lines",
+                          f"run `kvgraft verify {path}` for every finding, and restore the ledger from a good copy "
+                          "(`kvgraft verify --since COPY` checks it only appended)")
+    if not removed:
         out.print(f"{path}: no torn line; nothing changed", markup=False)
 
 

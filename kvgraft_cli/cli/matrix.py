@@ -28,7 +28,7 @@ def matrix(
                                       help="Prefill schedule of every cell's manifest (invariant: one token a forward)."),
     single_pass: bool = typer.Option(False, "--single-pass", help="Fresh side: one forward over prefix+suffix "
                                      "instead of prefill then suffix (byte-equal only under --schedule invariant)."),
-    markdown: bool = typer.Option(False, "--markdown", help="Print the README's table (one row per architecture)."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print the table docs/EXACTNESS.md carries (one row per architecture)."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Graft-vs-fresh over the tiny architecture zoo: samples SHA-equal (n/N), largest KL and argmax agreement per

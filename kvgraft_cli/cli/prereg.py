@@ -26,11 +26,13 @@ def make(
     manifest: Optional[Path] = MANIFEST_OPT,
 ) -> None:
     """Turn a finished run's ledger entries into a prereg.yaml that another machine or target can replay."""
+    from ..runs.owned import check_output
     from ..runs.replay import prereg_from_ledger, write_prereg
 
     if output.exists() and not force:
         raise InputError(f"{output} exists", "pass --force to overwrite it (then register the new version)")
     path = ledger or Path(context(manifest, None, None, False).ledger)
+    check_output(output, "--output", ledger=path)  # never over the ledger it reads
     data = prereg_from_ledger(path, target, output, name, from_seq)
     write_prereg(output, data)
     out.print(f"wrote {output}: {len(data['runs'])} runs, target {target}; register it with "

@@ -22,7 +22,7 @@ def score(
     field: list[str] = typer.Option([], "--field", help="Map a role of the answers file: ROLE=NAME (as for deposit)."),
     answer_extract: Optional[str] = typer.Option(None, "--answer-extract", help="Read reference answers: verbatim, boxed or trailer."),
     answered_only: bool = typer.Option(False, "--answered-only", help="Leave problems without an output out of the denominator (default: they count as incorrect). Recorded in the ledger entry."),
-    grader: str = typer.Option("exact", "--grader", help="exact (normalize, compare exactly) or math-verify (exact, else math-verify; pip install 'kvgraft\\[mathverify]')."),
+    grader: str = typer.Option("exact", "--grader", help="exact (normalize, compare exactly) or math-verify (exact, else math-verify; pip install 'kvgraft[mathverify]')."),
     manifest: Optional[Path] = MANIFEST_OPT,
     ledger: Optional[Path] = typer.Option(None, "--ledger", help="Ledger file (default: the manifest's paths.ledger)."),
     as_json: bool = JSON_OPT,

@@ -45,7 +45,7 @@ def solve(
     modes = ["library", "baseline"] if compare else (["baseline"] if no_library else ["library"])
     targets = {mode: _outputs_path(problems, outputs, mode, len(modes) > 1) for mode in modes}
     for target in targets.values():
-        check_outputs(problems, target, force)
+        check_outputs(problems, target, force, ctx)
     if "library" in modes:
         check_library(ctx)
     runs = {}

@@ -84,11 +84,12 @@ def _render_verify(r) -> None:
         ok = sum(f.status == "ok" for f in r.files)
         t.add_row("referenced files", f"{ok} ok, {len(r.missing)} missing, "
                   + (f"[red]{len(r.mismatched)} mismatched[/]" if r.mismatched else "0 mismatched"))
-    if r.scores_checked or r.scores_not_recomputable or any(f.check == "score" for f in r.findings):
+    if r.scores_checked or r.scores_not_recomputable or any(f.check.startswith("score") for f in r.findings):
         partial = f", {len(r.scores_from_records)} from records only" if r.scores_from_records else ""
         none = (f", [yellow]{len(r.scores_not_recomputable)} not recomputable[/]" if r.scores_not_recomputable
                 else "")
-        t.add_row("scores recomputed", status(("score",)) + f" ({r.scores_checked} checked{partial}{none})")
+        t.add_row("scores recomputed", status(("score", "score-settings"))
+                  + f" ({r.scores_checked} checked{partial}{none})")
     out.print(t)
     for f in r.mismatched[:20]:
         out.print(f"[red]mismatch[/] line {f.line} {f.field}: {escape(f.path)} (recorded {f.expected[:16]}..., "

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from ..errors import ManifestError
+from .gguf import dequantized_dir, is_gguf_path, resolve_gguf
 from ..util.hashing import sha256_bytes, sha256_json
 
 BUILTIN_PREFIX = "builtin:"
@@ -36,8 +37,19 @@ class Manifest:
 
     @property
     def model_dir(self) -> Path:
-        """The model directory, resolved (builtin:NAME -> the package's data folder)."""
-        return resolve_model_path(self.data["model"]["path"], self.base_dir)
+        """The model directory, resolved (builtin:NAME -> the package's data folder; a GGUF -> its dequantized
+        checkpoint in the user's cache, which engine.gguf writes when it is missing)."""
+        model = self.data["model"]
+        if is_gguf_path(model["path"]):
+            return dequantized_dir(model["gguf_sha256"], model["dtype"])
+        return resolve_model_path(model["path"], self.base_dir)
+
+    @property
+    def gguf_path(self) -> Path | None:
+        """The GGUF file model.path names (``package:DIST`` found without importing it), or None for a checkpoint
+        directory. InputError when it names one that is not there."""
+        path = self.data["model"]["path"]
+        return resolve_gguf(path, self.base_dir) if is_gguf_path(path) else None
 
     @property
     def compute_sha256(self) -> str:
@@ -103,8 +115,21 @@ def compute_pin(data: dict[str, Any]) -> dict[str, Any]:
         "model": model,
         "runtime": data["runtime"],
         "prefill": pinned_prefill(data["prefill"]),
-        "prompt": {"add_bos": data["prompt"]["add_bos"], "prefix": data["prompt"]["prefix"]},
+        "prompt": pinned_prompt(data["prompt"]),
     }
+
+
+CHAT_PREFIX_KEYS = ("system", "user", "assistant")
+
+
+def pinned_prompt(prompt: dict[str, Any]) -> dict[str, Any]:
+    """The prompt settings that decide a deposited prefix's tokens: BOS and the prefix template (text format, as
+    every manifest before the chat format pinned them), or the format and the turns' templates (chat; the chat
+    template itself is pinned by the tokenizer hash). The question's templates decide no cache bit."""
+    if prompt.get("format", "text") == "chat":
+        return {"add_bos": prompt["add_bos"], "format": "chat",
+                **{k: prompt.get(k) for k in CHAT_PREFIX_KEYS}}
+    return {"add_bos": prompt["add_bos"], "prefix": prompt.get("prefix")}
 
 
 def pinned_prefill(prefill: dict[str, Any]) -> dict[str, Any]:
@@ -212,6 +237,9 @@ def _model_problems(data: dict) -> list[tuple[str, str]]:
     """model.path ``builtin:NAME`` must name a model the package ships (never a path out of it)."""
     model = data.get("model") if isinstance(data.get("model"), dict) else {}
     path = model.get("path")
+    if isinstance(path, str) and is_gguf_path(path) and "gguf_sha256" not in model:
+        return [("model.gguf_sha256", f"model.path {clip(path, 80)} is a GGUF: pin its SHA-256 as model.gguf_sha256 "
+                                      "(`kvgraft manifest init` writes it)")]
     if isinstance(path, str) and path.startswith(BUILTIN_PREFIX):
         known = builtin_models()
         if path[len(BUILTIN_PREFIX):] not in known:
@@ -225,7 +253,17 @@ def _template_problems(data: dict) -> list[tuple[str, str]]:
 
     out = []
     prompt = data.get("prompt") if isinstance(data.get("prompt"), dict) else {}
-    for key, allowed in (("prefix", PLACEHOLDERS_PREFIX), ("query", PLACEHOLDERS_QUERY)):
+    chat = prompt.get("format", "text") == "chat"
+    needed, unused = (("user", "assistant"), ("prefix",)) if chat else (("prefix",), CHAT_PREFIX_KEYS)
+    for key in needed:
+        if key not in prompt:
+            out.append((f"prompt.{key}", f"required for prompt.format {'chat' if chat else 'text'}"))
+    for key in unused:
+        if key in prompt:
+            out.append((f"prompt.{key}", f"not used by prompt.format {'chat' if chat else 'text'}: remove it"))
+    for key, allowed in (("prefix", PLACEHOLDERS_PREFIX), ("user", PLACEHOLDERS_PREFIX),
+                         ("assistant", PLACEHOLDERS_PREFIX), ("query", PLACEHOLDERS_QUERY),
+                         ("query_exact", PLACEHOLDERS_QUERY)):  # system and answer_prefix are literal text
         tmpl = prompt.get(key)
         if not isinstance(tmpl, str):
             continue
@@ -326,16 +364,37 @@ def dump_yaml(data: dict[str, Any]) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=120)
 
 
+# A chat model's defaults (`manifest init` on a tokenizer with a chat template). A library entry is the exchange
+# (user: problem, assistant: solution, ending in a "Final answer:" line); a miss or a related hit asks the problem
+# and lets the model reason (max_new_tokens); an exact hit asks for the final answer only, after "Final answer:",
+# under answer_tokens. Chosen on SmolLM2-135M-Instruct and MATH-500 (README, "The real model"): its copy of a
+# stored answer is most reliable when the question is short and names the line to repeat.
+CHAT_PROMPT = {
+    "add_bos": False,  # the chat template writes every special token itself
+    "format": "chat",
+    "system": None,
+    "user": "{problem}",
+    "assistant": "{solution}\n\nFinal answer: {answer}",
+    "query": "{query}",
+    "query_exact": "Repeat the final answer of your solution above, exactly as written.",
+    "answer_prefix": "Final answer:",
+}
+CHAT_DECODE = {"max_new_tokens": 512, "answer_tokens": 32}
+
+
 def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, profile: str = "portable",
                   device: str = "cpu", dtype: str = "float32", attn_implementation: str = "eager",
                   threads: int | None = None, gpu_name: str | None = None, name: str | None = None,
                   sdpa_backend: str | None = None, schedule: str = "single",
-                  identity: str = "sha256-tree") -> dict[str, Any]:
+                  identity: str = "sha256-tree", gguf_sha256: str | None = None,
+                  chat: bool = False) -> dict[str, Any]:
     """A complete pinned manifest for a model directory, with this environment's library versions.
 
     ``profile`` names a kernel-flag profile (see profiles.PROFILES); ``schedule`` the prefill schedule (single or
     invariant; chunked needs a chunk size: edit the file); ``identity`` how deposited artifacts are named (sha256-tree:
-    verified on every core; sha256: one SHA-256 stream, what every manifest without the key means). Every bit-affecting environment variable
+    verified on every core; sha256: one SHA-256 stream, what every manifest without the key means). ``gguf_sha256``
+    pins the GGUF a model was dequantized from. ``chat`` (a tokenizer with a chat template) writes the chat prompts
+    (CHAT_PROMPT) and a reasoning budget (CHAT_DECODE), so that a first `solve` works unedited. Every bit-affecting environment variable
     the profile does not set is pinned to null (must be unset), so a stray one in the shell shows up as drift.
     """
     from importlib.metadata import version
@@ -350,7 +409,8 @@ def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, 
     data = {
         "kvgraft_manifest": 1,
         "name": name or f"{Path(model_path.removeprefix(BUILTIN_PREFIX)).name}-{profile}-{device}",
-        "model": {"path": model_path, "sha256": model_sha256, "tokenizer_sha256": tokenizer_sha256, "dtype": dtype,
+        "model": {"path": model_path, **({"gguf_sha256": gguf_sha256} if gguf_sha256 else {}),
+                  "sha256": model_sha256, "tokenizer_sha256": tokenizer_sha256, "dtype": dtype,
                   "attn_implementation": attn_implementation},
         "runtime": {"device": device, "gpu_name": gpu_name, "cpu_name": None, "seed": 0, "threads": n_threads,
                     "deterministic_algorithms": True, "allow_tf32": False,
@@ -358,11 +418,11 @@ def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, 
                     "env": env,
                     "versions": {"torch": torch_version(), "transformers": version("transformers")}},
         "prefill": {"schedule": schedule, "chunk_size": None},
-        "prompt": {"add_bos": True, "prefix": "Problem: {problem}\nSolution: {solution}\n",
-                   "query": "\nQuestion: {query}\nAnswer:"},
+        "prompt": dict(CHAT_PROMPT) if chat else {"add_bos": True, "prefix": "Problem: {problem}\nSolution: {solution}\n",
+                                                   "query": "\nQuestion: {query}\nAnswer:"},
         "input": {"id": "id", "problem": "problem", "solution": "solution", "answer": "answer",
                   "answer_extract": "verbatim"},
-        "decode": {"max_new_tokens": 16},
+        "decode": dict(CHAT_DECODE) if chat else {"max_new_tokens": 16},
         "paths": {"store": "kvgraft-store", "ledger": "kvgraft-ledger.jsonl"},
         "artifact": {"identity": identity},
     }
@@ -380,7 +440,7 @@ def manifest_for_model_dir(model_dir: str | Path, output: Path | None, **setting
     """
     import os
 
-    from .modelhash import hash_model_dir
+    from .modelhash import has_chat_template, hash_model_dir
 
     if str(model_dir).startswith(BUILTIN_PREFIX):
         model_path, real = str(model_dir), builtin_model_dir(str(model_dir)[len(BUILTIN_PREFIX):])
@@ -389,6 +449,7 @@ def manifest_for_model_dir(model_dir: str | Path, output: Path | None, **setting
         base = Path(output).resolve().parent if output else Path.cwd()
         model_path = os.path.relpath(real, base)
     hashes = hash_model_dir(real)
+    settings.setdefault("chat", has_chat_template(real))
     data = make_manifest(model_path, hashes.model_sha256, hashes.tokenizer_sha256, **settings)
     return "# kvgraft run-manifest, written by `kvgraft manifest init`\n" + dump_yaml(data), hashes
 

@@ -111,3 +111,17 @@ def context_window(model_dir: Path) -> int | None:
             if isinstance(c.get(key), int) and c[key] > 0:
                 return c[key]
     return None
+
+
+def has_chat_template(model_dir: Path) -> bool:
+    """Whether a checkpoint's tokenizer ships a chat template (chat_template.jinja, or in tokenizer_config.json)."""
+    model_dir = Path(model_dir)
+    if (model_dir / "chat_template.jinja").is_file() or (model_dir / "chat_template.json").is_file():
+        return True
+    import json
+
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+        return isinstance(config, dict) and bool(config.get("chat_template"))
+    except (OSError, ValueError):
+        return False

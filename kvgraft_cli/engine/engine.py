@@ -55,6 +55,18 @@ class Engine:
     drift: Drift
     environment: dict[str, Any]
     layout: list[tuple[str, int | None]] = field(default_factory=list)  # (kind, sliding window) per cache layer
+    _prompts: Any = field(default=None, init=False, repr=False)
+
+    @property
+    def prompts(self):
+        """The manifest's prompt texts bound to this tokenizer (engine.prompts.Prompts: plain templates or the
+        tokenizer's chat template)."""
+        if self._prompts is None:
+            from .prompts import Prompts
+
+            self._prompts = Prompts(self.manifest.data["prompt"], self.tokenizer, self.manifest.data.get("name")
+                                    or "the model")
+        return self._prompts
 
     # -- tokens -------------------------------------------------------------------------------------------------
     def encode(self, text: str, where: str | None = None) -> list[int]:
@@ -371,6 +383,9 @@ def load_engine(manifest: Manifest, allow_drift: bool = False, drift: Drift | No
     if drift is None:
         drift = pin_environment(manifest)  # before torch is imported
     device = determinism.configure_torch(runtime, drift)
+    from .gguf import materialize
+
+    materialize(manifest)  # a GGUF: its dequantized checkpoint, converted once into the cache
     model_dir = manifest.model_dir
     hashes = hash_model_dir(model_dir)
     for key, have in (("sha256", hashes.model_sha256), ("tokenizer_sha256", hashes.tokenizer_sha256)):

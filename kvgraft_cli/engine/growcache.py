@@ -22,7 +22,7 @@ a chain's links are joined into such buffers (:func:`with_room`). An artifact th
 with room: the LRU would keep the room, and what the first cache wrote there, alive while counting only the kept
 tokens.
 
-Measured (README, "Restore speed", bench_restore.py's peak RSS rows): growing in place after a copy took a graft's
+Measured (docs/PERFORMANCE.md, "Restore speed", bench_restore.py's peak RSS rows): growing in place after a copy took a graft's
 peak above the model at 8,128 tokens from 1.98x to 1.61x the artifact (float32), 1.51x to 1.31x (bfloat16), and left
 2,048 tokens at about 2.2x (the first step's copy of every layer); reading with room removes that copy.
 """

@@ -11,6 +11,7 @@ from . import answers
 from ..config.modelhash import CHARS_PER_TOKEN
 from ..errors import ProblemFileError
 from ..util.hashing import sha256_bytes, sha256_json
+from ..util.limits import read_lines
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,14 @@ def read_problems(path: Path, mapping: dict[str, Any], require_solution: bool = 
     """
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        lines = read_lines(path, "problems file")  # each line bounded: /dev/zero is refused, not read whole
     except FileNotFoundError:
         raise ProblemFileError(f"problems file not found: {path}", "pass a JSON Lines file, one problem per line") from None
     except IsADirectoryError:
         raise ProblemFileError(f"{path} is a directory, expected a JSON Lines file") from None
     out: list[Problem] = []
     seen: dict[str, int] = {}
-    for n, line in enumerate(raw.split(b"\n"), start=1):
+    for n, line in lines:
         if not line.strip():
             continue
         where = f"{path}:{n}"

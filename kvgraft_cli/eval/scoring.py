@@ -34,6 +34,7 @@ from . import answers
 from ..errors import InputError, ProblemFileError
 from ..util import jsonio
 from ..util.fsio import atomic_write_bytes
+from ..util.limits import read_lines
 from ..util.hashing import canonical_json, sha256_bytes
 from .problems import read_problems
 
@@ -42,9 +43,20 @@ Z95 = 1.959963984540054  # two-sided 95% normal quantile
 SCORE_RULES = "2"
 RULES = ("1", "2")
 GRADERS = ("exact", "math-verify")
-MATH_VERIFY_PIN = "0.9.0"  # the version evaluated (README, scripts/eval_graders.py); `kvgraft[mathverify]` installs it
+MATH_VERIFY_PIN = "0.9.0"  # the version evaluated (docs/SCORES.md, scripts/eval_graders.py); `kvgraft[mathverify]` installs it
 MATH_VERIFY_LIBS = ("latex2sympy2_extended", "antlr4-python3-runtime", "sympy")  # recorded beside it
 GRADER_TIMEOUT_S = 60  # one math-verify comparison; past it the score stops with an error, never a verdict
+
+# Which versions each score-rules version was written with (rules 2, extractor 3 and the math-verify pin 0.9.0
+# shipped together on 2026-11-30). An entry naming a version older than its rules began with, or a rules-1 entry
+# carrying what came with rules 2, was written by no kvgraft: recording it is a way around the recomputation (a
+# downgrade), refused by :func:`written_by_no_kvgraft`. Newer versions than these are a later kvgraft's: not a
+# downgrade, only not recomputable here.
+RULES_EXTRACTORS = {"1": ("1", "2"), "2": ("3",)}
+MATH_VERIFY_PINS = ("0.9.0",)  # every math-verify version kvgraft has pinned, oldest first
+LAST_RULES_1_DAY = "2026-12-01"  # an entry without rules dated after this day (as written) is no rules-1 kvgraft's
+RULES_2_SETTINGS = ("extractor_version", "answered_only", "grader", "grader_version")  # settings rules 1 never had
+RULES_2_RESULT = ("rules", "answered", "unanswered", "no_reference", "answered_only", "grader", "grader_libs")
 MATH_VERIFY_HINT = f"pip install 'kvgraft[mathverify]' (math-verify=={MATH_VERIFY_PIN})"
 
 
@@ -88,15 +100,17 @@ class ScoreSettings:
         result (2 when absent, the last version of the rules-1 era)."""
         settings, result = settings or {}, result or {}
         rules = str(settings.get("rules", "1"))
-        if rules == "1":
-            return cls("1", str(result.get("extractor_version", "2")), False, "exact", None)
+        if rules == "1":  # recorded explicitly (a replay of an old run) or, before rules 2, not at all
+            return cls("1", str(settings.get("extractor_version", result.get("extractor_version", "2"))), False,
+                       "exact", None)
         return cls(rules, str(settings.get("extractor_version")), bool(settings.get("answered_only", False)),
                    str(settings.get("grader", "exact")), settings.get("grader_version"))
 
     def to_settings(self) -> dict[str, Any]:
-        """The keys these settings add to a ledger entry's ``inputs.settings`` (none for rules 1)."""
+        """The keys these settings add to a ledger entry's ``inputs.settings``. Rules 1 (only a replay of an old run
+        writes it now) records its rules and extractor too: an entry without ``rules`` predates rules 2."""
         if self.rules == "1":
-            return {}
+            return {"rules": "1", "extractor_version": self.extractor_version}
         out: dict[str, Any] = {"rules": self.rules, "extractor_version": self.extractor_version,
                                "answered_only": self.answered_only, "grader": self.grader}
         if self.grader_version is not None:
@@ -124,6 +138,73 @@ class ScoreSettings:
 
 
 # --- grading --------------------------------------------------------------------------------------------------
+
+
+def _version(v: Any) -> tuple[int, ...] | None:
+    """A dotted version of ASCII decimal numbers as a tuple ("0.9.0" -> (0, 9, 0)); None for anything else."""
+    parts = v.split(".") if isinstance(v, str) else [""]
+    return tuple(int(p) for p in parts) if all(p.isascii() and p.isdigit() for p in parts) else None
+
+
+def written_by_no_kvgraft(settings: dict[str, Any], result: dict[str, Any], time: Any = None) -> str | None:
+    """Why no kvgraft could have written a score entry with these ``settings`` (``inputs.settings``), ``result``
+    (``outputs.result``) and ``time``, or None. Decided from the entry's own facts: its rules began with the versions
+    in :data:`RULES_EXTRACTORS` and :data:`MATH_VERIFY_PINS`, settings and result name the same extractor, and an
+    entry without ``rules`` (rules 1) has nothing that came with rules 2 and is dated no later than
+    :data:`LAST_RULES_1_DAY`. (That an older rules cannot follow a newer one in one ledger is the verifier's check.)"""
+    if "rules" not in settings:
+        later = [f"settings.{k}" for k in RULES_2_SETTINGS if k in settings]
+        later += [f"result.{k}" for k in RULES_2_RESULT if k in result]
+        if later:
+            return (f"it records no score rules (read as rules 1) but has {', '.join(later)}, which came with rules 2: "
+                    "no kvgraft wrote both")
+        ext = str(result.get("extractor_version", "2"))
+        if ext not in RULES_EXTRACTORS["1"]:
+            return f"it records no score rules (read as rules 1), whose extractors were 1 and 2, not {ext!r}"
+        day = time[:10] if isinstance(time, str) else ""
+        if day > LAST_RULES_1_DAY:
+            return (f"it records no score rules (read as rules 1) but is dated {day}, after score rules 2 shipped "
+                    f"(every kvgraft since records its rules; a rules-1 kvgraft dates from {LAST_RULES_1_DAY} or "
+                    "before)")
+        return None
+    rules, ext = settings["rules"], settings.get("extractor_version")
+    if _version(rules) is None:
+        return f"settings.rules {json_text(rules)} is not a score rules version"
+    if "extractor_version" in result and result["extractor_version"] != ext:
+        return (f"settings.extractor_version {json_text(ext)} and result.extractor_version "
+                f"{json_text(result['extractor_version'])} differ: one score has one extractor")
+    if rules not in RULES_EXTRACTORS:
+        return None if _version(rules) > _version(max(RULES_EXTRACTORS, key=_version)) else \
+            f"score rules {rules} do not exist (kvgraft has had {', '.join(RULES_EXTRACTORS)})"
+    first = RULES_EXTRACTORS[rules][0]
+    if _version(ext) is None or _version(ext) < _version(first) or (
+            rules == "1" and ext not in RULES_EXTRACTORS["1"]):
+        return (f"score rules {rules} were written with extractor version {' or '.join(RULES_EXTRACTORS[rules])}"
+                f"{' and later' if rules != '1' else ''}, never extractor version {json_text(ext)}")
+    if rules == "1":
+        later = [f"settings.{k}" for k in RULES_2_SETTINGS[1:] if k in settings]
+        later += [f"result.{k}" for k in RULES_2_RESULT if k in result]
+        return f"score rules 1 have no {', '.join(later)}" if later else None
+    grader, pin = settings.get("grader", "exact"), settings.get("grader_version")
+    if grader == "exact" and "grader_version" in settings:
+        return f"the exact grader has no version, yet settings.grader_version is {json_text(pin)}"
+    if grader == "math-verify":
+        if _version(pin) is None or _version(pin) < _version(MATH_VERIFY_PINS[0]):
+            return (f"math-verify {json_text(pin)} was never kvgraft's pin (the first was {MATH_VERIFY_PINS[0]}): "
+                    "no kvgraft graded with it")
+        libs = result.get("grader_libs")
+        named = libs.get("math-verify") if isinstance(libs, dict) else libs
+        if libs is not None and named != pin:
+            return f"result.grader_libs names math-verify {json_text(named)}, the settings {json_text(pin)}"
+    return None
+
+
+def json_text(value: Any) -> str:
+    """A recorded value as it reads in the ledger (JSON), cut at 80 characters."""
+    import json
+
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
 def math_verify_versions() -> dict[str, str | None] | None:
@@ -163,7 +244,7 @@ def _math_verify_equal(extracted: str, reference: str) -> bool:
     time-outs off. Three of its leniencies are refused first: an equation against a value ("x=5" for "5": math-verify
     keeps the right-hand side), a percentage against a number ("10\\%" for "10"), and an interval closed at
     infinity against one that is not ("[-\\infty, 0]" for "(-\\infty, 0]": sympy opens it silently); and numbers
-    are compared to :data:`MATH_VERIFY_FLOAT_ROUNDING` decimals, not 6 (README: the evaluation)."""
+    are compared to :data:`MATH_VERIFY_FLOAT_ROUNDING` decimals, not 6 (docs/SCORES.md: the evaluation)."""
     import logging
 
     if _shape(extracted) != _shape(reference):
@@ -297,11 +378,13 @@ def read_outputs(path: Path, id_field: str, output_field: str) -> list[tuple[int
     """(line, id, output text) of an outputs JSONL file; the first bad line raises ProblemFileError."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        lines = read_lines(path, "outputs file")  # each line bounded (util.limits)
     except FileNotFoundError:
         raise ProblemFileError(f"outputs file not found: {path}") from None
+    except IsADirectoryError:
+        raise ProblemFileError(f"{path} is a directory, expected an outputs JSON Lines file") from None
     out, seen = [], {}
-    for n, line in enumerate(raw.split(b"\n"), start=1):
+    for n, line in lines:
         if not line.strip():
             continue
         try:

@@ -39,14 +39,14 @@ class Chain:
         return sum(a.num_tokens for a in self.artifacts)
 
 
-def _rendered(engine: Engine, hit: LibraryHit) -> str:
-    fields = {"id": hit.problem_id, "problem": hit.problem, "solution": hit.solution, "answer": hit.answer or ""}
-    return engine.manifest.data["prompt"]["prefix"].format(**fields)
+def hit_fields(hit: LibraryHit) -> dict[str, str]:
+    """A library entry's values for the prompt templates' placeholders."""
+    return {"id": hit.problem_id, "problem": hit.problem, "solution": hit.solution, "answer": hit.answer or ""}
 
 
 def segment_ids(engine: Engine, hit: LibraryHit) -> list[int]:
-    """A link's tokens: the prefix template rendered for a library entry, without BOS (it continues a context)."""
-    return engine.encode(_rendered(engine, hit))
+    """A link's tokens: a library entry rendered as a later part of the context (engine.prompts), without BOS."""
+    return engine.encode(engine.prompts.link_text(hit_fields(hit)))
 
 
 def _check_bound(hit: LibraryHit, sha: str, art: kvg.Artifact, ids: list[int], parent: str | None) -> None:
@@ -69,7 +69,7 @@ def build_chain(store: Store, engine: Engine, hits: list[LibraryHit], level: int
         if not chain.links:
             _, root = store.load(hit.artifact)
             kvg.check_compatible(root.meta, engine.compatibility(0), hit.artifact)
-            _check_bound(hit, hit.artifact, root, engine.prefix_ids(_rendered(engine, hit)), None)
+            _check_bound(hit, hit.artifact, root, engine.prefix_ids(engine.prompts.root_text(hit_fields(hit))), None)
             chain.links.append((hit.artifact, root))
             continue
         parent = chain.links[-1][0]

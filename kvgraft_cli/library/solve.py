@@ -29,10 +29,11 @@ from ..eval.scoring import wilson_interval
 from ..ledger import log as ledger
 from ..runs.context import RunContext
 from ..runs.deposit import DepositReport, deposit_one, engine_facts
+from ..runs.owned import check_output
 from ..store.local import Store
 from ..util.fsio import atomic_write_bytes
 from ..util.hashing import canonical_json, digest, sha256_bytes, sha256_file
-from .chain import build_chain
+from .chain import build_chain, hit_fields
 from .retrieval import Found, find
 
 if TYPE_CHECKING:
@@ -134,11 +135,10 @@ def own_solution(output: str, extracted: str) -> str:
     return f"{text}\nThe answer is: {extracted}"
 
 
-def check_outputs(problems_path: Path, outputs_path: Path, force: bool) -> None:
-    """Refuse to overwrite the problems file, or (without ``force``) an outputs file a ledger entry may name."""
-    if Path(outputs_path).resolve() == Path(problems_path).resolve():
-        raise InputError(f"--outputs {outputs_path} is the problems file; it would be overwritten",
-                         "write the outputs elsewhere")
+def check_outputs(problems_path: Path, outputs_path: Path, force: bool, ctx: RunContext | None = None) -> None:
+    """Refuse to overwrite a file kvgraft owns, whatever ``force`` says (the problems file, and with ``ctx`` the
+    ledger, the store and the manifest: runs.owned), or (without ``force``) an outputs file a ledger entry may name."""
+    check_output(outputs_path, "--outputs", ctx, inputs={"the problems file": problems_path})
     if Path(outputs_path).exists() and not force:
         raise InputError(f"outputs file {outputs_path} exists (an earlier run's ledger entry names its hash)",
                          "pass --outputs NEW.jsonl, or --force to overwrite it")
@@ -174,7 +174,7 @@ def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 
         problems = problems[:limit]
     # A text no position limit could fit is refused by its length, before anything is tokenized or loaded.
     check_lengths(problems, problems_path, context_window(m.model_dir), fields=("problem",))
-    check_outputs(problems_path, outputs_path, force)
+    check_outputs(problems_path, outputs_path, force, ctx)
     decode = m.data["decode"]
     full_budget = decode["max_new_tokens"]
     answer_budget = decode.get("answer_tokens", full_budget)
@@ -206,6 +206,9 @@ def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 
                 "library": use_library,
                 "answer_tokens": answer_budget, "max_new_tokens": full_budget, "stop": stop,
                 "deposit_verified": deposit_verified, "limit": limit}
+    prompts = prompt_settings(m.data["prompt"])
+    if prompts is not None:
+        settings["prompts"] = prompts
     args = {"k": k, "min_score": min_score, "use_library": use_library, "answer_budget": answer_budget,
             "full_budget": full_budget, "stop": stop, "limit_pos": limit_pos, "problems_file": problems_file,
             "settings": settings}
@@ -268,8 +271,20 @@ class Solved:
 
 
 def query_job(ctx: RunContext, engine: Engine, p: Problem, *, where: str) -> list[int]:
-    """A problem's query token ids (bounded for any input: see Engine.encode)."""
-    return engine.encode(ctx.manifest.data["prompt"]["query"].format(query=p.problem), where=f"{where}:{p.line}")
+    """A problem's question token ids as a miss asks it, with nothing before it (bounded for any input: see
+    Engine.encode): what the position checks count. solve_problem renders the question again once it knows
+    whether the library holds the problem (an exact hit's question) and whether anything is grafted before it."""
+    return engine.encode(engine.prompts.question_text(p.problem, first=True), where=f"{where}:{p.line}")
+
+
+def prompt_settings(prompt: dict) -> dict | None:
+    """The question prompts a manifest pins beyond the plain ``query`` (chat format, the exact hit's question and
+    answer prefix), as recorded in each solve entry's settings; None for a manifest with none of them (its entries
+    stay as they were)."""
+    keys = ("format", "system", "user", "assistant", "query", "query_exact", "answer_prefix")
+    if not any(k in prompt for k in ("format", "query_exact", "answer_prefix")):
+        return None
+    return {k: prompt[k] for k in keys if k in prompt}
 
 
 def record_solve(ctx: RunContext, store: Store | None, s: Solved) -> SolveRecord:
@@ -298,17 +313,22 @@ def solve_problem(ctx: RunContext, engine: Engine, store: Store | None, p: Probl
     kind = found.kind if hits else "none"  # an exact hit too long to graft is a miss, with a miss's budget
     budget = answer_budget if kind == "exact" else full_budget
     chain = build_chain(store, engine, hits) if hits else None
+    prompts, exact = engine.prompts, kind == "exact"
+    query = engine.encode(prompts.question_text(p.problem, exact=exact, first=chain is None))
     if chain is None:  # nothing grafted: the context starts here, with BOS as every deposited prefix does
         bos = engine.tokenizer.bos_token_id
         if engine.manifest.data["prompt"]["add_bos"] and bos is not None:
             query = [bos] + query
+    elif prompts.chat:  # what is grafted and the question must be the whole conversation's tokens, exactly
+        whole = engine.encode(prompts.conversation_text([hit_fields(h) for h in hits], p.problem, exact))
+        prompts.check_conversation([t for a in chain.artifacts for t in a.token_ids], query, whole)
     cache = engine.restore_chain(chain.artifacts) if chain else engine.new_cache()
     logits = engine.forward(cache, query)
     gen, _ = engine.greedy(cache, logits[-1], budget, stop_at_eos=True, stop=stop)
     continuation = engine.decode_text(gen, skip_special=True)
     for s in stop:  # the stop string and anything after it are not part of the answer
         continuation = continuation.split(s, 1)[0]
-    output = answer_text(continuation)
+    output = answer_text(prompts.answer_prefix(exact) + continuation)
     extracted = answers.extract(output)
     correct = None if p.answer is None else (extracted is not None and answers.answers_match(extracted, p.answer))
     energy1 = engine.gpu_energy_mj()

@@ -31,6 +31,7 @@ from ..store.local import link_key, prefix_key, problem_key
 from ..util import jsonio
 from ..util.hashing import digest, sha256_bytes, sha256_file
 from .context import RunContext
+from .owned import check_output
 
 DEFAULT_ORIGIN = "kvgraft-ledger"
 
@@ -162,6 +163,8 @@ def export_bundle(ctx: RunContext, refs: list[str], output: Path, *, key: str | 
     from ..ledger.checkpoint import load_key, sign
 
     _local_only(ctx, "export from", "pull")
+    # Never over the ledger or the store (#24.6), and into a folder that exists (#24.9): write_bundle creates none.
+    check_output(output, "--output", ctx, folder_must_exist=True)
     signer = load_key(key) if key is not None else None  # a bad key is refused before any work
     tree = LedgerTree.read(ctx.ledger, complete=True)
     with ctx.open_store(create=False) as store:
@@ -452,10 +455,8 @@ _CLAIM_HINT = ("a listing may claim only what its provenance lines record; ask t
 def _check_texts_bind(tok, p: Problem, f: fmt.ObjectFacts, where: str) -> None:
     """The library row's prefix, rendered with the receiving manifest's template as deposit renders it, must
     tokenize to exactly the artifact's token ids."""
-    from .deposit import render_prefix
-
     try:
-        ids = tok.prefix_ids(render_prefix(tok.manifest.data["prompt"]["prefix"], p), where=where)
+        ids = tok.prefix_ids(tok.prompts.root_text(p.fields()), where=where)
     except InputError as e:
         raise ArtifactError(f"{where}: the library row's texts cannot be this artifact's prefix ({e.message})",
                             _CLAIM_HINT) from None
@@ -474,7 +475,9 @@ def _prefix_tokenizer(manifest):
 
     from ..config.modelhash import tokenizer_sha256
     from ..engine.engine import Engine
+    from ..engine.gguf import materialize
 
+    materialize(manifest)
     model_dir = manifest.model_dir
     want = manifest.data["model"]["tokenizer_sha256"]
     try:

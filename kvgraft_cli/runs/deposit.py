@@ -14,6 +14,7 @@ from ..util.hashing import digest, sha256_file
 from ..config.modelhash import context_window
 from ..eval.problems import Problem, check_lengths, normalize_key, read_problems, verify_solution
 from .context import RunContext
+from ..store import writers
 from ..store.local import Store, prefix_key, problem_key
 
 if TYPE_CHECKING:
@@ -111,13 +112,14 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
             on_start(len(plan))
         prefixes = [prefix_job(ctx, engine, p, where=where) for p, _ in plan]
         computed = None
-    with ctx.open_store(codec=codec) as store:
+    # Registered as a running writer while it writes: gc keeps what it writes, whatever its grace (store.writers).
+    with ctx.open_store(codec=codec) as store, writers.registered(store.root):
         for i, ((p, verdict), ids) in enumerate(zip(plan, prefixes)):
             if computed is None:
                 c = compute_deposit(ctx.manifest, engine, store, p, ids, recompute, level, engine_facts(ctx, engine))
             else:
                 c = next(computed)  # the workers' results, in input order, as their shards finish
-            r = record_deposit(ctx, store, report, p, verdict, c, recompute, settings)
+            r = record_deposit(ctx, store, report, p, verdict, c, recompute, settings, by_worker=computed is not None)
             report.results.append(r)
             if on_progress:
                 on_progress(r)
@@ -148,7 +150,7 @@ def engine_facts(ctx: RunContext, engine: Engine) -> dict:
 
 def prefix_job(ctx: RunContext, engine: Engine, p: Problem, *, where: str) -> list[int]:
     """A problem's prefix token ids (InputError naming ``where:line`` for one the model cannot hold)."""
-    return engine.prefix_ids(render_prefix(ctx.manifest.data["prompt"]["prefix"], p), where=f"{where}:{p.line}")
+    return engine.prefix_ids(engine.prompts.root_text(p.fields()), where=f"{where}:{p.line}")
 
 
 def compute_deposit(m, engine: Engine, store: Store, p: Problem, ids: list[int], recompute: bool, level: int,
@@ -190,8 +192,9 @@ def _check_same(p: Problem, stored: str | None, sha: str, payload: Callable[[], 
 
 
 def record_deposit(ctx: RunContext, store: Store, report: DepositReport, p: Problem, verdict, c: Computed,
-                   recompute: bool, settings: dict) -> DepositResult:
-    """The record step: index the computed artifact and append its ledger entry (or nothing)."""
+                   recompute: bool, settings: dict, by_worker: bool = False) -> DepositResult:
+    """The record step: index the computed artifact and append its ledger entry (or nothing). ``by_worker``: a Ray
+    worker computed it (its object may be in a store this process does not reach)."""
     m = ctx.manifest
     verified = verdict.status == "verified"
     # What `kvgraft solve` finds: the problem (exact hits by its normalized text) and the solution (full text).
@@ -207,7 +210,7 @@ def record_deposit(ctx: RunContext, store: Store, report: DepositReport, p: Prob
         if existing and store.has_object(existing.artifact) and not recompute:
             payload_len = None
     sha = c.artifact
-    _object_here(store, sha)
+    _object_here(store, sha, by_worker)
     if payload_len is None:
         if verified:
             store.add_to_library(sha, p.id, m.compute_sha256, c.num_tokens, library)
@@ -247,15 +250,24 @@ def record_deposit(ctx: RunContext, store: Store, report: DepositReport, p: Prob
                          store.object_path(sha).stat().st_size, c.logits_sha256, written["seq"])
 
 
-def _object_here(store: Store, sha: str) -> None:
-    """Make sure the object a worker wrote is in this process's store folder (indexing reads its size): a remote
-    store's cache fetches it; a local folder that lacks it is not the one the workers wrote to."""
+def _object_here(store: Store, sha: str, by_worker: bool = True) -> None:
+    """Make sure the object written for this problem is in this process's store folder (indexing reads its size): a
+    remote store's cache fetches it; a local folder that lacks it is not the one the workers wrote to, or (written
+    by this process) something deleted it before its index row."""
     if store.object_path(sha).is_file():
         return
     fetch = getattr(store, "local_object", None)  # store.remote.RemoteStore: fetched into the cache
     if fetch is not None:
         fetch(sha)
         return
+    if not by_worker:
+        # This process wrote it moments ago: it was deleted between the object and its index row, which only
+        # `kvgraft store gc` with a grace shorter than the deposit does (#24.12). Nothing was recorded for it.
+        raise StoreError(f"artifact {sha[:16]}... written by this deposit was deleted from the store at {store.root} "
+                         "before it was indexed (`kvgraft store gc` with a --grace shorter than a running deposit, "
+                         "e.g. --grace 0, deletes objects not yet indexed); nothing was recorded for it",
+                         "re-run the same deposit (what is recorded is kept; this problem is computed again), and "
+                         "run gc with its default --grace (3600 s), or when no deposit is running")
     raise StoreError(f"artifact {sha[:16]}... computed by a worker is not in the store at {store.root}",
                      "with --ray-address every node must reach the store: an s3:// store, or a folder mounted at "
                      "the same path on every node")

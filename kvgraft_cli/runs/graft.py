@@ -12,7 +12,7 @@ from ..artifacts import format as kvg
 from ..ledger import log as ledger
 from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
 from ..engine.growcache import room_for
-from ..errors import InputError, KvgraftError
+from ..errors import InputError, KvgraftError, ModelMismatch
 from ..util.hashing import digest, sha256_bytes
 from .context import RunContext
 from ..store.local import check_chain
@@ -73,6 +73,7 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
     """Resolve ``ref`` (hash, hash prefix, problem id, .kvg path, or None for the latest) and read it, re-hashed.
     Needs no engine, so a bad reference or a damaged file is reported before the model loads."""
     if ref is not None and ref.endswith(".kvg") and Path(ref).is_file():
+        _refuse_past_positions(ctx, Path(ref))
         stem = Path(ref).name[: -len(".kvg")]
         expected = stem if re.fullmatch(r"[0-9a-f]{64}", stem) else None
         sha, art = _open_file(ctx, Path(ref), expected)
@@ -91,6 +92,22 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
         device = ctx.manifest.data["runtime"]["device"]
         chain = store.load_chain(sha, remember=False, device=device, room=room_for(device))
         return Loaded(sha, chain[-1][1], str(store.object_path(sha)), chain)
+
+
+def _refuse_past_positions(ctx: RunContext, path: Path) -> None:
+    """Refuse, from its header alone, a file whose tokens end past the model's positions (config.json, no model
+    loaded), before its payload is read: a small file can declare gigabytes of cache (#24.9). A file from the
+    store was checked when it was deposited or imported."""
+    from ..config.modelhash import context_window
+
+    limit = context_window(ctx.manifest.model_dir)
+    if not limit:
+        return
+    meta = kvg.peek_meta(path)
+    n, end = int(meta["num_tokens"]), int(meta["start_position"]) + int(meta["num_tokens"])
+    if end > limit:
+        raise ModelMismatch(f"{path}: its header declares {n:,} tokens, ending at position {end:,}, past the model's "
+                            f"{limit:,} positions", "graft an artifact deposited for this model and manifest")
 
 
 def _open_file(ctx: RunContext, path: Path, expected: str | None) -> tuple[str, kvg.Artifact]:
@@ -150,7 +167,7 @@ def graft_generate(ctx: RunContext, engine: Engine, ref: Loaded | str | None, qu
                    max_new_tokens: int) -> GraftResult:
     """Restore the artifact, run the rendered query, greedy-decode up to ``max_new_tokens`` (stops at EOS)."""
     loaded = fit_artifact(ref, ctx, engine)
-    suffix = engine.encode(ctx.manifest.data["prompt"]["query"].format(query=query), where="--query")
+    suffix = engine.encode(engine.prompts.question_text(query), where="--query")
     limit = engine.max_positions
     if limit and len(loaded.token_ids) + len(suffix) > limit:
         raise InputError(f"--query: {len(loaded.token_ids):,} prefix tokens + {len(suffix):,} query tokens exceed the "
@@ -288,7 +305,7 @@ def graft_check(ctx: RunContext, engine: Engine, ref: Loaded | str | None, sampl
     del fresh_cache, reproduced_payload
     fresh_hashes, suffix_hashes = [], []
     for i, text in enumerate(check_suffixes(ctx.manifest.data["runtime"]["seed"], samples)):
-        suffix = engine.encode(ctx.manifest.data["prompt"]["query"].format(query=text))
+        suffix = engine.encode(engine.prompts.question_text(text))
         # Fresh: prefill the prefix from scratch by the manifest's schedule (a chain: link by link, each on the
         # cache of the ones before, as it was deposited), then the suffix, then decode.
         cache_f, _ = prefill_chain(engine, links)

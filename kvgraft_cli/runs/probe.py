@@ -185,7 +185,7 @@ def probe(ctx: RunContext, engine: Engine, ref: Loaded | str | None, offsets: li
         # Position 0's key is unrotated, so a one-token prefix re-rotates exactly at every offset: nothing to probe.
         raise InputError(f"{loaded.source}: the probe needs a prefix of at least 2 tokens, this one has {len(prefix)}")
     kind = positions_kind(engine)
-    suffixes = [engine.encode(ctx.manifest.data["prompt"]["query"].format(query=t))
+    suffixes = [engine.encode(engine.prompts.question_text(t))
                 for t in check_suffixes(ctx.manifest.data["runtime"]["seed"], samples)]
     limit = engine.max_positions
     longest = len(prefix) + max(len(s) for s in suffixes)

@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.determinism import effective_environment
-from ..errors import ProblemFileError
 from ..eval.scoring import ScoreResult, ScoreSettings, score, write_records
 from ..ledger import log as ledger
 from ..util.hashing import digest, sha256_bytes, sha256_file
+from .owned import check_output
 
 
 def default_records_path(store: Path, outputs: Path, records_sha256: str) -> Path:
@@ -27,10 +27,9 @@ def score_and_record(ctx, outputs: Path, answers_path: Path, records_path: Path 
     passes the recorded ones. Returns (result, records sha256, entry)."""
     mapping = ctx.manifest.data["input"]
     settings = settings or ScoreSettings()
-    for p in (outputs, answers_path):
-        if records_path is not None and Path(records_path).resolve() == Path(p).resolve():
-            raise ProblemFileError(f"--records {records_path} is an input file; it would be overwritten",
-                                   "write the records elsewhere")
+    if records_path is not None:  # never over an input, the ledger or the store's own files (runs.owned)
+        check_output(records_path, "--records", ctx, inputs={"the outputs file": outputs,
+                                                             "the answers file": answers_path})
     result = score(outputs, answers_path, mapping, id_field, output_field, settings)
     in_hashes = (sha256_file(outputs), sha256_file(answers_path))  # before anything is written
     ledger.check_appendable(ctx.ledger)

@@ -28,6 +28,7 @@ from ..artifacts import format as kvg
 from . import search
 from ..errors import ArtifactError, InputError, StoreError
 from ..util.hashing import sha256_json
+from . import writers
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS artifacts (
@@ -303,9 +304,13 @@ class Store:
     def garbage(self, keep: set[str], grace_s: float = 3600.0) -> "Garbage":
         """What ``kvgraft store gc`` may delete: temporary files left by an interrupted write, and objects that no
         index row names and whose hash is not in ``keep`` (the digests the ledgers name), each untouched for at
-        least ``grace_s`` seconds (a writer at work writes its object before its index row)."""
+        least ``grace_s`` seconds (a writer at work writes its object before its index row) and older than the
+        oldest running writer registered here (store.writers), whatever the grace."""
         found = Garbage()
         cutoff = time.time() - grace_s
+        running = writers.oldest_running(self.root)
+        if running is not None:  # a second of slack: file times and the clock may round differently
+            cutoff = min(cutoff, running - 1)
         indexed = {row[0] for row in self._db.execute("SELECT sha256 FROM artifacts")}
         for sub in sorted((self.root / "objects").iterdir()):
             if not sub.is_dir():

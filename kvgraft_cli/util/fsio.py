@@ -45,3 +45,15 @@ def fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def user_cache_dir() -> Path | None:
+    """kvgraft's folder in the user's cache directory: ``$XDG_CACHE_HOME/kvgraft`` when that is an absolute path
+    (the XDG Base Directory rule: a relative one is ignored), else ``~/.cache/kvgraft``; None without a home."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        return Path(xdg) / "kvgraft"
+    try:
+        return Path.home() / ".cache" / "kvgraft"
+    except RuntimeError:  # no HOME and no passwd entry: run without a cache
+        return None

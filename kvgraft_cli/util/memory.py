@@ -37,7 +37,7 @@ def keep_freed_memory() -> bool:
     MiB each. glibc maps an allocation above its mmap threshold (128 KiB at start, raised only when such a map is
     freed) and trims freed heap beyond twice that, so op after op pays page faults and zeroing again. A graft as
     `kvgraft graft -n 16` runs it over 2,048 cached float32 tokens (SmolLM-135M shape) took 3.48 s and 1,236,214 page
-    faults with glibc's defaults, 1.75 s and 14,098 under these settings (bench_restore.py's memory children; README,
+    faults with glibc's defaults, 1.75 s and 14,098 under these settings (bench_restore.py's memory children; docs/PERFORMANCE.md,
     "Restore speed"). The settings are what glibc's dynamic threshold reaches after its first 32 MiB free, set once
     up front. Results do not change: torch aligns every tensor to 64 bytes either way, and the suite's
     byte-equality tests run under these settings. The price: up to 64

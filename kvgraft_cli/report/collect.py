@@ -1,0 +1,342 @@
+"""What a report shows, read from a ledger: the verifier's verdict, then the runs by kind (torch-free).
+
+Every number here is a value some ledger line records (floats are the ``repr`` strings the ledger holds, parsed
+with ``float``); nothing is recomputed. Each item keeps its 1-based ``line`` so the page can cite it, and the model
+that produced it: the entry's model and tokenizer hashes and its manifest (source, file hash, compute pin), with the
+manifest's ``name`` and ``model.path`` when the manifest file the entry names is here and still hashes to its record.
+
+Ledger text is untrusted: a value of the wrong type makes its item skipped with the reason (``skipped``), never a
+crash, and escaping is the renderer's job (report/render.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..ledger.log import split_lines
+from ..util import jsonio
+
+MAX_MANIFEST_BYTES = 1 << 20  # a manifest is a few KB; a larger "manifest" is not read for its model's name
+
+
+class Malformed(ValueError):
+    """A value in an entry that is not what its kind records."""
+
+
+def num(value: Any) -> float | None:
+    """A recorded number (an integer, or a float as the ledger writes it: a ``repr`` string); None when absent."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise Malformed(f"{value!r} is not a number")
+    if isinstance(value, int):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise Malformed(f"{value[:40]!r} is not a number") from None
+    raise Malformed(f"{type(value).__name__} is not a number")
+
+
+def count(value: Any) -> int | None:
+    """A recorded count: an integer (not a boolean); None when absent."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Malformed(f"{str(value)[:40]!r} is not a count")
+    return value
+
+
+def text(value: Any) -> str | None:
+    """A recorded string as it is (the renderer escapes it); other JSON values as their JSON text."""
+    if value is None or isinstance(value, str):
+        return value
+    return str(value)
+
+
+def _obj(value: Any, what: str) -> dict:
+    """``value`` when it is an object ({} when absent); Malformed otherwise."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise Malformed(f"{what} is not an object")
+    return value
+
+
+@dataclass
+class ReportData:
+    """Everything a report page shows; ``to_json`` is `kvgraft report --json`."""
+
+    ledger: str
+    verification: dict[str, Any]
+    kinds: dict[str, int] = field(default_factory=dict)
+    comparisons: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)  # solve runs without a partner of the other mode
+    graft_checks: list[dict[str, Any]] = field(default_factory=list)
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    scores: list[dict[str, Any]] = field(default_factory=list)
+    deposits: list[dict[str, Any]] = field(default_factory=list)
+    unreadable: list[int] = field(default_factory=list)  # lines that are no JSON object
+    skipped: list[dict[str, Any]] = field(default_factory=list)  # {line, kind, reason}
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Models:
+    """The model behind an entry, with the manifest's name read once per manifest file."""
+
+    def __init__(self, base_dir: Path):
+        self.base_dir = base_dir
+        self._names: dict[tuple[str, str], dict[str, str | None]] = {}
+
+    def of(self, entry: dict) -> dict[str, Any]:
+        """The model and manifest an entry records, with the manifest's names when readable."""
+        model = _obj(entry.get("model"), "model")
+        manifest = _obj(entry.get("manifest"), "manifest")
+        label = {
+            "model_sha256": text(model.get("sha256")), "tokenizer_sha256": text(model.get("tokenizer_sha256")),
+            "manifest_source": text(manifest.get("source")), "manifest_path": text(manifest.get("path")),
+            "manifest_sha256": text(manifest.get("sha256")), "compute_sha256": text(manifest.get("compute_sha256")),
+        }
+        label.update(self._read(label["manifest_path"], label["manifest_source"], label["manifest_sha256"]))
+        return label
+
+    def _read(self, path: str | None, source: str | None, sha: str | None) -> dict[str, str | None]:
+        """``manifest_name`` and ``model_path`` from the manifest file, when it is here with its recorded hash."""
+        key = (path or source or "", sha or "")
+        if key not in self._names:
+            self._names[key] = _manifest_names(self._locate(path, source), sha)
+        return self._names[key]
+
+    def _locate(self, path: str | None, source: str | None) -> Path | None:
+        """The manifest file: ``path`` beside the ledger, or a builtin manifest of the package."""
+        if path:
+            return self.base_dir / path
+        from ..config.manifest import BUILTIN_PREFIX, data_dir
+
+        if source and source.startswith(BUILTIN_PREFIX):
+            name = source[len(BUILTIN_PREFIX):]
+            if name and "/" not in name and "\\" not in name and not name.startswith("."):
+                return data_dir() / name
+        return None
+
+
+def _manifest_names(path: Path | None, sha: str | None) -> dict[str, str | None]:
+    """The manifest's name and model path from its file, when the file is there and hashes to ``sha``."""
+    names: dict[str, str | None] = {"manifest_name": None, "model_path": None, "manifest_status": "not here"}
+    if path is None or not sha:
+        names["manifest_status"] = "not named"
+        return names
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_MANIFEST_BYTES:
+            return names
+        raw = path.read_bytes()
+    except OSError:
+        return names
+    if hashlib.sha256(raw).hexdigest() != sha:
+        names["manifest_status"] = "changed since recorded"
+        return names
+    from ..config.manifest import parse_text
+    from ..errors import KvgraftError
+
+    try:
+        data = parse_text(raw.decode("utf-8"), str(path))
+    except (KvgraftError, UnicodeDecodeError):
+        names["manifest_status"] = "unreadable"
+        return names
+    if isinstance(data, dict):
+        model = data.get("model") if isinstance(data.get("model"), dict) else {}
+        names["manifest_name"] = text(data.get("name"))
+        names["model_path"] = text(model.get("path"))
+    names["manifest_status"] = "read (hash matches)"
+    return names
+
+
+def read_entries(data: bytes) -> list[tuple[int, dict | None]]:
+    """(1-based line, entry or None when the line is no JSON object) for every complete line."""
+    lines, _ = split_lines(data)
+    found = []
+    for i, raw in enumerate(lines):
+        try:
+            entry = jsonio.loads(raw)
+        except ValueError:
+            entry = None
+        found.append((i + 1, entry if isinstance(entry, dict) else None))
+    return found
+
+
+def collect(ledger: Path, data: bytes, verification: dict[str, Any]) -> ReportData:
+    """The report's content from the ledger's bytes (``data``, read once) and the verifier's JSON report."""
+    report = ReportData(str(ledger), verification)
+    models = _Models(Path(ledger).parent)
+    pending: list[tuple[int, dict]] = []  # solve entries waiting for their run's solve-outputs line
+    solve_runs: list[dict[str, Any]] = []
+    for line, entry in read_entries(data):
+        if entry is None:
+            report.unreadable.append(line)
+            continue
+        kind = entry.get("kind")
+        kind = kind if isinstance(kind, str) else "(no kind)"
+        report.kinds[kind] = report.kinds.get(kind, 0) + 1
+        try:
+            if kind == "deposit":
+                report.deposits.append(_deposit(line, entry, models))
+            elif kind == "solve":
+                pending.append((line, entry))
+            elif kind == "solve-outputs":
+                solve_runs.append(_solve_run(line, entry, models, pending))
+                pending = []
+            elif kind == "graft-check":
+                report.graft_checks.append(_graft_check(line, entry, models))
+            elif kind == "probe":
+                report.probes.append(_probe(line, entry, models))
+            elif kind == "score":
+                report.scores.append(_score(line, entry))
+        except (Malformed, AttributeError, TypeError) as e:
+            report.skipped.append({"line": line, "kind": kind, "reason": str(e)})
+    report.comparisons, report.runs = _pair(solve_runs)
+    _attach_runs_to_scores(report.scores, solve_runs)
+    return report
+
+
+def _digest(d: Any) -> dict[str, Any]:
+    """A recorded digest as {path, sha256}."""
+    d = _obj(d, "a digest")
+    return {"path": text(d.get("path")), "sha256": text(d.get("sha256"))}
+
+
+def _deposit(line: int, e: dict, models: _Models) -> dict[str, Any]:
+    """A deposit line: id, status, verification, tokens, artifact."""
+    inputs, outputs = _obj(e.get("inputs"), "inputs"), _obj(e.get("outputs"), "outputs")
+    record, artifact = _obj(inputs.get("record"), "inputs.record"), _obj(outputs.get("artifact"), "outputs.artifact")
+    verification = _obj(e.get("verification"), "verification")
+    return {"line": line, "id": text(record.get("id")), "status": text(e.get("status")),
+            "verification": text(verification.get("status")),
+            "tokens": count(_obj(inputs.get("token_ids"), "inputs.token_ids").get("count")),
+            "artifact": text(artifact.get("sha256")), "artifact_path": text(artifact.get("path")),
+            "payload_bytes": count(artifact.get("payload_bytes")), "model": models.of(e)}
+
+
+def _solve_run(line: int, e: dict, models: _Models, pending: list[tuple[int, dict]]) -> dict[str, Any]:
+    """A solve-outputs line with its per-problem solve lines: those just before it on the same problems file and
+    settings (one process writes a run's lines in a row)."""
+    inputs, outputs = _obj(e.get("inputs"), "inputs"), _obj(e.get("outputs"), "outputs")
+    totals = _obj(outputs.get("totals"), "outputs.totals")
+    problems_file = _digest(inputs.get("problems_file"))
+    settings = inputs.get("settings")
+    problems = []
+    for pline, p in pending:
+        try:
+            pin = _obj(p.get("inputs"), "inputs")
+            if _digest(pin.get("problems_file"))["sha256"] != problems_file["sha256"] or pin.get("settings") != settings:
+                continue
+            costs = _obj(_obj(p.get("outputs"), "outputs").get("costs"), "outputs.costs")
+            problems.append({"line": pline, "id": text(_obj(pin.get("record"), "inputs.record").get("id")),
+                             "hit": text(_obj(pin.get("library"), "inputs.library").get("hit")),
+                             "decode_tokens": count(costs.get("decode_tokens"))})
+        except Malformed:
+            continue  # a solve line that is not what its kind records: not drawn (its run's totals still are)
+    mode = text(e.get("mode")) or ("library" if _obj(settings, "inputs.settings").get("library") else "baseline")
+    return {"line": line, "mode": mode, "problems_file": problems_file, "outputs": _digest(outputs.get("outputs")),
+            "problems": count(totals.get("problems")), "correct": count(totals.get("correct")),
+            "scored": count(totals.get("scored")), "accuracy": num(totals.get("accuracy")),
+            "wilson95_low": num(totals.get("wilson95_low")), "wilson95_high": num(totals.get("wilson95_high")),
+            "decode_tokens": count(totals.get("decode_tokens")), "prefill_tokens": count(totals.get("prefill_tokens")),
+            "grafted_tokens": count(totals.get("grafted_tokens")), "exact_hits": count(totals.get("exact_hits")),
+            "related_hits": count(totals.get("related_hits")), "wall_s": num(totals.get("wall_s")),
+            "per_problem": problems, "model": models.of(e)}
+
+
+def _pair(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Each library run with the nearest baseline run of the same problems file and model: a comparison; the runs
+    left over stand alone."""
+    used: set[int] = set()
+    comparisons = []
+    for lib in (r for r in runs if r["mode"] == "library"):
+        same = [b for b in runs if b["mode"] == "baseline" and b["line"] not in used
+                and b["problems_file"]["sha256"] == lib["problems_file"]["sha256"]
+                and b["model"]["model_sha256"] == lib["model"]["model_sha256"]]
+        if same:
+            base = min(same, key=lambda b: abs(b["line"] - lib["line"]))
+            used |= {base["line"], lib["line"]}
+            comparisons.append({"baseline": base, "library": lib})
+    alone = [r for r in runs if r["line"] not in used]
+    return comparisons, alone
+
+
+def _graft_check(line: int, e: dict, models: _Models) -> dict[str, Any]:
+    """A graft-check line: its recorded result."""
+    inputs = _obj(e.get("inputs"), "inputs")
+    result = _obj(_obj(e.get("outputs"), "outputs").get("result"), "outputs.result")
+    schedule = result.get("schedule")
+    schedule = _obj(schedule, "result.schedule").get("schedule") if isinstance(schedule, dict) else schedule
+    chain = inputs.get("chain")
+    return {"line": line, "artifact": text(_obj(inputs.get("artifact"), "inputs.artifact").get("sha256")),
+            "chain_links": len(chain) if isinstance(chain, list) else None,
+            "samples": count(result.get("samples")), "sha_equal": count(result.get("sha_equal")),
+            "max_kl": num(result.get("max_kl")), "argmax_agreement": num(result.get("argmax_agreement")),
+            "generated_equal": count(result.get("generated_equal")),
+            "deposit_reproduced": result.get("deposit_reproduced") if isinstance(result.get("deposit_reproduced"), bool) else None,
+            "prefix_tokens": count(result.get("prefix_tokens")), "schedule": text(schedule),
+            "single_pass_max_abs_diff": num(result.get("single_pass_max_abs_diff")),
+            "passed": result.get("passed") if isinstance(result.get("passed"), bool) else None,
+            "max_new_tokens": count(inputs.get("max_new_tokens")), "model": models.of(e)}
+
+
+def _probe(line: int, e: dict, models: _Models) -> dict[str, Any]:
+    """A probe line: its per-offset results."""
+    inputs = _obj(e.get("inputs"), "inputs")
+    result = _obj(_obj(e.get("outputs"), "outputs").get("result"), "outputs.result")
+    offsets = result.get("offsets")
+    if not isinstance(offsets, list):
+        raise Malformed("outputs.result.offsets is not a list")
+    rows = []
+    for o in offsets:
+        o = _obj(o, "an offset's result")
+        rows.append({"offset": count(o.get("offset")), "samples": count(o.get("samples")),
+                     "sha_equal": count(o.get("sha_equal")), "max_abs_diff": num(o.get("max_abs_diff")),
+                     "max_kl": num(o.get("max_kl")), "argmax_agreement": num(o.get("argmax_agreement")),
+                     "unmoved_max_abs_diff": num(o.get("unmoved_max_abs_diff")),
+                     "unmoved_argmax_agreement": num(o.get("unmoved_argmax_agreement"))})
+    if any(r["offset"] is None for r in rows):
+        raise Malformed("an offset's result has no offset")
+    return {"line": line, "artifact": text(_obj(inputs.get("artifact"), "inputs.artifact").get("sha256")),
+            "method": text(result.get("method")), "positions": text(result.get("positions")),
+            "prefix_tokens": count(result.get("prefix_tokens")), "note": text(result.get("note")),
+            "own_position_unique": result.get("own_position_unique") if isinstance(result.get("own_position_unique"), bool) else None,
+            "offsets": rows, "model": models.of(e)}
+
+
+def _score(line: int, e: dict) -> dict[str, Any]:
+    """A score line: its result and how it was scored."""
+    from ..eval.scoring import ScoreSettings
+
+    inputs = _obj(e.get("inputs"), "inputs")
+    settings = _obj(inputs.get("settings"), "inputs.settings")
+    outputs = _obj(e.get("outputs"), "outputs")
+    result = _obj(outputs.get("result"), "outputs.result")
+    # How it was scored, read as the scorer (and `verify`) reads it: an entry without rules predates score rules 2
+    # and was scored by rules 1 with the exact grader.
+    how = ScoreSettings.from_recorded(settings, result)
+    return {"line": line, "outputs": _digest(inputs.get("outputs")), "answers": _digest(inputs.get("answers")),
+            "records": _digest(outputs.get("records")), "grader": text(how.grader),
+            "grader_version": text(how.grader_version), "rules": text(how.rules),
+            "extractor_version": text(how.extractor_version), "answered_only": how.answered_only,
+            "n": count(result.get("n")), "correct": count(result.get("correct")),
+            "answered": count(result.get("answered")), "unanswered": count(result.get("unanswered")),
+            "accuracy": num(result.get("accuracy")), "wilson95_low": num(result.get("wilson95_low")),
+            "wilson95_high": num(result.get("wilson95_high")), "run": None}
+
+
+def _attach_runs_to_scores(scores: list[dict[str, Any]], runs: list[dict[str, Any]]) -> None:
+    """A score of a solve run's outputs names that run (its line, mode and model): a score entry has no model."""
+    by_sha = {r["outputs"]["sha256"]: r for r in runs if r["outputs"]["sha256"]}
+    for s in scores:
+        run = by_sha.get(s["outputs"]["sha256"])
+        if run is not None:
+            s["run"] = {"line": run["line"], "mode": run["mode"], "model": run["model"]}

@@ -1,0 +1,86 @@
+"""The files kvgraft owns, which no output option may overwrite, `--force` or not (issue #24, items 6, 7 and 9).
+
+An output option (`store export -o`, `solve --outputs`, `score --records`, `ledger checkpoint -o`, `prereg make -o`)
+names a file kvgraft writes for the user. `--force` lets it replace an earlier *outputs* file; it never lets it
+replace the ledger (or its lock file), the store's index or objects, the manifest, or an input of the same run (the
+problems file): those are refused before any work, exit 2, with nothing written. So is an output that cannot be
+created where it is named (a bundle's missing folder, a file where a folder must be): one `Error:` line, never an
+internal error.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import InputError
+
+if TYPE_CHECKING:
+    from .context import RunContext
+
+
+def _same(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same inode when both exist (hard links, symlinks), else the same
+    resolved path."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return a.resolve() == b.resolve()
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    path, folder = path.resolve(), folder.resolve()
+    return path == folder or folder in path.parents
+
+
+def owner_of(path: Path, ctx: "RunContext | None" = None, ledger: Path | None = None,
+             inputs: dict[str, Path] | None = None) -> str | None:
+    """What kvgraft file ``path`` is (``"the ledger"``, ``"the store ..."``, an input's name), or None when it is
+    none of them. ``ctx`` gives the ledger, store and manifest; ``ledger`` a ledger without a context."""
+    path = Path(path)
+    ledgers = [p for p in (ledger, ctx.ledger if ctx is not None else None) if p is not None]
+    for led in ledgers:
+        led = Path(led)
+        if _same(path, led):
+            return f"the ledger {led}"
+        if _same(path, led.with_name(led.name + ".lock")):
+            return f"the ledger's lock file {led}.lock"
+    if ctx is not None:
+        # The store's own files; its scores/ and replay/ folders hold records kvgraft writes for the user.
+        store = Path(ctx.store)
+        if _inside(path, store / "objects") or _same(path, store / "remote.json") or (
+                _inside(path.parent, store) and path.name.startswith("index.sqlite")):  # and -wal, -shm, -journal
+            return f"the store {store} (its index and objects)"
+        source = ctx.manifest.source
+        if not source.startswith("builtin:") and _same(path, Path(source)):
+            return f"the manifest {source}"
+    for name, p in (inputs or {}).items():
+        if _same(path, Path(p)):
+            return f"{name} {p}"
+    return None
+
+
+def check_output(path: Path, option: str, ctx: "RunContext | None" = None, ledger: Path | None = None,
+                 inputs: dict[str, Path] | None = None, folder_must_exist: bool = False) -> None:
+    """Refuse an output ``path`` (given as ``option``) that is a file kvgraft owns (:func:`owner_of`), whatever
+    ``--force`` says, or whose folder is a file (and, with ``folder_must_exist``, a folder that does not exist: for
+    writers that do not create it, as util.fsio.atomic_write_bytes does). Call it before any work."""
+    path = Path(path)
+    owner = owner_of(path, ctx, ledger, inputs)
+    if owner is not None:
+        raise InputError(f"{option} {path} is {owner}; it would be overwritten",
+                         "write the output elsewhere (--force replaces an earlier output file, never a file "
+                         "kvgraft keeps)")
+    # The nearest existing ancestor must be a folder (else creating the path fails); the folder itself must exist
+    # for writers that do not create one.
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent and not folder_must_exist:
+        parent = parent.parent
+    if not parent.exists():
+        raise InputError(f"{option} {path}: folder {path.parent} does not exist",
+                         "create the folder first, or write the output elsewhere")
+    if not parent.is_dir():
+        raise InputError(f"{option} {path}: {parent} is not a folder", "write the output elsewhere")

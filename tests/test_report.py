@@ -1,0 +1,285 @@
+"""`kvgraft report` (issue 25): one self-contained HTML page whose every number is the ledger's, every ledger value
+escaped, plots optional, and an -o that never lands on the ledger or a file kvgraft owns."""
+
+from __future__ import annotations
+
+import html
+import json
+from html.parser import HTMLParser
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_cli, run_without_torch
+
+LEDGER = "kvgraft-ledger.jsonl"
+
+
+def _entries(d):
+    return [json.loads(line) for line in (d / LEDGER).read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def page(report_ledger, tmp_path_factory):
+    """The report of the fixture ledger, with plots: (html text, --json data)."""
+    out = tmp_path_factory.mktemp("page") / "report.html"
+    p = run_cli("report", "-o", str(out), "--json", cwd=report_ledger, check_rc=0)
+    assert "verified" in p.stderr and str(out) in p.stderr
+    return out.read_text(), json.loads(p.stdout)
+
+
+class _Tags(HTMLParser):
+    """Every tag and attribute of a page, as a browser's parser sees them (text content is not markup)."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def fetching(self) -> list:
+        """Tags or attributes that load or run something: script, link, img, iframe, object, embed, any src=, an
+        href that is not a same-page #anchor, event handlers, a style that imports or points at a URL."""
+        bad = [t for t, _ in self.tags if t in ("script", "link", "img", "iframe", "object", "embed", "image")]
+        for tag, attrs in self.tags:
+            for k, v in attrs.items():
+                v = v or ""
+                if k == "src" or k.startswith("on") or (k.endswith("href") and not v.startswith("#")):
+                    bad.append((tag, k, v))
+        return bad
+
+
+def _text(page_html: str) -> str:
+    """The page's visible text (tags and inline SVG removed, entities decoded), spaces collapsed."""
+    body = re.sub(r"<svg.*?</svg>", " ", page_html, flags=re.S)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", body)).split())
+
+
+def test_every_number_is_the_ledgers(page, report_ledger):
+    text, data = page[0], page[1]
+    shown = _text(text)
+    entries = _entries(report_ledger)
+    verify = json.loads(run_cli("verify", "--json", cwd=report_ledger).stdout)
+    assert data["verification"]["root"] == verify["root"] and data["verification"]["entries"] == len(entries)
+    assert "VERIFIED" in shown and verify["root"] in shown and f"entries {len(entries)}" in shown
+    runs = [e for e in entries if e["kind"] == "solve-outputs"]
+    assert len(runs) == 2 and len(data["comparisons"]) == 1
+    for e in runs:
+        t = e["outputs"]["totals"]
+        for key in ("accuracy", "wilson95_low", "wilson95_high"):
+            assert f"{float(t[key]):.4f}" in shown, (key, t[key])
+            assert f'title="{float(t[key])!r}"' in text  # the recorded value in full
+        assert f"{t['correct']}/{t['scored']}" in shown
+        assert f"{t['decode_tokens']:,}" in shown and f"{t['prefill_tokens']:,}" in shown
+    # The per-problem decode tokens are the solve lines' own.
+    comp = data["comparisons"][0]
+    solves = {(e["inputs"]["settings"]["library"], e["inputs"]["record"]["id"]): e["outputs"]["costs"]["decode_tokens"]
+              for e in entries if e["kind"] == "solve"}
+    for mode, flag in (("baseline", False), ("library", True)):
+        got = {(flag, p["id"]): p["decode_tokens"] for p in comp[mode]["per_problem"]}
+        assert got == {k: v for k, v in solves.items() if k[0] == flag} and len(got) == 4
+    for e in entries:
+        r = e.get("outputs", {}).get("result", {})
+        if e["kind"] == "graft-check":
+            assert f"{r['sha_equal']}/{r['samples']}" in shown
+            assert format(float(r["single_pass_max_abs_diff"]), ".3g") in shown
+        if e["kind"] == "probe":
+            for o in r["offsets"]:
+                assert format(float(o["max_abs_diff"]), ".3g") in shown
+                assert format(float(o["unmoved_max_abs_diff"]), ".3g") in shown
+        if e["kind"] == "score":
+            assert f"{float(r['accuracy']):.4f}" in shown and f"rules {e['inputs']['settings']['rules']}" in shown
+            assert e["outputs"]["records"]["sha256"][:16] in shown
+        if e["kind"] == "deposit":
+            assert e["inputs"]["record"]["id"] in shown and e["outputs"]["artifact"]["sha256"][:16] in shown
+
+
+def test_every_plot_names_its_model(page, report_ledger):
+    text = page[0]
+    model = next(e["model"]["sha256"] for e in _entries(report_ledger) if e["kind"] == "probe")
+    figures = re.findall(r"<figure>(.*?)</figure>", text, flags=re.S)
+    assert len(figures) == 3  # the comparison's bars, its per-problem plot, the probe
+    for f in figures:
+        assert "<svg" in f
+        caption = html.unescape(re.search(r"<figcaption>(.*?)</figcaption>", f, flags=re.S).group(1))
+        assert f"model sha256 {model}" in caption and "manifest builtin:default.yaml" in caption
+
+
+def test_the_page_fetches_nothing(page):
+    text = page[0]
+    assert "http://" not in text and "https://" not in text  # not even an SVG namespace URL
+    assert not re.search(r"@import|url\((?!#)|<script|<link|<iframe", text, flags=re.I)  # url(#clip): local
+    assert _Tags(text).fetching() == []
+    # The checker sees what it must.
+    assert _Tags('<p>x</p><img src="a.png"><a href="https://e.x/">e</a><svg><use href="#a"/></svg>').fetching() \
+        == ["img", ("img", "src", "a.png"), ("a", "href", "https://e.x/")]
+
+
+def _hostile_ledger(folder, source_ledger):
+    """The fixture's ledger with every kind's text fields rewritten by an attacker (lines no longer verify)."""
+    evil = '<script>alert(1)</script>"><img src=x onerror=alert(2)> $\\frac{1}{2}$ https://evil.example/x.js'
+    lines = []
+    for e in _entries(source_ledger):
+        if "manifest" in e:
+            e["manifest"]["source"] = evil
+            e["manifest"].pop("path", None)
+        if e["kind"] in ("deposit", "solve"):
+            e["inputs"]["record"]["id"] = evil
+        if e["kind"] == "deposit":
+            e["status"] = evil
+        if e["kind"] == "probe":
+            e["outputs"]["result"]["method"] = evil
+            e["outputs"]["result"]["note"] = evil
+        if e["kind"] in ("solve-outputs", "score"):
+            for part in ("inputs", "outputs"):
+                for d in e[part].values():
+                    if isinstance(d, dict) and "path" in d:
+                        d["path"] = evil
+        lines.append(json.dumps(e, sort_keys=True, separators=(",", ":")))
+    (folder / LEDGER).write_text("\n".join(lines) + "\n")
+
+
+def test_hostile_ledger_text_is_escaped(report_ledger, tmp_path):
+    _hostile_ledger(tmp_path, report_ledger)
+    p = run_cli("report", LEDGER, "-o", "r.html", "--no-files", cwd=tmp_path)
+    assert p.returncode == 1 and p.stderr.splitlines()[-1].startswith("Error: ")  # the chain is broken: written, and says so
+    text = (tmp_path / "r.html").read_text()
+    assert _Tags(text).fetching() == [] and "<script" not in text and "<img" not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text and "NOT VERIFIED" in _text(text)
+    assert text.count("<svg") == 3  # a $ in a label is text, not mathtext: every plot is drawn
+
+
+def test_tables_only_without_matplotlib(report_ledger, tmp_path):
+    block = ("import sys\nclass B:\n    def find_spec(self, name, path=None, target=None):\n"
+             "        if name == 'matplotlib' or name.startswith('matplotlib.'):\n"
+             "            raise ImportError(name + ' is blocked')\nsys.meta_path.insert(0, B())\n"
+             "import importlib.util\n_f = importlib.util.find_spec\n"
+             "importlib.util.find_spec = lambda n, *a: None if n.split('.')[0] == 'matplotlib' else _f(n, *a)\n"
+             "sys.argv = ['kvgraft'] + sys.argv[1:]\nfrom kvgraft_cli.cli.app import main\nmain()\n")
+    p = subprocess.run([sys.executable, "-c", block, "report", "-o", str(tmp_path / "r.html")], cwd=report_ledger,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    text = (tmp_path / "r.html").read_text()
+    assert "<svg" not in text and "pip install 'kvgraft[report]'" in html.unescape(text)
+    assert "Graft checks" in text and "max |diff|" in html.unescape(text) and text.count("<table>") >= 5
+
+
+def test_report_never_loads_torch(report_ledger, tmp_path):
+    p = run_without_torch("report", "-o", str(tmp_path / "r.html"), "--no-plots", cwd=report_ledger)
+    assert p.returncode == 0, p.stderr
+    assert "VERIFIED" in (tmp_path / "r.html").read_text()
+
+
+def test_refusals_write_nothing(report_ledger, tmp_path):
+    work = tmp_path / "w"
+    shutil.copytree(report_ledger, work)
+    before = {p: p.read_bytes() for p in work.rglob("*") if p.is_file()}
+    (work / "notes.txt").write_text("mine\n")
+    artifact = next((work / "kvgraft-store" / "objects").rglob("*.kvg"))
+    cases = [
+        (["report", "missing.jsonl", "-o", "r.html"], "ledger not found"),
+        (["report", "-o", LEDGER], "is the ledger"),
+        (["report", "-o", "problems.jsonl"], "a file the ledger names"),
+        (["report", "-o", "problems.solve.jsonl"], "a file the ledger names"),
+        (["report", "-o", str(artifact)], "a file the ledger names"),
+        (["report", "-o", "kvgraft-store/new.html"], "inside the store"),
+        (["report", "-o", "notes.txt"], "not a kvgraft report"),
+        (["report", "-o", "notes.txt/r.html"], "does not exist or is not a folder"),
+        (["report", "-o", "kvgraft-store"], "inside the store"),
+        (["report", "-o", "."], "is a directory"),
+        (["report", "-o", "r.html", "--key", "k.pub"], "--key needs --checkpoint"),
+    ]
+    for args, why in cases:
+        p = run_cli(*args, cwd=work)
+        assert p.returncode == 2, (args, p.stderr)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: ") and why in lines[0], (args, p.stderr)
+    assert {p: p.read_bytes() for p in work.rglob("*") if p.is_file() and p.name != "notes.txt"} == before
+    assert (work / "notes.txt").read_text() == "mine\n"
+    assert not list(work.glob("*.html")) and not list(work.rglob(".*.tmp"))
+    # An earlier report is replaced.
+    run_cli("report", "-o", "r.html", "--no-plots", cwd=work, check_rc=0)
+    run_cli("report", "-o", "r.html", cwd=work, check_rc=0)
+    assert "<svg" in (work / "r.html").read_text()
+
+
+def test_a_ledger_that_does_not_verify_is_reported_and_exits_1(report_ledger, tmp_path):
+    work = tmp_path / "w"
+    shutil.copytree(report_ledger, work)
+    (work / "problems.solve.jsonl").write_text("changed\n")
+    p = run_cli("report", "-o", "r.html", "--no-plots", cwd=work)
+    assert p.returncode == 1 and "does not match" in p.stderr and "r.html" in p.stderr
+    shown = _text((work / "r.html").read_text())
+    assert "NOT VERIFIED" in shown and "2 mismatched" in shown  # named by the solve run and its score
+
+
+def test_checkpoint_is_shown(report_ledger, tmp_path):
+    work = tmp_path / "w"
+    shutil.copytree(report_ledger, work)
+    run_cli("ledger", "keygen", "lab", cwd=work, check_rc=0)
+    run_cli("ledger", "checkpoint", "--key", "lab.key", "-o", "cp.txt", cwd=work, check_rc=0)
+    p = run_cli("report", "-o", "r.html", "--checkpoint", "cp.txt", "--key", "lab.pub", "--no-plots", cwd=work,
+                check_rc=0)
+    n = len(_entries(work))
+    assert f"kvgraft-ledger @ {n} lines, signed by lab" in _text((work / "r.html").read_text()), p.stderr
+    refused = run_cli("report", "-o", "cp.txt", "--checkpoint", "cp.txt", cwd=work)
+    assert refused.returncode == 2 and "kvgraft owns" in refused.stderr
+
+
+def test_the_reference_ledger_with_its_signed_checkpoint(tmp_path):
+    """The project's own ledger: older score lines (score rules 1, no grader recorded) read as the scorer reads them,
+    and the committed checkpoint checked against the committed key."""
+    from conftest import REPO
+
+    ref = REPO / "ledger"
+    p = run_cli("report", str(ref / "reference.jsonl"), "-o", "r.html", "--checkpoint", str(ref / "checkpoint.txt"),
+                "--key", str(ref / "kvgraft.pub"), "--no-plots", "--json", cwd=tmp_path, check_rc=0)
+    data = json.loads(p.stdout)
+    shown = _text((tmp_path / "r.html").read_text())
+    cp = data["verification"]["checkpoint"]
+    assert f"{cp['origin']} @ {cp['size']} lines, signed by {cp['signed_by'][0]}" in shown
+    assert [(s["grader"], s["rules"]) for s in data["scores"]] == [("exact", "1")] * 3
+    assert "rules 1, extractor 1" in shown and len(data["deposits"]) == data["kinds"]["deposit"] == 21
+
+
+def test_values_of_the_wrong_type_are_listed_not_fatal():
+    """A ledger line whose values are not what its kind records is listed with the reason; infinite and NaN values
+    are shown in tables and left out of plots; the page is still drawn (in-process: no CLI)."""
+    import warnings
+    from pathlib import Path
+
+    from kvgraft_cli.audit.verify import VerifyReport
+    from kvgraft_cli.report.collect import collect
+    from kvgraft_cli.report.render import render
+
+    pf = {"path": "p.jsonl", "sha256": "a" * 64}
+    entries = [
+        {"kind": "solve", "inputs": {"problems_file": 5}},
+        {"kind": "solve-outputs", "mode": "library", "inputs": {"problems_file": pf}, "outputs": {"totals": {
+            "accuracy": "inf", "wilson95_low": "nan", "wilson95_high": "-inf", "decode_tokens": 5, "correct": 1,
+            "scored": 2}}},
+        {"kind": "solve-outputs", "mode": "baseline", "inputs": {"problems_file": pf},
+         "outputs": {"totals": {"accuracy": "0.5", "decode_tokens": -3}}},
+        {"kind": "probe", "outputs": {"result": {"offsets": [{"offset": 0, "max_abs_diff": "inf"},
+                                                             {"offset": 3, "max_abs_diff": "nan"},
+                                                             {"offset": 8, "max_abs_diff": "1e-300"}]}}},
+        {"kind": "probe", "outputs": {"result": {"offsets": "x"}}},
+        {"kind": "graft-check", "inputs": {"artifact": "str"}, "outputs": {"result": []}},
+        {"kind": "deposit", "inputs": {"record": {"id": ["x"]}, "token_ids": {"count": True}}},
+        {"kind": "score", "inputs": {"settings": {"rules": ["x"]}}, "outputs": {"result": {"accuracy": {}}}},
+        {"kind": 5}, [1, 2],
+    ]
+    data = "".join(json.dumps(e) + "\n" for e in entries).encode() + b"{torn"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = collect(Path("x.jsonl"), data, VerifyReport("x.jsonl").to_json())
+        page = render(report, True)
+    assert [(s["line"], s["kind"]) for s in report.skipped] == [(5, "probe"), (6, "graft-check"), (7, "deposit"),
+                                                               (8, "score")]
+    assert report.unreadable == [10] and report.kinds["(no kind)"] == 1 and len(report.comparisons) == 1
+    assert page.count("<svg") == 2 and "is not a count" in page and ">inf<" in page  # no per-problem lines: no plot

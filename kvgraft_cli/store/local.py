@@ -154,8 +154,8 @@ class Store:
 
     def _add_grams_table(self) -> bool:
         """Whether the store has library_grams; a store from before it gets it, filled from its library rows in one
-        transaction (a one-off migration: about a minute a million rows). A store this process cannot write keeps
-        searching without it (words only: the same results on small libraries, less recall on large ones)."""
+        transaction (a one-off migration; the same fill is part of bench_retrieval.py's 433 s build of 1,000,000
+        entries). A store this process cannot write keeps searching without it, by words only (docs/RETRIEVAL.md)."""
         have = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'library_grams'"
         if self._db.execute(have).fetchone():
             return True
@@ -287,9 +287,10 @@ class Store:
     def _index_library_rows(self, manifest_sha256: str, rows: list[dict], grams: bool = True) -> None:
         """Measurement only (tests, scripts/bench_retrieval.py): library rows (``problem``, its ``problem_key``,
         ``solution``, optional ``answer`` and ``problem_id``) indexed as recorded, verified entries in one
-        transaction, with artifact rows whose identities are made up and whose objects do not exist. Retrieval reads only these index rows, so it can be
-        measured at any size without a model; grafting one of them would fail (no object). Without ``grams`` the
-        rows' sequences are left out of library_grams: a bulk load then fills it once, with :meth:`_fill_grams`."""
+        transaction, with artifact rows whose identities are made up and whose objects do not exist. Retrieval
+        reads only these index rows, so it can be measured at any size without a model; grafting one of them would
+        fail (no object). Without ``grams`` the rows' sequences are left out of library_grams: a bulk load then
+        fills it once, with :meth:`_fill_grams`."""
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             start = self._db.execute("SELECT coalesce(max(rowid), 0) FROM artifacts").fetchone()[0]

@@ -483,9 +483,14 @@ def test_ctrl_c_during_deposit_says_what_was_kept_and_how_to_resume(tmp_path):
     from kvgraft_cli.config.profiles import environ_without_pins
 
     lines = EXAMPLES.read_text().splitlines()
-    many = tmp_path / "many.jsonl"  # long enough that the interrupt lands mid-run
-    many.write_text("".join(json.dumps({**json.loads(lines[i % len(lines)]), "id": f"p{i}"}) + "\n"
-                            for i in range(300)))
+    many = tmp_path / "many.jsonl"  # long enough that the interrupt lands mid-run, on a loaded machine too:
+    # every problem is new (a repeated prefix is only re-hashed, and 300 of those ran out before the signal)
+
+    def record(i):
+        r = json.loads(lines[i % len(lines)])
+        return json.dumps({**r, "id": f"p{i}", "problem": f"{r['problem']} (variant {i})"}) + "\n"
+
+    many.write_text("".join(record(i) for i in range(3000)))
     env = environ_without_pins()
     env.pop("KVGRAFT_DEBUG", None)
     p = subprocess.Popen([sys.executable, "-m", "kvgraft_cli", "deposit", "many.jsonl"], cwd=tmp_path, env=env,

@@ -63,7 +63,8 @@ def test_conversion_is_deterministic(smol_cache):
     folder = cache / "models" / f"gguf-{PINNED['gguf_sha256']}-float32"
     assert sorted(p.name for p in folder.iterdir()) == ["chat_template.jinja", "config.json", "model.safetensors",
                                                           "tokenizer.json", "tokenizer_config.json"]
-    assert "quantization_config" not in json.loads((folder / "config.json").read_text())
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config and "_name_or_path" not in config  # no path of this machine's
     assert not [p for p in (cache / "models").iterdir() if p.name.startswith(".")]  # no temporary left
 
 

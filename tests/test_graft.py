@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kvgraft_cli.ledger import log as ledger
@@ -96,7 +98,7 @@ def test_chunked_schedule_is_exact_and_differs_from_single(tmp_path, engine, chu
 
     ids = engine.prefix_ids("Problem: compute 12*12.\nSolution: 12*12 = \\boxed{144}.\n" * 2)
     chunked = with_overrides(engine.manifest, {"prefill.schedule": "chunked", "prefill.chunk_size": chunk})
-    eng = type(engine)(**{**engine.__dict__, "manifest": chunked})
+    eng = dataclasses.replace(engine, manifest=chunked)  # a new Engine: its prompts are bound anew
     cache, _ = eng.prefill(ids)
     restored = eng.restore(eng.capture(cache))
     suffix = eng.encode("\nQuestion: and 13*13?\nAnswer:")

@@ -74,6 +74,7 @@ def dequantize(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> Path:
         save_file(dict(sorted(state.items())), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         cfg = model.config.to_dict()
         cfg.pop("quantization_config", None)  # the GGUF loader's, not the checkpoint's: it would load as GGUF again
+        cfg.pop("_name_or_path", None)  # the folder the GGUF was read from: another machine's path, other bytes
         cfg["dtype"] = dtype
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         tokenizer.save_pretrained(str(tmp))

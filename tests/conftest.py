@@ -106,3 +106,37 @@ def report_ledger(tmp_path_factory):
                  ["graft", "--check", "--samples", "2"], ["probe", "--offsets", "0,1,8", "--samples", "2"]):
         run_cli(*args, cwd=d, check_rc=0)
     return d
+
+
+# Every command's and group's help, rendered as a user sees it, with the help strings as written (after the source's
+# own escapes): one child process, so rich's width comes from COLUMNS and not from the test's terminal.
+HELP_WALK = r"""
+import contextlib, io, json, typer
+from kvgraft_cli.cli.app import app
+root = typer.main.get_command(app)
+def walk(cmd, path):
+    yield cmd, path
+    for name, sub in getattr(cmd, "commands", {}).items():
+        yield from walk(sub, path + [name])
+res = {}
+for cmd, path in walk(root, []):
+    raw = [cmd.help or ""] + [getattr(p, "help", None) or "" for p in cmd.params]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        try:
+            app(path + ["--help"], standalone_mode=False, prog_name="kvgraft")
+        except SystemExit:
+            pass
+    res[" ".join(path)] = {"raw": raw, "rendered": buf.getvalue()}
+print(json.dumps(res))
+"""
+
+
+def every_help(columns: int) -> dict:
+    """{command path ("" for the root, "store list"...): {"raw": [help strings], "rendered": its --help}}."""
+    p = subprocess.run([sys.executable, "-c", HELP_WALK], capture_output=True, text=True, timeout=120,
+                       env={"COLUMNS": str(columns), "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 0, p.stderr
+    import json
+
+    return json.loads(p.stdout)

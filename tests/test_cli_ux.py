@@ -13,7 +13,7 @@ import unicodedata
 
 import pytest
 
-from conftest import EXAMPLES, REPO, run_cli
+from conftest import EXAMPLES, REPO, every_help, run_cli
 
 REFERENCE = REPO / "ledger" / "reference.jsonl"
 HEX64 = re.compile(r"\b[0-9a-f]{64}\b")
@@ -133,31 +133,10 @@ def test_store_list_redirected_keeps_full_hashes_on_one_line(deposited):
 
 # -- 5. help text, prefixes, replay and matrix options -----------------------------------------------------------
 
-WALK = """
-import contextlib, io, json, typer
-from kvgraft_cli.cli.app import app
-root = typer.main.get_command(app)
-def walk(cmd, path):
-    yield path
-    for name, sub in getattr(cmd, "commands", {}).items():
-        yield from walk(sub, path + [name])
-res = {}
-for path in walk(root, []):
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        try:
-            app(path + ["--help"], standalone_mode=False, prog_name="kvgraft")
-        except SystemExit:
-            pass
-    res[" ".join(path)] = buf.getvalue()
-print(json.dumps(res))
-"""
 
 
 def test_help_has_no_type_placeholders_and_documents_options():
-    p = subprocess.run([sys.executable, "-c", WALK], capture_output=True, text=True, timeout=120,
-                       env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
-    helps = json.loads(p.stdout)
+    helps = {cmd: h["rendered"] for cmd, h in every_help(200).items()}
     assert {"", "ledger log", "inspect", "store list", "replay", "matrix"} <= set(helps)
     for cmd, text in helps.items():
         assert "<bool>" not in text, cmd

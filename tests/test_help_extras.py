@@ -4,45 +4,16 @@ user sees it and must show each extra its help text names, brackets and all."""
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 import tomllib
 
-from conftest import REPO
+from conftest import REPO, every_help
 
-# Help strings as written (after the source's own escapes) and as rendered, for every command and group.
-WALK = r"""
-import contextlib, io, json, typer
-from kvgraft_cli.cli.app import app
-root = typer.main.get_command(app)
-def walk(cmd, path):
-    yield cmd, path
-    for name, sub in getattr(cmd, "commands", {}).items():
-        yield from walk(sub, path + [name])
-res = {}
-for cmd, path in walk(root, []):
-    raw = [cmd.help or ""] + [getattr(p, "help", None) or "" for p in cmd.params]
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        try:
-            app(path + ["--help"], standalone_mode=False, prog_name="kvgraft")
-        except SystemExit:
-            pass
-    res[" ".join(path)] = {"raw": raw, "rendered": buf.getvalue()}
-print(json.dumps(res))
-"""
-
-# An extra as the source writes it: kvgraft[ray], or kvgraft\[ray] / kvgraft\\[ray] (escaped for rich by hand).
 EXTRA = re.compile(r"kvgraft\\*\[([a-z0-9_-]+)\]")
 
 
 def _helps() -> dict:
-    p = subprocess.run([sys.executable, "-c", WALK], capture_output=True, text=True, timeout=120,
-                       env={"COLUMNS": "3000", "PATH": "/usr/bin:/bin"})
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)
+    return every_help(3000)
 
 
 def test_every_extra_named_in_help_is_printed_with_its_brackets():

@@ -109,10 +109,10 @@ class GGUFInfo:
     chat_template: bool
 
 
-def read_gguf(path: Path, supported_architectures: list[str] | None = None) -> GGUFInfo:
+def read_gguf(path: Path) -> GGUFInfo:
     """Parse a GGUF's header and tensor table (memory-mapped, nothing loaded) and refuse, in one line each, what
-    kvgraft cannot run: not a GGUF, a truncated file, an architecture transformers does not convert (when
-    ``supported_architectures`` is given), a tensor type that cannot be dequantized, no tokenizer."""
+    kvgraft cannot run: not a GGUF, a truncated file, no architecture named, a tensor type that cannot be
+    dequantized, no tokenizer. Whether transformers converts the architecture is :func:`check_architecture`'s."""
     path = Path(path)
     with open(path, "rb") as f:
         head = f.read(4)
@@ -143,10 +143,6 @@ def read_gguf(path: Path, supported_architectures: list[str] | None = None) -> G
     arch = field("general.architecture")
     if not isinstance(arch, str):
         raise InputError(f"{path}: the GGUF names no general.architecture", "is this a model GGUF?")
-    if supported_architectures is not None and arch not in supported_architectures:
-        raise UnsupportedModel(f"{path}: GGUF architecture {arch!r} cannot be converted by transformers' GGUF "
-                               f"loader (it converts {', '.join(sorted(supported_architectures))})",
-                               "use a model of a supported architecture, or a safetensors checkpoint")
     convertible = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, *gguf.quants._type_traits}
     types = sorted({t.tensor_type.name for t in reader.tensors})
     bad = sorted({t.tensor_type.name for t in reader.tensors if t.tensor_type not in convertible})
@@ -159,6 +155,14 @@ def read_gguf(path: Path, supported_architectures: list[str] | None = None) -> G
                                "use a GGUF that embeds its tokenizer")
     return GGUFInfo(path, arch, field("general.name"), tuple(types), len(reader.tensors),
                     field("tokenizer.chat_template") is not None)
+
+
+def check_architecture(info: GGUFInfo, supported: list[str]) -> None:
+    """Refuse a GGUF whose architecture is not one of ``supported`` (transformers' convertible ones)."""
+    if info.architecture not in supported:
+        raise UnsupportedModel(f"{info.path}: GGUF architecture {info.architecture!r} cannot be converted by "
+                               f"transformers' GGUF loader (it converts {', '.join(sorted(supported))})",
+                               "use a model of a supported architecture, or a safetensors checkpoint")
 
 
 def gguf_version() -> str:

@@ -33,9 +33,7 @@ def check_gguf(path: Path) -> gguf_config.GGUFInfo:
     """:func:`config.gguf.read_gguf`, then transformers' list of convertible architectures (imported only for a
     file whose header passed: it imports torch)."""
     info = gguf_config.read_gguf(path)
-    supported = supported_architectures()
-    if info.architecture not in supported:
-        gguf_config.read_gguf(path, supported)  # raises, naming the architecture
+    gguf_config.check_architecture(info, supported_architectures())
     return info
 
 

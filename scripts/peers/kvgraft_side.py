@@ -1,0 +1,176 @@
+"""The kvgraft side of bench_peers, in a worker process of its own per configuration (dtype, kernel-flag profile,
+attention): the same GGUF, dequantized by `kvgraft manifest init` into the user's cache, under a manifest pinned
+here, through kvgraft's own functions, each timed around what the command does:
+  prefill      engine.prefill (the manifest's schedule)
+  deposit      capture, canonical payload, identity (SHA-256 tree), atomic write of ``<identity>.kvg``: what
+               `kvgraft deposit` does after its prefill
+  graft        what `kvgraft graft` does to open an artifact: read it, re-hash it against its identity (verified
+               before anything is returned), restore it into a fresh cache
+  first token  graft + the query's forward, to its last logits
+  decode       greedy steps after that (engine.greedy), tokens a second
+Exactness: the first token's logits after every graft are compared byte for byte (SHA-256) with the fresh
+prefill's; `kvgraft graft --check` is run on the artifact as a user runs it (a child process, its --json verdict).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from timing import stopwatch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class KvgraftSide:
+    def __init__(self, gguf: str, dtype: str, profile: str, attn: str, threads: int, schedule: str):
+        # The profile's kernel flags before torch is imported (engine.determinism); then the manifest pins them.
+        from kvgraft_cli.engine.determinism import pin_profile
+
+        pin_profile(profile, "cpu")
+        import yaml
+
+        from kvgraft_cli.config.manifest import load_manifest
+        from kvgraft_cli.engine.engine import load_engine
+        from kvgraft_cli.engine.gguf import manifest_for_gguf
+
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"bench-peers-kvgraft-{dtype}-"))
+        self.manifest_path = self.tmp / "manifest.yaml"
+        text, _ = manifest_for_gguf(gguf, self.manifest_path, profile=profile, device="cpu", dtype=dtype,
+                                    threads=threads, attn_implementation=attn)
+        data = yaml.safe_load(text)
+        if schedule != "single":  # chunked:N
+            data["prefill"] = {"schedule": "chunked", "chunk_size": int(schedule.split(":")[1])}
+        data["paths"] = {"store": str(self.tmp / "store"), "ledger": str(self.tmp / "ledger.jsonl")}
+        self.manifest_path.write_text(yaml.safe_dump(data, sort_keys=False))
+        self.eng = load_engine(load_manifest(self.manifest_path))
+        self.state: dict = {}
+
+    def info(self) -> dict:
+        import torch
+        import transformers
+
+        m = self.eng.manifest.data
+        return {"torch": torch.__version__, "transformers": transformers.__version__, "model_sha256": m["model"]["sha256"],
+                "threads": torch.get_num_threads(), "env": {k: v for k, v in m["runtime"]["env"].items() if v},
+                "schedule": m["prefill"], "attn": m["model"]["attn_implementation"]}
+
+    def ids(self, n: int) -> dict:
+        """The first ``n`` tokens of MATH-500's worked solutions joined (real text, as a library holds)."""
+        rows = (REPO / "data" / "math500" / "math500.jsonl").read_text(encoding="utf-8").splitlines()
+        ids: list[int] = []
+        for line in rows:
+            ids += self.eng.tokenizer(json.loads(line)["answer"] + "\n\n", add_special_tokens=False)["input_ids"]
+            if len(ids) >= n:
+                return {"ids": ids[:n]}
+        raise ValueError(f"MATH-500 has fewer than {n} tokens")
+
+    def setup(self, ids: list[int], query: list[int], decode: int) -> dict:
+        """Prefill, deposit, then the query and ``decode`` greedy steps on the fresh cache: the reference."""
+        from kvgraft_cli.artifacts import format as kvg
+        from kvgraft_cli.engine.engine import tensor_sha256
+
+        eng = self.eng
+        self.state = {}  # the last length's cache and artifact go before this one's are made
+        with stopwatch() as pre:
+            cache, last = eng.prefill(ids)
+        with stopwatch() as dep:
+            payload = kvg.encode(ids, eng.capture(cache), eng.artifact_meta(tensor_sha256(last)))
+            sha = kvg.payload_identity(payload)
+            path = self.tmp / f"{sha}.kvg"
+            kvg.write_file(path, payload)
+        size = len(payload)
+        del payload
+        fresh = eng.forward(cache, query, last_only=True)[-1]
+        tokens, _ = eng.greedy(cache, fresh, decode)
+        self.state = {"ids": ids, "query": query, "decode": decode, "path": path, "sha": sha,
+                      "fresh": tensor_sha256(fresh), "tokens": tokens}
+        return {"prefill_s": pre.s, "deposit_s": dep.s, "artifact_bytes": size, "file_bytes": path.stat().st_size}
+
+    def round(self) -> dict:
+        """One graft (read, verify, restore) into a fresh cache, the query (first token), then the decode steps."""
+        from kvgraft_cli.artifacts import format as kvg
+        from kvgraft_cli.engine.engine import tensor_sha256
+        from kvgraft_cli.engine.growcache import room_for
+
+        eng, s = self.eng, self.state
+        with stopwatch() as first:
+            with stopwatch() as graft:
+                _, art = kvg.open_file(s["path"], s["sha"], room_for(eng.device))
+                cache = eng.restore(art.layers)
+                del art  # the cache holds the tensors (and grows into their room)
+            logits = eng.forward(cache, s["query"], last_only=True)[-1]
+        with stopwatch() as dec:
+            tokens, _ = eng.greedy(cache, logits, s["decode"])
+        sha = tensor_sha256(logits)
+        return {"graft_s": graft.s, "first_token_s": first.s, "decode_tok_s": s["decode"] / dec.s,
+                "exact": sha == s["fresh"], "same_tokens": tokens == s["tokens"], "logits_sha256": sha}
+
+    def tamper(self) -> dict:
+        """One byte of the artifact flipped, three quarters in (inside the KV data), then opened as `kvgraft graft`
+        opens it: whether it is refused (re-hashed against its identity), and with what message."""
+        from kvgraft_cli.artifacts import format as kvg
+        from kvgraft_cli.engine.growcache import room_for
+        from kvgraft_cli.errors import KvgraftError
+
+        s = self.state
+        bad = self.tmp / "tampered" / s["path"].name
+        bad.parent.mkdir(exist_ok=True)
+        raw = bytearray(s["path"].read_bytes())
+        raw[len(raw) * 3 // 4] ^= 0x40
+        bad.write_bytes(bytes(raw))
+        try:
+            kvg.open_file(bad, s["sha"], room_for(self.eng.device))
+        except KvgraftError as e:
+            return {"loaded": False, "error": str(e).splitlines()[0][:160]}
+        finally:
+            bad.unlink()
+        return {"loaded": True}
+
+    def weights(self) -> dict:
+        """What a decode step must read, and the floor that sets: the model's weight bytes (the tied embedding
+        counted once: as the head it is read whole every step), and the seconds of its linear layers alone on one
+        token (each layer's matrix-vector product, nothing between them): a decode step cannot be faster."""
+        import torch
+
+        from timing import timed
+
+        model = self.eng.model
+        weight_bytes = sum({p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}.values())
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        dtype = next(model.parameters()).dtype
+        rows = {m.in_features: torch.randn(1, m.in_features, generator=torch.Generator().manual_seed(0)).to(dtype)
+                for m in linears}
+
+        def one_token():
+            with torch.inference_mode():
+                for m in linears:
+                    torch.nn.functional.linear(rows[m.in_features], m.weight, m.bias)
+
+        one_token()  # warm: oneDNN's first call for a shape prepares its kernel
+        floor, _ = timed(one_token, 7)
+        return {"weight_bytes": weight_bytes, "linear_floor_s": floor, "linears": len(linears)}
+
+    def check(self, samples: int, max_new_tokens: int) -> dict:
+        """`kvgraft graft --check` on the deposited file, as a user runs it; its --json verdict."""
+        cmd = [sys.executable, "-m", "kvgraft_cli", "graft", str(self.state["path"]), "--check", "--samples",
+               str(samples), "-n", str(max_new_tokens), "-m", str(self.manifest_path), "--json"]
+        with stopwatch() as lap:
+            p = subprocess.run(cmd, capture_output=True, text=True, cwd=self.tmp)
+        if p.returncode not in (0, 1):  # 1 is a failed check: a verdict, reported
+            raise RuntimeError(f"graft --check exited {p.returncode}: {p.stderr.strip()[-1500:]}")
+        r = json.loads(p.stdout)
+        return {"passed": r["passed"], "sha_equal": r["sha_equal"], "samples": r["samples"], "check_s": lap.s,
+                "deposit_reproduced": r["deposit_reproduced"], "single_pass_sha_equal": r["single_pass_sha_equal"],
+                "single_pass_max_abs_diff": r["single_pass_max_abs_diff"]}
+
+
+def serve_kvgraft(gguf: str, dtype: str, profile: str, attn: str, threads: int, schedule: str) -> None:
+    from peers.wire import serve
+
+    side = KvgraftSide(gguf, dtype, profile, attn, threads, schedule)
+    serve({"info": side.info, "ids": side.ids, "setup": side.setup, "round": side.round, "check": side.check, "tamper": side.tamper,
+           "weights": side.weights})

@@ -15,14 +15,13 @@ payload of SmolLM-135M's KV shape (scripts/bench_graft.py's config; no model, no
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_graft import _smol_config  # noqa: E402  (the same model shape as the other benchmarks)
+from timing import interleaved, median  # noqa: E402
 
 
 def _random_payload(tokens: int, dtype: str, scheme: str) -> bytes:
@@ -91,18 +90,13 @@ def main() -> None:
         ref = plain()
         assert got == want and all(torch.equal(a.keys, k) and torch.equal(a.values, v)
                                    for a, (k, v) in zip([l for l in art.layers if l.kind != "empty"], ref))
-        laps: dict[str, list[float]] = {name: [] for name in runs}
-        for _ in range(args.repeat):
-            for name, fn in runs.items():
-                t0 = time.perf_counter()
-                fn()
-                laps[name].append(time.perf_counter() - t0)
+        laps = interleaved(runs, args.repeat)
     where = torch.cuda.get_device_name(device) if cuda else "no CUDA here: staging unpinned, copies synchronous"
     print(f"{device} ({where}); torch {torch.__version__}; payload {size / 1e6:.1f} MB ({args.dtype}, "
           f"{args.identity}); staging {args.ring} x {args.chunk_mib} MiB; medians of {args.repeat}")
     print(f"{'':28} {'seconds':>9} {'GB/s':>7}")
     for name, times in laps.items():
-        t = statistics.median(times)
+        t = median(times)
         print(f"{name:28} {t:>9.4f} {size / t / 1e9:>7.2f}")
 
 

@@ -24,19 +24,10 @@ solutions joined, cut to each length. Usage:
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
-
-def _timed(fn, repeat):
-    times, out = [], None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+from timing import stopwatch, timed
 
 
 def main() -> None:
@@ -70,10 +61,10 @@ def main() -> None:
 
     config = _config(args.model)
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        eng = random_engine(args.model, config, Path(tmp), device=args.device, dtype=args.dtype, profile=args.profile,
-                            threads=args.threads)
-        print(f"model drawn on {eng.device} in {time.perf_counter() - t0:.1f} s")
+        with stopwatch() as lap:
+            eng = random_engine(args.model, config, Path(tmp), device=args.device, dtype=args.dtype,
+                                profile=args.profile, threads=args.threads)
+        print(f"model drawn on {eng.device} in {lap.s:.1f} s")
         _run(eng, args, Path(tmp))
 
 
@@ -83,12 +74,12 @@ def _gguf_engine(args, tmp: Path):
     from kvgraft_cli.engine.engine import load_engine
     from kvgraft_cli.engine.gguf import manifest_for_gguf
 
-    t0 = time.perf_counter()
-    text, _ = manifest_for_gguf(args.gguf, tmp / "m.yaml", profile=args.profile, device=args.device,
-                                dtype=args.dtype, threads=args.threads)
-    (tmp / "m.yaml").write_text(text)
-    eng = load_engine(load_manifest(tmp / "m.yaml"))
-    print(f"model {args.gguf} ({args.dtype}) loaded in {time.perf_counter() - t0:.1f} s")
+    with stopwatch() as lap:
+        text, _ = manifest_for_gguf(args.gguf, tmp / "m.yaml", profile=args.profile, device=args.device,
+                                    dtype=args.dtype, threads=args.threads)
+        (tmp / "m.yaml").write_text(text)
+        eng = load_engine(load_manifest(tmp / "m.yaml"))
+    print(f"model {args.gguf} ({args.dtype}) loaded in {lap.s:.1f} s")
     return eng
 
 
@@ -164,7 +155,7 @@ def _run(eng, args, tmp) -> None:
     for n in args.lengths:
         ids = _real_ids(eng, n) if args.gguf else torch.randint(3, eng.model.config.vocab_size, (n,),
                                                                   generator=gen).tolist()
-        t_pre, (cache, last) = _timed(lambda: _sync(eng.prefill(ids)), args.repeat)
+        t_pre, (cache, last) = timed(lambda: _sync(eng.prefill(ids)), args.repeat)
         path = tmp / "a.kvg"
 
         def deposit():
@@ -173,7 +164,7 @@ def _run(eng, args, tmp) -> None:
             kvg.write_file(path, payload)
             return payload, sha
 
-        t_dep, (payload, sha) = _timed(deposit, args.repeat)
+        t_dep, (payload, sha) = timed(deposit, args.repeat)
         query = ids[:16]
         fresh_logits = eng.forward(cache, query)  # the fresh side of the exactness check (deposited already)
         del cache
@@ -181,11 +172,11 @@ def _run(eng, args, tmp) -> None:
         def restore():
             return _sync(eng.restore(_open(path, sha, eng.device).layers))
 
-        t_res, restored = _timed(restore, args.repeat)
+        t_res, restored = timed(restore, args.repeat)
         exact = torch.equal(fresh_logits, eng.forward(restored, query))
         del restored
-        t_ttft_pre, _ = _timed(lambda: _sync(eng.forward(eng.prefill(ids + query[:-1])[0], query[-1:])), 1)
-        t_ttft, _ = _timed(lambda: _sync(eng.forward(restore(), query)), args.repeat)
+        t_ttft_pre, _ = timed(lambda: _sync(eng.forward(eng.prefill(ids + query[:-1])[0], query[-1:])), 1)
+        t_ttft, _ = timed(lambda: _sync(eng.forward(restore(), query)), args.repeat)
         print(f"{n:>7} {t_pre:>10.3f} {t_res:>10.3f} {t_pre / t_res:>6.1f}x {len(payload) / t_res / 1e9:>6.2f} "
               f"{t_ttft_pre:>12.3f}s {t_ttft:>10.3f}s {t_ttft_pre / t_ttft:>6.1f}x {t_dep:>10.3f} "
               f"{len(payload) / 1e6:>11.1f}  {exact}")

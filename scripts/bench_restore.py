@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_graft import _smol_config, _timed as _median  # noqa: E402  (the same model shape and timing)
+from bench_graft import _smol_config  # noqa: E402  (the same model shape)
+from timing import interleaved, median, stopwatch, timed  # noqa: E402
 
 
 def main() -> None:
@@ -108,9 +109,9 @@ def _run(manifest, args, tmp: Path) -> None:
         n = min(n, eng.max_positions - 64)
         ids = torch.randint(3, eng.model.config.vocab_size, (n,), generator=gen).tolist()
         query = torch.randint(3, eng.model.config.vocab_size, (16,), generator=gen).tolist()
-        t0 = time.perf_counter()
-        cache, last = eng.prefill(ids)
-        t_prefill_once = time.perf_counter() - t0
+        with stopwatch() as lap:
+            cache, last = eng.prefill(ids)
+        t_prefill_once = lap.s
         named = kvg.encode(ids, eng.capture(cache), eng.artifact_meta(tensor_sha256(last)))
         payloads = {scheme: kvg.with_scheme(named, scheme) for scheme in args.identities}  # one cache, each name
         shas = {scheme: kvg.payload_identity(p) for scheme, p in payloads.items()}
@@ -137,19 +138,19 @@ def _run(manifest, args, tmp: Path) -> None:
             with open(raw_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 dst.copy_(torch.frombuffer(mm, dtype=torch.uint8))
 
-        t_memcpy, _ = _median(read_memcpy, args.repeat)
-        t_mmap, _ = _median(mmap_memcpy, args.repeat)
-        t_sha, _ = _median(lambda: hashlib.sha256(payload).hexdigest(), args.repeat)
+        t_memcpy, _ = timed(read_memcpy, args.repeat)
+        t_mmap, _ = timed(mmap_memcpy, args.repeat)
+        t_sha, _ = timed(lambda: hashlib.sha256(payload).hexdigest(), args.repeat)
         tree = payloads.get("sha256-tree")
-        t_tree, _ = _median(lambda: kvg.payload_identity(tree), args.repeat) if tree is not None else (None, None)
+        t_tree, _ = timed(lambda: kvg.payload_identity(tree), args.repeat) if tree is not None else (None, None)
         tensors = {f"l{i}.{kv}": getattr(st, kv).contiguous() for i, st in enumerate(eng.capture(cache))
                    if st.kind != "empty" for kv in ("keys", "values")}
         torch.save(tensors, tmp / "t.pt")
         save_file(tensors, str(tmp / "t.safetensors"))
         # Baseline (c) only, as issue #10 asks: what a pickle-based KV cache would pay. The file is one this run just
         # wrote, and weights_only=True restricts the unpickler to tensors; kvgraft's artifacts never use pickle.
-        t_tload, _ = _median(lambda: torch.load(tmp / "t.pt", weights_only=True), args.repeat)
-        t_st, _ = _median(lambda: {k: v.clone() for k, v in load_file(str(tmp / "t.safetensors")).items()},
+        t_tload, _ = timed(lambda: torch.load(tmp / "t.pt", weights_only=True), args.repeat)
+        t_st, _ = timed(lambda: {k: v.clone() for k, v in load_file(str(tmp / "t.safetensors")).items()},
                           args.repeat)
         rows += [("read + memcpy (a)", t_memcpy, ""), ("mmap + memcpy (a')", t_mmap, "")]
         if t_tree is not None:
@@ -163,22 +164,22 @@ def _run(manifest, args, tmp: Path) -> None:
         for codec, scheme in variants:
             payload, sha, tag = payloads[scheme], shas[scheme], f"{codec}, {scheme}"
             path = tmp / f"a.{codec}.{scheme}.kvg"
-            t_write, _ = _median(lambda: kvg.write_file(path, payload, codec=codec), 1)
+            t_write, _ = timed(lambda: kvg.write_file(path, payload, codec=codec), 1)
             file_bytes = path.stat().st_size
-            t_read, data = _median(lambda: path.read_bytes(), args.repeat)
+            t_read, data = timed(lambda: path.read_bytes(), args.repeat)
             # The codec alone: the payload read back without its hash (raw: into a private buffer).
-            t_codec, got = _median(lambda: pl.read_payload(path), args.repeat)
+            t_codec, got = timed(lambda: pl.read_payload(path), args.repeat)
             assert got == payload
-            t_parse, art = _median(lambda: kvg.decode(got), args.repeat)
-            t_fill, _ = _median(lambda: eng.restore(art.layers), args.repeat)
+            t_parse, art = timed(lambda: kvg.decode(got), args.repeat)
+            t_fill, _ = timed(lambda: eng.restore(art.layers), args.repeat)
 
-            t_open, _ = _median(lambda: kvg.open_file(path, expected_sha256=sha), args.repeat)
+            t_open, _ = timed(lambda: kvg.open_file(path, expected_sha256=sha), args.repeat)
 
             def restore():
                 _, a = kvg.open_file(path, expected_sha256=sha)
                 return eng.restore(a.layers)
 
-            t_restore, restored = _median(restore, args.repeat)
+            t_restore, restored = timed(restore, args.repeat)
             if t_restore_first is None or t_restore < t_restore_first:
                 t_restore_first = t_restore
             exact = torch.equal(eng.forward(restored, query), reference)
@@ -188,7 +189,7 @@ def _run(manifest, args, tmp: Path) -> None:
                 _, a = kvg.open_file(path, sha, SLACK_TOKENS)
                 return eng.restore(a.layers)
 
-            t_room, roomy = _median(restore_with_room, args.repeat)
+            t_room, roomy = timed(restore_with_room, args.repeat)
             exact_room = torch.equal(eng.forward(roomy, query), reference)
             del roomy
             summary.append((tag, file_bytes, t_restore, exact))
@@ -232,21 +233,16 @@ def _run(manifest, args, tmp: Path) -> None:
             print(f"{name:52} {t:>9.4f} {gbs(t):>7.2f} {t_memcpy / t:>9.2f} {t_sha / t:>9.2f}  {note}")
         # The codecs' restores again, interleaved (raw, zstd, shuffle-zstd, raw, ...): on a shared machine a burst of
         # load then slows every codec alike, so their ratios hold even when the absolute times drift.
-        laps: dict[str, list[float]] = {f"{c}, {s}": [] for c, s in variants}
-        for _ in range(args.repeat):
-            for codec, scheme in variants:
-                t0 = time.perf_counter()
-                _, a = kvg.open_file(tmp / f"a.{codec}.{scheme}.kvg", expected_sha256=shas[scheme])
-                eng.restore(a.layers)
-                laps[f"{codec}, {scheme}"].append(time.perf_counter() - t0)
-                del a
-        import statistics
+        def restore_from(codec: str, scheme: str):
+            return lambda: eng.restore(kvg.open_file(tmp / f"a.{codec}.{scheme}.kvg", expected_sha256=shas[scheme])[1]
+                                       .layers)
 
-        first = statistics.median(laps[summary[0][0]])
+        laps = interleaved({f"{c}, {s}": restore_from(c, s) for c, s in variants}, args.repeat)
+        first = median(laps[summary[0][0]])
         print(f"\n{'codec, identity':26} {'file MB':>9} {'payload/file':>13} {'restore s':>10} {'GB/s':>6} "
               f"{'x first':>8}  {'interleaved':>11} {'x first':>8}  exact")
         for tag, file_bytes, t, exact in summary:
-            lap = statistics.median(laps[tag])
+            lap = median(laps[tag])
             print(f"{tag:26} {file_bytes / 1e6:>9.1f} {size / file_bytes:>12.3f}x {t:>10.4f} {gbs(t):>6.2f} "
                   f"{t / summary[0][2]:>7.2f}x  {lap:>11.4f} {lap / first:>7.2f}x  {exact}")
         # Decoding after a graft, the cache growing in place (engine.growcache) vs concatenated at every step
@@ -259,19 +255,19 @@ def _run(manifest, args, tmp: Path) -> None:
                 _, a = kvg.open_file(first_path, expected_sha256=sha)
                 c = eng.restore(a.layers)
                 del a
-                t0 = time.perf_counter()
-                lg = eng.forward(c, query)
-                for _ in range(32):
-                    lg = eng.forward(c, [int(lg[-1].argmax())])
-                laps2[flag].append(time.perf_counter() - t0)
+                with stopwatch() as lap:
+                    lg = eng.forward(c, query)
+                    for _ in range(32):
+                        lg = eng.forward(c, [int(lg[-1].argmax())])
+                laps2[flag].append(lap.s)
                 ends[flag] = tensor_sha256(lg)
                 del c
         os.environ.pop("KVGRAFT_GROW_IN_PLACE", None)
-        t_in, t_cat = statistics.median(laps2["1"]), statistics.median(laps2["0"])
+        t_in, t_cat = median(laps2["1"]), median(laps2["0"])
         print(f"query + 32 decode steps after the graft: in place {t_in:.3f} s, concatenated {t_cat:.3f} s "
               f"(in place / concatenated {t_in / t_cat:.2f}x), same logits bits: {ends['1'] == ends['0']}")
         if not args.no_prefill:
-            t_pre, _ = _median(lambda: eng.forward(eng.prefill(ids + query[:-1])[0], query[-1:]), 1)
+            t_pre, _ = timed(lambda: eng.forward(eng.prefill(ids + query[:-1])[0], query[-1:]), 1)
             best = f"{first_codec}, {first_scheme}"  # the first codec and identity listed
             best_path = first_path
 
@@ -279,19 +275,17 @@ def _run(manifest, args, tmp: Path) -> None:
                 _, a = kvg.open_file(best_path, sha, SLACK_TOKENS)
                 return eng.forward(eng.restore(a.layers), query)
 
-            t_graft, _ = _median(graft_ttft, args.repeat)
+            t_graft, _ = timed(graft_ttft, args.repeat)
             # The query's own forward over the restored prefix, the restore left out: what a graft costs with an
             # instant restore, so prefill / this is the most any restore could reach for this query.
             laps3 = []
             for _ in range(args.repeat):
-                _, a = kvg.open_file(best_path, sha, SLACK_TOKENS)
-                c = eng.restore(a.layers)
-                del a
-                t0 = time.perf_counter()
-                eng.forward(c, query)
-                laps3.append(time.perf_counter() - t0)
+                c = eng.restore(kvg.open_file(best_path, sha, SLACK_TOKENS)[1].layers)
+                with stopwatch() as lap:
+                    eng.forward(c, query)
+                laps3.append(lap.s)
                 del c
-            t_query = statistics.median(laps3)
+            t_query = median(laps3)
             print(f"prefill {n} tokens: {t_prefill_once:.2f} s; time to first token: prefill {t_pre:.3f} s, graft "
                   f"({best}) {t_graft:.3f} s: graft is {t_pre / t_graft:.1f}x faster; the {len(query)}-token query's "
                   f"forward alone {t_query:.3f} s ({t_query / t_graft:.0%} of the graft): no restore can do better "
@@ -322,9 +316,9 @@ def _rss_child(manifest_path: str, kvg_path: str, sha: str, room: str) -> None:
     ctx = RunContext.make(eng.manifest, tmp / "store", tmp / "ledger.jsonl")
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     base = status("VmRSS")
-    t0 = time.perf_counter()
-    loaded = Loaded(*kvg.open_file(Path(kvg_path), sha, SLACK_TOKENS if room == "1" else 0), kvg_path)
-    t_open = time.perf_counter() - t0
+    with stopwatch() as lap:
+        loaded = Loaded(*kvg.open_file(Path(kvg_path), sha, SLACK_TOKENS if room == "1" else 0), kvg_path)
+    t_open = lap.s
     opened = status("VmHWM") - base
     import resource
 

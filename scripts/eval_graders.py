@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 from kvgraft_cli.eval import answers  # noqa: E402
 from kvgraft_cli.eval.problems import read_problems  # noqa: E402
 from kvgraft_cli.eval import scoring  # noqa: E402
+from timing import timed  # noqa: E402  (scripts/ is this script's own folder, first on sys.path)
 
 MATH_MAP = {"id": None, "problem": "question", "solution": "answer", "answer": "answer", "answer_extract": "trailer"}
 
@@ -80,12 +81,6 @@ def near_misses(ref: str) -> list[str]:
     return []
 
 
-def _timed(fn):
-    t0 = time.perf_counter()
-    v = fn()
-    return v, time.perf_counter() - t0
-
-
 def evaluate(data: Path, shifts: int) -> dict:
     import logging
 
@@ -115,7 +110,7 @@ def evaluate(data: Path, shifts: int) -> dict:
         for g, fn in graders.items():
             verdicts = []
             for ref, ext in pairs:
-                v, dt = _timed(lambda: fn(ext, ref))
+                dt, v = timed(lambda: fn(ext, ref))
                 if dt > slowest[0]:
                     slowest = (dt, (ref, ext))
                 verdicts.append(bool(v))

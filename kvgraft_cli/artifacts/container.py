@@ -44,6 +44,8 @@ from typing import Callable, Iterator
 
 from ..errors import ArtifactError, InputError, IntegrityError
 from .identity import PayloadHasher
+from .payload_rules import (MAX_HEADER, REFETCH as _REFETCH, described_size, identity_mismatch, max_frame_bytes,
+                            too_large)
 
 MAGIC = b"\x89KVG\r\n\x1a\n"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -57,7 +59,6 @@ SHUFFLE_CHUNK = 8 << 20  # shuffle-zstd: payload bytes per chunk (one zstd frame
 MIN_SHUFFLE_CHUNK, MAX_SHUFFLE_CHUNK = 64 << 10, 64 << 20  # what a reader accepts
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # the shuffle's element size for a KV dtype
 EAGER = 256 << 20  # see read_container: a larger payload that is over 8x its file is hashed before it is allocated
-_REFETCH = "re-fetch or re-deposit it"
 
 
 def default_codec(dtype: str) -> str:
@@ -262,8 +263,6 @@ def parse_container(f, file_size: int, source: str, cap: int) -> Container:
     if any(pad):
         raise IntegrityError(f"{source}: corrupt .kvg container (padding is not zero)", _REFETCH)
     if n > cap:
-        from .payload import too_large
-
         raise too_large(source, "container", n, cap)
     if codec == "raw":
         c, stored = Container("raw", offset, n), n
@@ -278,8 +277,6 @@ def parse_container(f, file_size: int, source: str, cap: int) -> Container:
 
 
 def _chunk_table(meta: dict, n: int, offset: int, source: str) -> Container:
-    from .payload import _max_frame_bytes
-
     size, element, chunks = meta.get("chunk_bytes"), meta.get("element_bytes"), meta.get("chunks")
     if not (type(size) is int and MIN_SHUFFLE_CHUNK <= size <= MAX_SHUFFLE_CHUNK and element in (1, 2, 4, 8)
             and type(element) is int and size % element == 0):
@@ -292,7 +289,7 @@ def _chunk_table(meta: dict, n: int, offset: int, source: str) -> Container:
     for i, entry in enumerate(chunks):
         length = min(size, n - i * size)
         if not (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int
-                and 1 <= entry[0] <= _max_frame_bytes(length) and isinstance(entry[1], str) and len(entry[1]) == 64
+                and 1 <= entry[0] <= max_frame_bytes(length) and isinstance(entry[1], str) and len(entry[1]) == 64
                 and all(ch in "0123456789abcdef" for ch in entry[1])):
             raise _corrupt(source, f"chunk {i}: {str(entry)[:100]}")
         table.append((entry[0], entry[1]))
@@ -314,7 +311,6 @@ def read_payload_header(f, n: int, source: str) -> tuple[bytes, dict]:
     checked before anything the header describes is allocated: a length the payload can hold, the exact size the
     container declares (``n``), and a consistent kvgraft artifact (layout.check_header)."""
     from . import layout
-    from .payload import MAX_HEADER, described_size
 
     head = f.read(min(n, 8))
     h = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
@@ -355,8 +351,6 @@ def read_container(f, file_size: int, source: str, cap: int, expected_sha256: st
 
 def _read_raw(f, c: Container, source: str, expected_sha256: str | None) -> bytearray:
     """A raw v2 file's payload in a private buffer, its identity checked while it is read (see the module doc)."""
-    from .payload import identity_mismatch
-
     n = c.payload_bytes
     f.seek(c.offset)
     head, _ = read_payload_header(f, n, source)  # consistent before the payload's size is allocated
@@ -477,8 +471,6 @@ def _read_shuffled(f, c: Container, file_size: int, source: str, expected_sha256
     the payload's size is allocated; a payload over EAGER bytes that is also over 8x the file (genuine KV
     compresses 1.1-1.5x) is first re-hashed against ``expected_sha256`` in a streamed pass. Then the chunks are
     decompressed by a few threads straight into the buffer, each handed to the hasher once in place."""
-    from .payload import identity_mismatch
-
     n = c.payload_bytes
     reader = _ChunkReader(f, c, source)
     read_payload_header(reader, n, source)

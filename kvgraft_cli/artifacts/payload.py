@@ -24,9 +24,7 @@ close to the larger of the two, not their sum; its memory is a few chunks whatev
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import os
 import queue
 import struct
@@ -37,24 +35,16 @@ from typing import Callable, Iterator
 from ..errors import ArtifactError, IntegrityError, PayloadTooLarge
 from . import container, layout
 from .identity import PayloadHasher
-from ..util.limits import size_setting  # re-exported: readers and tests name it here
+from ..util.limits import size_setting  # noqa: F401  re-exported: readers and tests name it here
+# The rules every reader shares (the v2 container too); re-exported, since readers and tests name them here.
+from .payload_rules import (DEFAULT_MAX_PAYLOAD, ENV_MAX_PAYLOAD, MAX_HEADER, REFETCH as _REFETCH,  # noqa: F401
+                            ST_SIZES, described_size, identity_mismatch, max_frame_bytes as _max_frame_bytes,
+                            max_payload, too_large)
 
 CHUNK = 1 << 22
-MAX_HEADER = 8 << 20  # a payload's safetensors header; a kvgraft header takes about 250 bytes a layer
-ENV_MAX_PAYLOAD = "KVGRAFT_MAX_PAYLOAD"
-DEFAULT_MAX_PAYLOAD = 32 << 30
 EAGER = 256 << 20  # read_payload re-hashes a larger payload in a streamed pass before it allocates it
 BLOCK_MAX = 1 << 17  # zstd's largest block (RFC 8878 Block_Maximum_Size)
 _FRAME_HEADER_MAX = 18
-_REFETCH = "re-fetch or re-deposit it"
-# Bytes per element of every safetensors dtype (a .kvg uses I64, F32, BF16 and F16; the others only get a size).
-ST_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-            "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
-
-
-def max_payload() -> int:
-    """The largest payload a reader accepts: ``KVGRAFT_MAX_PAYLOAD`` (bytes, or ``64G``-style), default 32 GiB."""
-    return size_setting(ENV_MAX_PAYLOAD, DEFAULT_MAX_PAYLOAD, allow_zero=False)
 
 
 def compress(payload: bytes, level: int = 3) -> bytes:
@@ -62,19 +52,6 @@ def compress(payload: bytes, level: int = 3) -> bytes:
     import zstandard
 
     return zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True).compress(payload)
-
-
-def _max_frame_bytes(n: int) -> int:
-    """The most bytes a frame of ``n`` content bytes may take here: zstd's one-shot bound is n + n/256; a streaming
-    writer that ends a block every few dozen bytes adds more, so allow n/8 and 64 KiB. Bounds what is read into
-    memory and how many block headers are walked."""
-    return n + (n >> 3) + (1 << 16)
-
-
-def too_large(source: str, what: str, size: int, cap: int) -> PayloadTooLarge:
-    """The error for a payload declared larger than the reader's limit (bad input, exit 2; never a mismatch)."""
-    return PayloadTooLarge(f"{source}: {what} declares a payload of {size:,} bytes, more than this reader's limit of "
-                           f"{cap:,} bytes", f"if the artifact is genuine, raise {ENV_MAX_PAYLOAD} (bytes, or e.g. 64G)")
 
 
 def check_declared_size(path: Path) -> None:
@@ -139,38 +116,6 @@ def _frame_size(read_at: Callable[[int, int], bytes], file_size: int, source: st
     if pos < file_size:
         raise IntegrityError(f"{source}: bytes after the zstd frame (a .kvg file is exactly one frame)")
     return size
-
-
-def described_size(header: bytes, source: str) -> int:
-    """The payload length a safetensors header (the ``N`` JSON bytes after the 8-byte length) describes:
-    ``8 + N`` plus its tensors' bytes, which must be contiguous from offset 0. IntegrityError if it describes none."""
-    def corrupt(why: str) -> IntegrityError:
-        return IntegrityError(f"{source}: corrupt safetensors header ({why})", _REFETCH)
-
-    try:
-        parsed = json.loads(header)
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise corrupt(str(e)[:120]) from None
-    if not isinstance(parsed, dict):
-        raise corrupt("not a JSON object")
-    spans = []
-    for name, t in parsed.items():
-        if name == "__metadata__":
-            continue
-        shape, offsets = (t.get("shape"), t.get("data_offsets")) if isinstance(t, dict) else (None, None)
-        if not (isinstance(t, dict) and t.get("dtype") in ST_SIZES and isinstance(shape, list)
-                and all(type(d) is int and d >= 0 for d in shape) and isinstance(offsets, list) and len(offsets) == 2
-                and all(type(o) is int and o >= 0 for o in offsets)):
-            raise corrupt(f"tensor {name[:60]!r} lacks a dtype, shape or offsets")
-        if offsets[1] - offsets[0] != math.prod(shape) * ST_SIZES[t["dtype"]]:
-            raise corrupt(f"tensor {name[:60]!r}: offsets disagree with dtype and shape")
-        spans.append(offsets)
-    end = 0
-    for begin, stop in sorted(spans):
-        if begin != end:
-            raise corrupt("tensor data has gaps or overlaps")
-        end = stop
-    return 8 + len(header) + end
 
 
 def _checked(chunks: Iterator[bytes], size: int, source: str, strict: bool) -> Iterator[bytes]:
@@ -256,14 +201,6 @@ def decompress(data: bytes, source: str, max_size: int | None = None, strict: bo
     size = _frame_size(lambda o, n: data[o:o + n], len(data), source, cap)
     _check_header_only(_checked(_stream(io.BytesIO(data), source), size, source, strict))
     return _one_shot(data, size, source)
-
-
-def identity_mismatch(source: str, got: str, expected: str) -> IntegrityError:
-    """The error for a payload whose SHA-256 is not the identity it is stored or named under."""
-    return IntegrityError(
-        f"{source}: content hash {got[:16]}... does not match its identity {expected[:16]}... (tampered or corrupt)",
-        "delete it and re-deposit, or re-import it from a good copy",
-    )
 
 
 def _open(path: Path):

@@ -28,7 +28,7 @@ from ..eval.problems import Problem, check_lengths, read_problems, verify_soluti
 from ..eval.scoring import wilson_interval
 from ..ledger import log as ledger
 from ..runs.context import RunContext
-from ..runs.deposit import DepositReport, deposit_one, engine_facts
+from ..runs.deposit import DepositReport, deposit_one
 from ..runs.owned import check_output
 from ..store.local import Store
 from ..util.fsio import atomic_write_bytes
@@ -191,7 +191,7 @@ def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 
     else:
         if engine is None:
             engine = load_engine(m, ctx.allow_drift)
-        facts, limit_pos = engine_facts(ctx, engine), engine.max_positions
+        facts, limit_pos = ctx.engine_facts(engine), engine.max_positions
         query_ids = [query_job(ctx, engine, p, where=where) for p in problems]
     for p, ids in zip(problems, query_ids):  # refuse before any work: a query that cannot fit even alone
         if limit_pos and len(ids) + full_budget > limit_pos:
@@ -267,7 +267,7 @@ class Solved:
     record: SolveRecord
     body: dict  # the ledger entry's inputs and outputs
     chain: list[str]  # the artifacts grafted, noted as recorded once the entry is written
-    facts: dict = field(default_factory=dict)  # the entry's environment, model and drift (runs.deposit.engine_facts)
+    facts: dict = field(default_factory=dict)  # the entry's environment, model and drift (RunContext.engine_facts)
 
 
 def query_job(ctx: RunContext, engine: Engine, p: Problem, *, where: str) -> list[int]:

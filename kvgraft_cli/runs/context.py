@@ -97,3 +97,8 @@ class RunContext:
             if engine.drift:
                 base["drift"] = engine.drift.items
         return base
+
+    def engine_facts(self, engine) -> dict[str, Any]:
+        """The parts of a ledger entry an engine decides (environment, model, drift): computed where the engine runs
+        (a Ray worker's, say), recorded where the ledger is."""
+        return {k: v for k, v in self.entry_base(engine).items() if k != "manifest"}

@@ -116,7 +116,7 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
     with ctx.open_store(codec=codec) as store, writers.registered(store.root):
         for i, ((p, verdict), ids) in enumerate(zip(plan, prefixes)):
             if computed is None:
-                c = compute_deposit(ctx.manifest, engine, store, p, ids, recompute, level, engine_facts(ctx, engine))
+                c = compute_deposit(ctx.manifest, engine, store, p, ids, recompute, level, ctx.engine_facts(engine))
             else:
                 c = next(computed)  # the workers' results, in input order, as their shards finish
             r = record_deposit(ctx, store, report, p, verdict, c, recompute, settings, by_worker=computed is not None)
@@ -140,12 +140,6 @@ class Computed:
     payload_bytes: int | None  # None: the store already held the prefix (its object re-hashed, nothing computed)
     model_sha256: str
     engine: dict  # the ledger entry's environment, model and drift parts, from the engine that computed it
-
-
-def engine_facts(ctx: RunContext, engine: Engine) -> dict:
-    """The parts of a ledger entry an engine decides (environment, model, drift): computed where the engine runs,
-    recorded where the ledger is."""
-    return {k: v for k, v in ctx.entry_base(engine).items() if k != "manifest"}
 
 
 def prefix_job(ctx: RunContext, engine: Engine, p: Problem, *, where: str) -> list[int]:
@@ -279,7 +273,7 @@ def deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositRe
     when already made); the ledger entry or nothing."""
     if ids is None:
         ids = prefix_job(ctx, engine, p, where=report.input)
-    c = compute_deposit(ctx.manifest, engine, store, p, ids, recompute, level, engine_facts(ctx, engine))
+    c = compute_deposit(ctx.manifest, engine, store, p, ids, recompute, level, ctx.engine_facts(engine))
     return record_deposit(ctx, store, report, p, verdict, c, recompute, settings)
 
 

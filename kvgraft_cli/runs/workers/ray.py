@@ -287,11 +287,10 @@ class Worker:
         self.facts: dict = {}
         self.error: dict | None = None
         try:
-            from ..deposit import engine_facts
             from ...engine.engine import load_engine
 
             self.engine = load_engine(self.ctx.manifest, self.ctx.allow_drift)
-            self.facts = engine_facts(self.ctx, self.engine)
+            self.facts = self.ctx.engine_facts(self.engine)
         except Exception as e:  # noqa: BLE001  (every outcome is reported as a record)
             self.error = _record(e)
 

@@ -88,6 +88,23 @@ def violations(pkg_root: Path) -> list[str]:
     return bad
 
 
+def circles(pkg_root: Path) -> list[str]:
+    """Every pair of modules that import each other, at module level, inside a function or for annotations only
+    (under ``if TYPE_CHECKING:``, which still ties the two together): "a <-> b", a before b."""
+    modules = {".".join(p for p in path.relative_to(pkg_root.parent).with_suffix("").parts if p != "__init__"): path
+               for path in pkg_root.rglob("*.py")}
+    edges: set[tuple[str, str]] = set()
+    for me, path in modules.items():
+        for _, target, _ in _imports(path, pkg_root):
+            if not target.startswith("kvgraft_cli"):
+                continue
+            while target not in modules and "." in target:  # a name imported from a module -> that module
+                target = target.rsplit(".", 1)[0]
+            if target != me:
+                edges.add((me, target))
+    return sorted(f"{a} <-> {b}" for a, b in edges if a < b and (b, a) in edges)
+
+
 def test_every_part_is_in_the_map():
     parts = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     modules = {p.stem for p in PKG.glob("*.py")}
@@ -96,6 +113,25 @@ def test_every_part_is_in_the_map():
 
 def test_imports_run_one_way():
     assert violations(PKG) == []
+
+
+def test_no_two_modules_import_each_other():
+    assert circles(PKG) == []
+
+
+@pytest.mark.parametrize("where, line, needle", [
+    ("artifacts/container.py", "def _z():\n    from .payload import CHUNK\n",
+     "kvgraft_cli.artifacts.container <-> kvgraft_cli.artifacts.payload"),
+    ("runs/workers/ray.py", "def _w():\n    from ..deposit import deposit\n",
+     "kvgraft_cli.runs.deposit <-> kvgraft_cli.runs.workers.ray"),
+])
+def test_the_checker_sees_a_circle(tmp_path, where, line, needle):
+    """The two circles this check was written after, put back in a copy of the package: each is named."""
+    copy = tmp_path / "kvgraft_cli"
+    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("data", "__pycache__"))
+    target = copy / where
+    target.write_text(target.read_text() + "\n" + line)
+    assert circles(copy) == [needle]
 
 
 def test_each_subpackage_says_what_it_owns():

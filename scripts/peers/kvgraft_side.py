@@ -125,7 +125,7 @@ class KvgraftSide:
         try:
             kvg.open_file(bad, s["sha"], room_for(self.eng.device))
         except KvgraftError as e:
-            return {"loaded": False, "error": str(e).splitlines()[0][:160]}
+            return {"loaded": False, "error": str(e).splitlines()[0].replace(f"{bad.parent}/", "")[:160]}
         finally:
             bad.unlink()
         return {"loaded": True}

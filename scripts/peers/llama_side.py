@@ -17,6 +17,7 @@ import hashlib
 import os
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from timing import stopwatch
@@ -50,7 +51,9 @@ class LlamaSide:
                 "flash_attn_type": p.flash_attn_type, "type_k": p.type_k, "type_v": p.type_v}
 
     # -- the C API, thinly ----------------------------------------------------------------------------------------
+    @contextmanager
     def _context(self, n_ctx: int, threads: int):
+        """A fresh llama.cpp context (its own KV cache) for the block, freed after it."""
         p = self.L.llama_context_default_params()
         p.n_ctx = n_ctx
         p.n_threads = p.n_threads_batch = threads
@@ -58,7 +61,10 @@ class LlamaSide:
         ctx = self.L.llama_init_from_model(self.model, p)
         if not ctx:
             raise RuntimeError(f"llama_init_from_model failed (n_ctx {n_ctx})")
-        return ctx
+        try:
+            yield ctx
+        finally:
+            self.L.llama_free(ctx)
 
     def _decode(self, ctx, ids: list[int], start: int):
         """llama_decode ``ids`` at positions start.. on sequence 0, n_batch tokens a call; the last token's logits
@@ -112,16 +118,13 @@ class LlamaSide:
         the fresh reference that every restore is compared with."""
         n_ctx = len(ids) + len(query) + decode + 16
         path = self.tmp / "seq0.state"
-        ctx = self._context(n_ctx, self.threads)
-        try:
+        with self._context(n_ctx, self.threads) as ctx:
             with stopwatch() as pre:
                 self._decode(ctx, ids, 0)
             with stopwatch() as save:
                 size = self._save(ctx, path, ids)
             fresh = self._decode(ctx, query, len(ids))
             tokens = self._greedy(ctx, fresh, len(ids) + len(query), decode)
-        finally:
-            self.L.llama_free(ctx)
         self.state = {"ids": ids, "query": query, "decode": decode, "n_ctx": n_ctx, "path": path,
                       "fresh": fresh.tobytes(), "tokens": tokens}
         return {"prefill_s": pre.s, "save_s": save.s, "state_bytes": size, "file_bytes": path.stat().st_size}
@@ -130,16 +133,13 @@ class LlamaSide:
         """One restore into a fresh context, the query (first token), then the decode steps, each timed."""
         s = self.state
         n, at = len(s["ids"]), len(s["ids"]) + len(s["query"])
-        ctx = self._context(s["n_ctx"], self.threads)
-        try:
+        with self._context(s["n_ctx"], self.threads) as ctx:
             with stopwatch() as first:
                 with stopwatch() as restore:
                     self._load(ctx, s["path"], n)
                 logits = self._decode(ctx, s["query"], n)
             with stopwatch() as dec:
                 tokens = self._greedy(ctx, logits, at, s["decode"])
-        finally:
-            self.L.llama_free(ctx)
         return {"restore_s": restore.s, "first_token_s": first.s, "decode_tok_s": s["decode"] / dec.s,
                 "exact": logits.tobytes() == s["fresh"], "same_tokens": tokens == s["tokens"],
                 "logits_sha256": hashlib.sha256(logits.tobytes()).hexdigest()}
@@ -153,24 +153,15 @@ class LlamaSide:
         out, fresh_by_threads = {}, {}
         for t in threads:
             path = self.tmp / f"seq0-{t}.state"
-            ctx = self._context(s["n_ctx"], t)
-            try:
+            with self._context(s["n_ctx"], t) as ctx:
                 self._decode(ctx, ids, 0)
                 self._save(ctx, path, ids)
                 fresh = self._decode(ctx, query, n).tobytes()
-            finally:
-                self.L.llama_free(ctx)
-            ctx = self._context(s["n_ctx"], t)
-            try:
+            with self._context(s["n_ctx"], t) as ctx:
                 self._load(ctx, path, n)
                 restored = self._decode(ctx, query, n).tobytes()
-            finally:
-                self.L.llama_free(ctx)
-            ctx = self._context(s["n_ctx"], t)
-            try:
+            with self._context(s["n_ctx"], t) as ctx:
                 one = self._decode(ctx, ids + query, 0).tobytes()
-            finally:
-                self.L.llama_free(ctx)
             os.unlink(path)
             fresh_by_threads[t] = fresh
             out[str(t)] = {"restore_exact": restored == fresh, "fresh_equals_one_pass": fresh == one,
@@ -191,15 +182,14 @@ class LlamaSide:
         raw[len(raw) * 3 // 4] ^= 0x40
         bad.write_bytes(bytes(raw))
         n = len(s["ids"])
-        ctx = self._context(s["n_ctx"], self.threads)
         try:
-            try:
-                self._load(ctx, bad, n)
-            except RuntimeError as e:
-                return {"loaded": False, "error": str(e)}
-            logits = self._decode(ctx, s["query"], n)
+            with self._context(s["n_ctx"], self.threads) as ctx:
+                try:
+                    self._load(ctx, bad, n)
+                except RuntimeError as e:
+                    return {"loaded": False, "error": str(e)}
+                logits = self._decode(ctx, s["query"], n)
         finally:
-            self.L.llama_free(ctx)
             bad.unlink()
         return {"loaded": True, "logits_changed": logits.tobytes() != s["fresh"]}
 

@@ -65,3 +65,40 @@ def test_checkpoint_output_never_overwrites_the_ledger(site):
     before = _sums(site)
     r = run_cli("ledger", "checkpoint", "ledger.jsonl", "-o", "ledger.jsonl", cwd=site)
     assert r.returncode == 2 and "the ledger" in r.stderr and _sums(site) == before, r
+
+
+@pytest.fixture
+def init_site(tmp_path) -> Path:
+    """A folder with a model (a copy of the committed demo model), a ledger and a store where a written manifest's
+    runs would keep them (config.manifest.DEFAULT_PATHS), and a file named as a GGUF."""
+    from kvgraft_cli.config.manifest import DEFAULT_PATHS
+
+    shutil.copytree(Path(__file__).resolve().parents[1] / "kvgraft_cli" / "data" / "demo-gemma4", tmp_path / "model")
+    (tmp_path / DEFAULT_PATHS["ledger"]).write_text('{"seq": 0}\n')
+    (tmp_path / DEFAULT_PATHS["store"]).mkdir()
+    (tmp_path / DEFAULT_PATHS["store"] / "index.sqlite").write_bytes(b"index")
+    (tmp_path / "m.gguf").write_bytes(b"GGUF, or so it says")
+    return tmp_path
+
+
+@pytest.mark.parametrize("model, target, match", [
+    ("model", "kvgraft-ledger.jsonl", "the ledger"),
+    ("model", "kvgraft-store/index.sqlite", "the store"),
+    ("model", "model/config.json", "inside the model folder"),
+    ("m.gguf", "m.gguf", "the model m.gguf"),
+])
+def test_manifest_init_never_overwrites_what_a_run_keeps_or_the_model(init_site, model, target, match):
+    """`manifest init -o kvgraft-ledger.jsonl --force` wrote a manifest over the ledger its own runs would append to
+    (and `-o MODEL/config.json --force` over the model it pins)."""
+    before = _sums(init_site)
+    r = run_cli("manifest", "init", model, "-o", target, "--force", cwd=init_site)
+    assert r.returncode == 2, r
+    assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1 and match in r.stderr, r.stderr
+    assert _sums(init_site) == before
+
+
+def test_manifest_init_force_still_replaces_an_earlier_manifest(init_site):
+    (init_site / "m.yaml").write_text("old\n")
+    r = run_cli("manifest", "init", "model", "-o", "m.yaml", "--force", cwd=init_site)
+    assert r.returncode == 0, r.stderr
+    assert (init_site / "m.yaml").read_text().startswith("# kvgraft run-manifest")

@@ -68,8 +68,11 @@ def init(
     with a chat template gets chat prompts and a reasoning budget that a first `solve` runs with unedited."""
     from ..config.gguf import is_gguf_path
     from ..config.manifest import manifest_for_model_dir
+    from ..runs.owned import check_manifest_output
     from ..util.fsio import atomic_write_bytes
 
+    if output is not None:
+        check_manifest_output(output, model_dir)
     if output is not None and output.exists() and not force:
         raise InputError(f"{output} exists", "pass --force to overwrite it")
 

@@ -380,6 +380,8 @@ CHAT_PROMPT = {
     "answer_prefix": "Final answer:",
 }
 CHAT_DECODE = {"max_new_tokens": 512, "answer_tokens": 32}
+# Where a written manifest's runs keep their store and ledger (relative to the folder they run in).
+DEFAULT_PATHS = {"store": "kvgraft-store", "ledger": "kvgraft-ledger.jsonl"}
 
 
 def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, profile: str = "portable",
@@ -423,7 +425,7 @@ def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, 
         "input": {"id": "id", "problem": "problem", "solution": "solution", "answer": "answer",
                   "answer_extract": "verbatim"},
         "decode": dict(CHAT_DECODE) if chat else {"max_new_tokens": 16},
-        "paths": {"store": "kvgraft-store", "ledger": "kvgraft-ledger.jsonl"},
+        "paths": dict(DEFAULT_PATHS),
         "artifact": {"identity": identity},
     }
     problems = validate_data(data, "generated manifest")

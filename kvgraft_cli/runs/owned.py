@@ -1,7 +1,7 @@
 """The files kvgraft owns, which no output option may overwrite, `--force` or not (issue #24, items 6, 7 and 9).
 
-An output option (`store export -o`, `solve --outputs`, `score --records`, `ledger checkpoint -o`, `prereg make -o`)
-names a file kvgraft writes for the user. `--force` lets it replace an earlier *outputs* file; it never lets it
+An output option (`store export -o`, `solve --outputs`, `score --records`, `ledger checkpoint -o`, `prereg make -o`,
+`manifest init -o`) names a file kvgraft writes for the user. `--force` lets it replace an earlier *outputs* file; it never lets it
 replace the ledger (or its lock file), the store's index or objects, the manifest, or an input of the same run (the
 problems file): those are refused before any work, exit 2, with nothing written. So is an output that cannot be
 created where it is named (a bundle's missing folder, a file where a folder must be): one `Error:` line, never an
@@ -84,3 +84,24 @@ def check_output(path: Path, option: str, ctx: "RunContext | None" = None, ledge
                          "create the folder first, or write the output elsewhere")
     if not parent.is_dir():
         raise InputError(f"{option} {path}: {parent} is not a folder", "write the output elsewhere")
+
+
+def check_manifest_output(path: Path, model: str) -> None:
+    """`manifest init -o`, before the model is read: refuse, ``--force`` or not, the files a run under the new
+    manifest keeps in this folder (its default ledger and lock file, anything in its default store) and the model it
+    names (the .gguf file itself, or any file inside a model folder: a config.json written over would change the
+    model it pins)."""
+    from ..config.manifest import DEFAULT_PATHS
+
+    path = Path(path)
+    check_output(path, "--output", ledger=Path(DEFAULT_PATHS["ledger"]))
+    store = Path(DEFAULT_PATHS["store"])
+    if _inside(path, store):
+        raise InputError(f"--output {path} is inside the store {store}; it would be overwritten",
+                         "write the manifest elsewhere")
+    if ":" in model and not Path(model).exists():  # builtin:NAME, package:DIST: nothing of the user's to overwrite
+        return
+    source = Path(model)
+    if _same(path, source) or (source.is_dir() and _inside(path, source)):
+        where = "inside the model folder" if source.is_dir() else "the model"
+        raise InputError(f"--output {path} is {where} {model}; it would be overwritten", "write the manifest elsewhere")

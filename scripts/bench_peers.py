@@ -31,11 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parent
-REPO = SCRIPTS.parent
-sys.path.insert(0, str(SCRIPTS))
-
-from timing import median  # noqa: E402
+from timing import median  # scripts/, this script's folder, is first on sys.path
 
 
 def main() -> None:
@@ -147,9 +143,8 @@ def _describe(args, gguf: str, build: dict, info: dict) -> None:
 def _row(name: str, r: dict) -> dict:
     """One system at one length: the figures the table prints."""
     setup, rounds = r["setup"], r["rounds"]
-    return {"prefill_s": setup["prefill_s"], "save_s": setup.get("save_s", setup.get("deposit_s")),
-            "mb": setup["file_bytes"] / 1e6,
-            "restore_s": median(x.get("restore_s", x.get("graft_s")) for x in rounds),
+    return {"prefill_s": setup["prefill_s"], "save_s": setup["save_s"], "mb": setup["file_bytes"] / 1e6,
+            "restore_s": median(x["restore_s"] for x in rounds),
             "first_token_s": median(x["first_token_s"] for x in rounds),
             "decode_tok_s": median(x["decode_tok_s"] for x in rounds),
             "exact": all(x["exact"] for x in rounds), "same_tokens": all(x["same_tokens"] for x in rounds)}

@@ -20,9 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench_graft import _open, _real_ids  # an artifact opened as `kvgraft graft` opens it; the real-text prefix
 from timing import stopwatch
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 class KvgraftSide:
@@ -59,14 +58,8 @@ class KvgraftSide:
                 "schedule": m["prefill"], "attn": m["model"]["attn_implementation"]}
 
     def ids(self, n: int) -> dict:
-        """The first ``n`` tokens of MATH-500's worked solutions joined (real text, as a library holds)."""
-        rows = (REPO / "data" / "math500" / "math500.jsonl").read_text(encoding="utf-8").splitlines()
-        ids: list[int] = []
-        for line in rows:
-            ids += self.eng.tokenizer(json.loads(line)["answer"] + "\n\n", add_special_tokens=False)["input_ids"]
-            if len(ids) >= n:
-                return {"ids": ids[:n]}
-        raise ValueError(f"MATH-500 has fewer than {n} tokens")
+        """The first ``n`` tokens of MATH-500's worked solutions joined, as bench_graft cuts them."""
+        return {"ids": _real_ids(self.eng, n)}
 
     def setup(self, ids: list[int], query: list[int], decode: int) -> dict:
         """Prefill, deposit, then the query and ``decode`` greedy steps on the fresh cache: the reference."""
@@ -88,32 +81,27 @@ class KvgraftSide:
         tokens, _ = eng.greedy(cache, fresh, decode)
         self.state = {"ids": ids, "query": query, "decode": decode, "path": path, "sha": sha,
                       "fresh": tensor_sha256(fresh), "tokens": tokens}
-        return {"prefill_s": pre.s, "deposit_s": dep.s, "artifact_bytes": size, "file_bytes": path.stat().st_size}
+        # save_s: the deposit; the same key as llama.cpp's state save, so the table reads both alike.
+        return {"prefill_s": pre.s, "save_s": dep.s, "artifact_bytes": size, "file_bytes": path.stat().st_size}
 
     def round(self) -> dict:
         """One graft (read, verify, restore) into a fresh cache, the query (first token), then the decode steps."""
-        from kvgraft_cli.artifacts import format as kvg
         from kvgraft_cli.engine.engine import tensor_sha256
-        from kvgraft_cli.engine.growcache import room_for
 
         eng, s = self.eng, self.state
         with stopwatch() as first:
             with stopwatch() as graft:
-                _, art = kvg.open_file(s["path"], s["sha"], room_for(eng.device))
-                cache = eng.restore(art.layers)
-                del art  # the cache holds the tensors (and grows into their room)
+                cache = eng.restore(_open(s["path"], s["sha"], eng.device).layers)
             logits = eng.forward(cache, s["query"], last_only=True)[-1]
         with stopwatch() as dec:
             tokens, _ = eng.greedy(cache, logits, s["decode"])
         sha = tensor_sha256(logits)
-        return {"graft_s": graft.s, "first_token_s": first.s, "decode_tok_s": s["decode"] / dec.s,
+        return {"restore_s": graft.s, "first_token_s": first.s, "decode_tok_s": s["decode"] / dec.s,
                 "exact": sha == s["fresh"], "same_tokens": tokens == s["tokens"], "logits_sha256": sha}
 
     def tamper(self) -> dict:
         """One byte of the artifact flipped, three quarters in (inside the KV data), then opened as `kvgraft graft`
         opens it: whether it is refused (re-hashed against its identity), and with what message."""
-        from kvgraft_cli.artifacts import format as kvg
-        from kvgraft_cli.engine.growcache import room_for
         from kvgraft_cli.errors import KvgraftError
 
         s = self.state
@@ -123,7 +111,7 @@ class KvgraftSide:
         raw[len(raw) * 3 // 4] ^= 0x40
         bad.write_bytes(bytes(raw))
         try:
-            kvg.open_file(bad, s["sha"], room_for(self.eng.device))
+            _open(bad, s["sha"], self.eng.device)
         except KvgraftError as e:
             return {"loaded": False, "error": str(e).splitlines()[0].replace(f"{bad.parent}/", "")[:160]}
         finally:
@@ -172,5 +160,5 @@ def serve_kvgraft(gguf: str, dtype: str, profile: str, attn: str, threads: int, 
     from peers.wire import serve
 
     side = KvgraftSide(gguf, dtype, profile, attn, threads, schedule)
-    serve({"info": side.info, "ids": side.ids, "setup": side.setup, "round": side.round, "check": side.check, "tamper": side.tamper,
-           "weights": side.weights})
+    serve({"info": side.info, "ids": side.ids, "setup": side.setup, "round": side.round, "check": side.check,
+           "tamper": side.tamper, "weights": side.weights})

@@ -160,26 +160,6 @@ def read_header(payload: bytes, source: str = "artifact") -> dict[str, Any]:
     return header
 
 
-def peek_meta(path: Path) -> dict[str, Any]:
-    """The metadata of a ``.kvg`` file's payload, checked (layout.check_header), from its header alone: no more of
-    the payload is decompressed or read than the header (at most MAX_HEADER bytes and a chunk), so what the header
-    declares (tokens, positions) can be refused before the payload is allocated."""
-    source, head, need = str(path), bytearray(), None
-    chunks = _payload.iter_payload(Path(path), strict=True)
-    try:
-        for chunk in chunks:
-            head += chunk
-            if need is None and len(head) >= 8:
-                need = 8 + min(struct.unpack("<Q", head[:8])[0], MAX_HEADER)
-            if need is not None and len(head) >= need:
-                break
-    finally:
-        chunks.close()  # stop decompressing; the file is closed
-    header = read_header(bytes(head[:need or 0]) if need else bytes(head), source)
-    layout.check_header(header, source)
-    return header["__metadata__"]
-
-
 def decode(payload: bytes, source: str = "artifact", expected_sha256: str | None = None) -> Artifact:
     """Check the identity (when expected), parse and validate a payload. Raises ArtifactError with the reason."""
     if expected_sha256 is not None:

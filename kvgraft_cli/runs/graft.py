@@ -98,13 +98,14 @@ def _refuse_past_positions(ctx: RunContext, path: Path) -> None:
     """Refuse, from its header alone, a file whose tokens end past the model's positions (config.json, no model
     loaded), before its payload is read: a small file can declare gigabytes of cache (#24.9). A file from the
     store was checked when it was deposited or imported."""
+    from ..artifacts.inspect import read_info
     from ..config.modelhash import context_window
 
     limit = context_window(ctx.manifest.model_dir)
     if not limit:
         return
-    meta = kvg.peek_meta(path)
-    n, end = int(meta["num_tokens"]), int(meta["start_position"]) + int(meta["num_tokens"])
+    info = read_info(path)  # the header alone, checked as a graft checks it (layout.check_header)
+    n, end = info.num_tokens, info.start_position + info.num_tokens
     if end > limit:
         raise ModelMismatch(f"{path}: its header declares {n:,} tokens, ending at position {end:,}, past the model's "
                             f"{limit:,} positions", "graft an artifact deposited for this model and manifest")

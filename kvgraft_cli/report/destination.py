@@ -13,26 +13,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import InputError
+from ..util.fsio import inside, same_file
 from .collect import read_entries
 from .render import MARKER
 
 HINT = "write the report somewhere else (-o report.html)"
-
-
-def _same(a: Path, b: Path) -> bool:
-    """The same file (hard or symbolic links included), or the same path once resolved."""
-    try:
-        if a.exists() and b.exists():
-            return os.path.samefile(a, b)
-    except OSError:
-        pass
-    return os.path.abspath(os.path.realpath(a)) == os.path.abspath(os.path.realpath(b))
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    """``path`` is ``folder`` or lies inside it, links resolved."""
-    p, f = os.path.realpath(path), os.path.realpath(folder)
-    return p == f or p.startswith(f.rstrip(os.sep) + os.sep)
 
 
 def owned_files(ledger: Path, data: bytes) -> tuple[list[Path], list[Path]]:
@@ -61,11 +46,11 @@ def check(out: Path, ledger: Path, data: bytes, extra: Iterable[Path] = ()) -> N
     out = Path(out)
     files, stores = owned_files(ledger, data)
     for f in [*files, *extra]:
-        if _same(out, f):
-            what = "the ledger" if _same(f, ledger) else f"a file the ledger names or kvgraft owns ({f})"
+        if same_file(out, f):
+            what = "the ledger" if same_file(f, ledger) else f"a file the ledger names or kvgraft owns ({f})"
             raise InputError(f"-o {out} is {what}; a report never overwrites it", HINT)
     for s in stores:
-        if _inside(out, s):
+        if inside(out, s):
             raise InputError(f"-o {out} is inside the store {s}; a report is never written there", HINT)
     if out.is_dir():
         raise InputError(f"-o {out} is a directory, expected a file name", HINT)

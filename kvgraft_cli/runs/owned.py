@@ -10,30 +10,14 @@ internal error.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
+from ..util.fsio import inside, same_file
 
 if TYPE_CHECKING:
     from .context import RunContext
-
-
-def _same(a: Path, b: Path) -> bool:
-    """Whether two paths name one file: the same inode when both exist (hard links, symlinks), else the same
-    resolved path."""
-    try:
-        if a.exists() and b.exists():
-            return os.path.samefile(a, b)
-    except OSError:
-        pass
-    return a.resolve() == b.resolve()
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    path, folder = path.resolve(), folder.resolve()
-    return path == folder or folder in path.parents
 
 
 def owner_of(path: Path, ctx: "RunContext | None" = None, ledger: Path | None = None,
@@ -44,21 +28,21 @@ def owner_of(path: Path, ctx: "RunContext | None" = None, ledger: Path | None = 
     ledgers = [p for p in (ledger, ctx.ledger if ctx is not None else None) if p is not None]
     for led in ledgers:
         led = Path(led)
-        if _same(path, led):
+        if same_file(path, led):
             return f"the ledger {led}"
-        if _same(path, led.with_name(led.name + ".lock")):
+        if same_file(path, led.with_name(led.name + ".lock")):
             return f"the ledger's lock file {led}.lock"
     if ctx is not None:
         # The store's own files; its scores/ and replay/ folders hold records kvgraft writes for the user.
         store = Path(ctx.store)
-        if _inside(path, store / "objects") or _same(path, store / "remote.json") or (
-                _inside(path.parent, store) and path.name.startswith("index.sqlite")):  # and -wal, -shm, -journal
+        if inside(path, store / "objects") or same_file(path, store / "remote.json") or (
+                inside(path.parent, store) and path.name.startswith("index.sqlite")):  # and -wal, -shm, -journal
             return f"the store {store} (its index and objects)"
         source = ctx.manifest.source
-        if not source.startswith("builtin:") and _same(path, Path(source)):
+        if not source.startswith("builtin:") and same_file(path, Path(source)):
             return f"the manifest {source}"
     for name, p in (inputs or {}).items():
-        if _same(path, Path(p)):
+        if same_file(path, Path(p)):
             return f"{name} {p}"
     return None
 
@@ -96,12 +80,12 @@ def check_manifest_output(path: Path, model: str) -> None:
     path = Path(path)
     check_output(path, "--output", ledger=Path(DEFAULT_PATHS["ledger"]))
     store = Path(DEFAULT_PATHS["store"])
-    if _inside(path, store):
+    if inside(path, store):
         raise InputError(f"--output {path} is inside the store {store}; it would be overwritten",
                          "write the manifest elsewhere")
     if ":" in model and not Path(model).exists():  # builtin:NAME, package:DIST: nothing of the user's to overwrite
         return
     source = Path(model)
-    if _same(path, source) or (source.is_dir() and _inside(path, source)):
+    if same_file(path, source) or (source.is_dir() and inside(path, source)):
         where = "inside the model folder" if source.is_dir() else "the model"
         raise InputError(f"--output {path} is {where} {model}; it would be overwritten", "write the manifest elsewhere")

@@ -57,3 +57,20 @@ def user_cache_dir() -> Path | None:
         return Path.home() / ".cache" / "kvgraft"
     except RuntimeError:  # no HOME and no passwd entry: run without a cache
         return None
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same inode when both exist (hard and symbolic links included), else the
+    same path once links are resolved. What an output check compares against the files kvgraft keeps."""
+    try:
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return os.path.abspath(os.path.realpath(a)) == os.path.abspath(os.path.realpath(b))
+
+
+def inside(path: Path, folder: Path) -> bool:
+    """``path`` is ``folder`` or lies inside it, links resolved."""
+    p, f = os.path.realpath(path), os.path.realpath(folder)
+    return p == f or p.startswith(f.rstrip(os.sep) + os.sep)

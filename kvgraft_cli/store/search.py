@@ -78,12 +78,13 @@ def _sequences(text: str) -> list[tuple[int, int]]:
             for g in seqs]
 
 
-def _informative(text: str) -> list[int]:
-    """At most MAX_GRAMS of the query's distinct sequences, those with the most unmasked characters first."""
+def _informative(text: str) -> tuple[list[int], int]:
+    """At most MAX_GRAMS of the query's distinct sequences, those with the most unmasked characters first; and how
+    many distinct sequences it has in all (``len(grams(text))``, without hashing them twice)."""
     best: dict[int, int] = {}
     for chars, h in _sequences(text):
         best.setdefault(h, chars)
-    return sorted(best, key=lambda h: -best[h])[:MAX_GRAMS]
+    return sorted(best, key=lambda h: -best[h])[:MAX_GRAMS], len(best)
 
 
 def phrase(w: str) -> str:
@@ -108,22 +109,22 @@ def search(db: sqlite3.Connection, text: str, fetch_sql: str, fetch_args: tuple,
     n_docs, avg_len = _totals(db, work)
     if n_docs == 0:
         return []
-    df: dict[str, int] = {}
+    idf: dict[str, float] = {}  # of every probed word found at all; bm25 below weighs the candidates with it
     weight: dict[int, float] = {}
     for w in probed:
         rows = _rows(db, f"problem : {phrase(w)}", work)
-        df[w] = len(rows)
+        if rows:
+            idf[w] = _idf(n_docs, len(rows)) * (NUMBER_WEIGHT if w.isdigit() else 1.0)
         if len(rows) < PROBE_ROWS:
             for r in rows:
-                weight[r] = weight.get(r, 0.0) + _idf(n_docs, len(rows)) * (NUMBER_WEIGHT if w.isdigit() else 1.0)
-    shared = _shared_sequences(db, _informative(text), len(grams(text)), work) if sequences else {}
+                weight[r] = weight.get(r, 0.0) + idf[w]
+    shared = _shared_sequences(db, *_informative(text), work) if sequences else {}
     picked = sorted(set(weight) | set(shared), key=lambda r: (-shared.get(r, 0), -weight.get(r, 0.0), r))[:RANK_ROWS]
     if not picked:
         return []
     work.statements += 1
     rows = db.execute(fetch_sql.format(ids=",".join("?" * len(picked))), (*picked, *fetch_args)).fetchall()
     work.rows_ranked += len(rows)
-    idf = {w: _idf(n_docs, n) * (NUMBER_WEIGHT if w.isdigit() else 1.0) for w, n in df.items() if n}
     scored = [(-_bm25(row[1], idf, qtf, avg_len) * (1.0 + shared.get(row[0], 0.0)), row) for row in rows]
     scored.sort(key=lambda s: (s[0], s[1][0]))
     return scored

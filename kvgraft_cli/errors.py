@@ -97,5 +97,7 @@ class CheckFailed(KvgraftError):
 
 def engine_not_installed(exc: ImportError) -> InputError:
     """The error for an engine command on an install without torch (the core install has none)."""
-    return InputError(f"this command needs the torch engine, which is not installed here ({exc})",
-                      "pip install torch==2.13.0 'kvgraft[engine]' (verify, ledger and manifest commands need neither)")
+    return InputError(
+        f"this command needs the torch engine, which is not installed here ({exc})",
+        "pip install torch==2.13.0 'kvgraft[engine]' (verify, ledger and manifest commands need neither)",
+    )

@@ -38,12 +38,14 @@ def _engine(dtype: str):
 
     pin_profile("native", "cpu")
     from bench_graft import _smol_config
+
     from kvgraft_cli.engine.attention import register
     from kvgraft_cli.engine.randommodel import random_engine
 
     register()
-    return random_engine("smol", _smol_config(), Path(_WORKDIR.name) / dtype, device="cpu", dtype=dtype,
-                         profile="native")
+    return random_engine(
+        "smol", _smol_config(), Path(_WORKDIR.name) / dtype, device="cpu", dtype=dtype, profile="native"
+    )
 
 
 def _states(eng, tokens: int, room: bool = False):
@@ -130,8 +132,12 @@ def main() -> None:
         for n in args.tokens:
             rss = {}
             for impl in IMPLS:  # fresh processes first, while this one holds no model
-                out = subprocess.run([sys.executable, __file__, "--rss-child", impl, dtype, str(n), "--steps",
-                                      str(args.steps)], capture_output=True, text=True, check=True).stdout
+                out = subprocess.run(
+                    [sys.executable, __file__, "--rss-child", impl, dtype, str(n), "--steps", str(args.steps)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
                 rss[impl] = json.loads(out.strip().splitlines()[-1])["rise"]
             eng = eng or _engine(dtype)
             states = _states(eng, n)
@@ -140,21 +146,29 @@ def main() -> None:
             for _ in range(args.repeat):
                 for impl in IMPLS:
                     got[impl].append(_run(eng, states, impl, args.steps))
-            med = {impl: (statistics.median(r[0] for r in got[impl]), statistics.median(r[1] for r in got[impl]))
-                   for impl in IMPLS}
+            med = {
+                impl: (statistics.median(r[0] for r in got[impl]), statistics.median(r[1] for r in got[impl]))
+                for impl in IMPLS
+            }
             same = all(len({r[2] for r in got[impl]}) == 1 for impl in IMPLS)
             agree = got["eager"][0][3] == got["grouped"][0][3]
             rows.append((dtype, n, payload, med, rss, same, agree))
         del eng
-    print(f"SmolLM-135M shape (9 query heads over 3 KV heads, 30 layers), native profile, query {len(QUERY)} tokens, "
-          f"{args.steps} decode steps, medians of {args.repeat}")
-    print(f"{'dtype, cache':18} {'KV MB':>7} {'query eager':>12} {'grouped':>8} {'ratio':>6} {'step eager':>11} "
-          f"{'grouped':>8} {'ratio':>6} {'peak +MB eager':>15} {'grouped':>8}  same bits  same tokens")
+    print(
+        f"SmolLM-135M shape (9 query heads over 3 KV heads, 30 layers), native profile, query {len(QUERY)} tokens, "
+        f"{args.steps} decode steps, medians of {args.repeat}"
+    )
+    print(
+        f"{'dtype, cache':18} {'KV MB':>7} {'query eager':>12} {'grouped':>8} {'ratio':>6} {'step eager':>11} "
+        f"{'grouped':>8} {'ratio':>6} {'peak +MB eager':>15} {'grouped':>8}  same bits  same tokens"
+    )
     for dtype, n, payload, med, rss, same, agree in rows:
         (qe, se), (qg, sg) = med["eager"], med["grouped"]
-        print(f"{dtype + ', ' + str(n):18} {payload / 1e6:>7.1f} {qe:>11.3f}s {qg:>7.3f}s {qe / qg:>5.2f}x "
-              f"{se:>10.4f}s {sg:>7.4f}s {se / sg:>5.2f}x {rss['eager'] / 1e6:>15.1f} {rss['grouped'] / 1e6:>8.1f}  "
-              f"{str(same):9}  {agree}")
+        print(
+            f"{dtype + ', ' + str(n):18} {payload / 1e6:>7.1f} {qe:>11.3f}s {qg:>7.3f}s {qe / qg:>5.2f}x "
+            f"{se:>10.4f}s {sg:>7.4f}s {se / sg:>5.2f}x {rss['eager'] / 1e6:>15.1f} {rss['grouped'] / 1e6:>8.1f}  "
+            f"{str(same):9}  {agree}"
+        )
 
 
 if __name__ == "__main__":

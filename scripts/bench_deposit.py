@@ -43,11 +43,15 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        subprocess.run([sys.executable, str(REPO / "scripts" / "bench_restore.py"), "--write-model",
-                        str(tmp / "model")], check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "bench_restore.py"), "--write-model", str(tmp / "model")],
+            check=True,
+            capture_output=True,
+        )
         h = hash_model_dir(tmp / "model")
-        data = make_manifest(str(tmp / "model"), h.model_sha256, h.tokenizer_sha256, profile=args.profile,
-                             device="cpu", dtype=args.dtype)
+        data = make_manifest(
+            str(tmp / "model"), h.model_sha256, h.tokenizer_sha256, profile=args.profile, device="cpu", dtype=args.dtype
+        )
         (tmp / "m.yaml").write_text(dump_yaml(data))
         _run(load_manifest(tmp / "m.yaml"), args, tmp)
 
@@ -85,9 +89,11 @@ def _run(manifest, args, tmp: Path) -> None:
     ctx = RunContext.make(manifest, tmp / "store", tmp / "ledger.jsonl")
     report = DepositReport(str(path), sha256_file(path), ctx.store_name, str(ctx.ledger), manifest.source)
     settings = {"mapping": manifest.data["input"], "limit": None, "allow_unverified": False}
-    print(f"## {args.dtype}, {type(eng.model).__name__} "
-          f"{sum(p.numel() for p in eng.model.parameters()) / 1e6:.0f}M, profile {args.profile}, "
-          f"{torch.get_num_threads()} threads; {len(problems)} verified MATH-500 problems")
+    print(
+        f"## {args.dtype}, {type(eng.model).__name__} "
+        f"{sum(p.numel() for p in eng.model.parameters()) / 1e6:.0f}M, profile {args.profile}, "
+        f"{torch.get_num_threads()} threads; {len(problems)} verified MATH-500 problems"
+    )
     eng.prefill(prefix_job(ctx, eng, problems[0], where=str(path))[:64])  # warm-up
     rows = []
     with ctx.open_store(codec="raw") as store:
@@ -116,18 +122,25 @@ def _run(manifest, args, tmp: Path) -> None:
             t_deposit = time.perf_counter() - t0
             rows.append((p.id, len(ids), r.file_bytes, t_prefill, t_encode, t_hash, t_write, t_append, t_deposit))
 
-    print(f"{'problem':10} {'tokens':>7} {'file MB':>8} {'prefill s':>10} {'encode':>8} {'sha256':>8} {'write':>8} "
-          f"{'ledger':>8} {'stages':>7} {'deposit s':>10} {'e2e':>6}")
+    print(
+        f"{'problem':10} {'tokens':>7} {'file MB':>8} {'prefill s':>10} {'encode':>8} {'sha256':>8} {'write':>8} "
+        f"{'ledger':>8} {'stages':>7} {'deposit s':>10} {'e2e':>6}"
+    )
     for pid, n, size, tp, te, th, tw, ta, td in rows:
         extra = te + th + tw + ta
-        print(f"{pid:10} {n:>7} {size / 1e6:>8.1f} {tp:>10.3f} {te:>8.3f} {th:>8.3f} {tw:>8.3f} {ta:>8.3f} "
-              f"{(tp + extra) / tp:>7.3f} {td:>10.3f} {td / tp:>6.3f}")
+        print(
+            f"{pid:10} {n:>7} {size / 1e6:>8.1f} {tp:>10.3f} {te:>8.3f} {th:>8.3f} {tw:>8.3f} {ta:>8.3f} "
+            f"{(tp + extra) / tp:>7.3f} {td:>10.3f} {td / tp:>6.3f}"
+        )
     sp = sum(r[3] for r in rows)
     extra = sum(sum(r[4:8]) for r in rows)
     sd = sum(r[8] for r in rows)
-    print(f"batch: {sum(r[1] for r in rows)} tokens, {sum(r[2] for r in rows) / 1e6:.1f} MB written; prefill "
-          f"{sp:.3f} s, a deposit's own stages {extra:.3f} s: deposit / prefill = {(sp + extra) / sp:.3f} by stages "
-          f"(goal <= 1.10), {sd / sp:.3f} end to end (two prefills' noise)")
+    print(
+        f"batch: {sum(r[1] for r in rows)} tokens, {sum(r[2] for r in rows) / 1e6:.1f} MB written; prefill "
+        f"{sp:.3f} s, a deposit's own stages {extra:.3f} s: deposit / prefill = {(sp + extra) / sp:.3f} by stages "
+        f"(goal <= 1.10), {sd / sp:.3f} end to end (two prefills' noise)"
+    )
+
 
 if __name__ == "__main__":
     main()

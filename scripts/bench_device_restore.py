@@ -31,9 +31,14 @@ def _random_payload(tokens: int, dtype: str, scheme: str) -> bytes:
 
     cfg, g = _smol_config(), torch.Generator().manual_seed(0)
     shape = (1, cfg.num_key_value_heads, tokens, cfg.hidden_size // cfg.num_attention_heads)
-    layers = [kvg.LayerState("full", torch.randn(shape, generator=g).to(getattr(torch, dtype)),
-                             torch.randn(shape, generator=g).to(getattr(torch, dtype)))
-              for _ in range(cfg.num_hidden_layers)]
+    layers = [
+        kvg.LayerState(
+            "full",
+            torch.randn(shape, generator=g).to(getattr(torch, dtype)),
+            torch.randn(shape, generator=g).to(getattr(torch, dtype)),
+        )
+        for _ in range(cfg.num_hidden_layers)
+    ]
     meta = {k: "x" for k in kvg.REQUIRED_META}
     meta.update(dtype=dtype, start_position="0", prefill="{}", **({"identity": scheme} if scheme != "sha256" else {}))
     return kvg.encode(list(range(tokens)), layers, meta)
@@ -84,16 +89,23 @@ def main() -> None:
             dst.copy_(pinned, non_blocking=cuda)
             sync()
 
-        runs = {"open_file + .to(device)": plain, "open_file_on_device": staged,
-                f"{'pinned' if cuda else 'host'} -> {device.type} copy": ceiling}
+        runs = {
+            "open_file + .to(device)": plain,
+            "open_file_on_device": staged,
+            f"{'pinned' if cuda else 'host'} -> {device.type} copy": ceiling,
+        }
         got, art = staged()  # warm-up: CUDA context, pinned staging, page cache; and a check that it is right
         ref = plain()
-        assert got == want and all(torch.equal(a.keys, k) and torch.equal(a.values, v)
-                                   for a, (k, v) in zip([l for l in art.layers if l.kind != "empty"], ref))
+        assert got == want and all(
+            torch.equal(a.keys, k) and torch.equal(a.values, v)
+            for a, (k, v) in zip([l for l in art.layers if l.kind != "empty"], ref)
+        )
         laps = interleaved(runs, args.repeat)
     where = torch.cuda.get_device_name(device) if cuda else "no CUDA here: staging unpinned, copies synchronous"
-    print(f"{device} ({where}); torch {torch.__version__}; payload {size / 1e6:.1f} MB ({args.dtype}, "
-          f"{args.identity}); staging {args.ring} x {args.chunk_mib} MiB; medians of {args.repeat}")
+    print(
+        f"{device} ({where}); torch {torch.__version__}; payload {size / 1e6:.1f} MB ({args.dtype}, "
+        f"{args.identity}); staging {args.ring} x {args.chunk_mib} MiB; medians of {args.repeat}"
+    )
     print(f"{'':28} {'seconds':>9} {'GB/s':>7}")
     for name, times in laps.items():
         t = median(times)

@@ -62,8 +62,15 @@ def main() -> None:
     config = _config(args.model)
     with tempfile.TemporaryDirectory() as tmp:
         with stopwatch() as lap:
-            eng = random_engine(args.model, config, Path(tmp), device=args.device, dtype=args.dtype,
-                                profile=args.profile, threads=args.threads)
+            eng = random_engine(
+                args.model,
+                config,
+                Path(tmp),
+                device=args.device,
+                dtype=args.dtype,
+                profile=args.profile,
+                threads=args.threads,
+            )
         print(f"model drawn on {eng.device} in {lap.s:.1f} s")
         _run(eng, args, Path(tmp))
 
@@ -75,8 +82,9 @@ def _gguf_engine(args, tmp: Path):
     from kvgraft_cli.engine.gguf import manifest_for_gguf
 
     with stopwatch() as lap:
-        text, _ = manifest_for_gguf(args.gguf, tmp / "m.yaml", profile=args.profile, device=args.device,
-                                    dtype=args.dtype, threads=args.threads)
+        text, _ = manifest_for_gguf(
+            args.gguf, tmp / "m.yaml", profile=args.profile, device=args.device, dtype=args.dtype, threads=args.threads
+        )
         (tmp / "m.yaml").write_text(text)
         eng = load_engine(load_manifest(tmp / "m.yaml"))
     print(f"model {args.gguf} ({args.dtype}) loaded in {lap.s:.1f} s")
@@ -109,25 +117,58 @@ def _config(name: str):
 def _smol_config():
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                       rope_theta=10000.0, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    return LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
 
 
 # Published shapes (config.json of meta-llama/Llama-3.2-1B and Llama-3.1-8B), random weights.
 LLAMA = {
-    "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=64, tie_word_embeddings=True),
-    "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+    "llama-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        tie_word_embeddings=True,
+    ),
+    "llama-8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+    ),
 }
 
 
 def _llama_config(name: str):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
-                       pad_token_id=0, eos_token_id=1, bos_token_id=2, **LLAMA[name])
+    return LlamaConfig(
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+        **LLAMA[name],
+    )
 
 
 def _sync(result):
@@ -140,26 +181,35 @@ def _sync(result):
 
 
 def _run(eng, args, tmp) -> None:
+    import torch
+
     from kvgraft_cli.artifacts import format as kvg
     from kvgraft_cli.engine.engine import tensor_sha256
-    import torch
 
     manifest = eng.manifest
 
     n_params = sum(p.numel() for p in eng.model.parameters())
-    print(f"model: {type(eng.model).__name__}, {n_params / 1e6:.0f}M parameters, {manifest.data['model']['dtype']}, "
-          f"profile {args.profile}, threads {torch.get_num_threads()}, device {eng.device}, torch {torch.__version__}")
-    print(f"{'tokens':>7} {'prefill s':>10} {'restore s':>10} {'ratio':>7} {'GB/s':>6} {'TTFT prefill':>13} "
-          f"{'TTFT graft':>11} {'ratio':>7} {'deposit s':>10} {'payload MB':>11}  exact")
+    print(
+        f"model: {type(eng.model).__name__}, {n_params / 1e6:.0f}M parameters, {manifest.data['model']['dtype']}, "
+        f"profile {args.profile}, threads {torch.get_num_threads()}, device {eng.device}, torch {torch.__version__}"
+    )
+    print(
+        f"{'tokens':>7} {'prefill s':>10} {'restore s':>10} {'ratio':>7} {'GB/s':>6} {'TTFT prefill':>13} "
+        f"{'TTFT graft':>11} {'ratio':>7} {'deposit s':>10} {'payload MB':>11}  exact"
+    )
     gen = torch.Generator().manual_seed(0)
     for n in args.lengths:
-        ids = _real_ids(eng, n) if args.gguf else torch.randint(3, eng.model.config.vocab_size, (n,),
-                                                                  generator=gen).tolist()
+        ids = (
+            _real_ids(eng, n)
+            if args.gguf
+            else torch.randint(3, eng.model.config.vocab_size, (n,), generator=gen).tolist()
+        )
         t_pre, (cache, last) = timed(lambda: _sync(eng.prefill(ids)), args.repeat)
         path = tmp / "a.kvg"
 
         def deposit():
-            payload = kvg.encode(ids, eng.capture(cache), eng.artifact_meta(tensor_sha256(last)))
+            # called by timed() below, before `del cache`
+            payload = kvg.encode(ids, eng.capture(cache), eng.artifact_meta(tensor_sha256(last)))  # noqa: F821
             sha = kvg.payload_identity(payload)
             kvg.write_file(path, payload)
             return payload, sha
@@ -177,9 +227,11 @@ def _run(eng, args, tmp) -> None:
         del restored
         t_ttft_pre, _ = timed(lambda: _sync(eng.forward(eng.prefill(ids + query[:-1])[0], query[-1:])), 1)
         t_ttft, _ = timed(lambda: _sync(eng.forward(restore(), query)), args.repeat)
-        print(f"{n:>7} {t_pre:>10.3f} {t_res:>10.3f} {t_pre / t_res:>6.1f}x {len(payload) / t_res / 1e9:>6.2f} "
-              f"{t_ttft_pre:>12.3f}s {t_ttft:>10.3f}s {t_ttft_pre / t_ttft:>6.1f}x {t_dep:>10.3f} "
-              f"{len(payload) / 1e6:>11.1f}  {exact}")
+        print(
+            f"{n:>7} {t_pre:>10.3f} {t_res:>10.3f} {t_pre / t_res:>6.1f}x {len(payload) / t_res / 1e9:>6.2f} "
+            f"{t_ttft_pre:>12.3f}s {t_ttft:>10.3f}s {t_ttft_pre / t_ttft:>6.1f}x {t_dep:>10.3f} "
+            f"{len(payload) / 1e6:>11.1f}  {exact}"
+        )
 
 
 def _open(path, sha, device):

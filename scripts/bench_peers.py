@@ -42,14 +42,24 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="compute threads of both systems in the timed rounds")
     ap.add_argument("--query", type=int, default=16, help="query tokens after each prefix")
     ap.add_argument("--decode", type=int, default=32, help="greedy decode steps timed after the query")
-    ap.add_argument("--kvgraft", nargs="+", default=["float32:native:eager", "bfloat16:native:eager"],
-                    metavar="DTYPE:PROFILE:ATTN", help="kvgraft configurations (a worker each)")
+    ap.add_argument(
+        "--kvgraft",
+        nargs="+",
+        default=["float32:native:eager", "bfloat16:native:eager"],
+        metavar="DTYPE:PROFILE:ATTN",
+        help="kvgraft configurations (a worker each)",
+    )
     ap.add_argument("--schedule", default="single", help="kvgraft's prefill schedule: single or chunked:N")
     ap.add_argument("--exact-threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--check-samples", type=int, default=1, help="`graft --check --samples` (0: skip the check)")
     ap.add_argument("--check-tokens", type=int, default=4, help="`graft --check -n`")
-    ap.add_argument("--check-lengths", type=int, nargs="+", help="run `graft --check` at these lengths only "
-                    "(default: every length; at 8,000 tokens a check takes about 13 minutes on one thread)")
+    ap.add_argument(
+        "--check-lengths",
+        type=int,
+        nargs="+",
+        help="run `graft --check` at these lengths only "
+        "(default: every length; at 8,000 tokens a check takes about 13 minutes on one thread)",
+    )
     ap.add_argument("--json", type=Path, help="write every figure, versions and build flags here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run as a worker process
     ap.add_argument("--site", help=argparse.SUPPRESS)
@@ -58,14 +68,23 @@ def main() -> None:
     if args.worker:
         return _worker(args)
 
-    from kvgraft_cli.config.gguf import resolve_gguf
     from peers.llama_build import ensure_built
     from peers.wire import Worker
 
+    from kvgraft_cli.config.gguf import resolve_gguf
+
     gguf = str(resolve_gguf(args.gguf, Path.cwd()))
     build = ensure_built()
-    here = [sys.executable, str(Path(__file__).resolve()), "--gguf", args.gguf, "--threads", str(args.threads),
-            "--schedule", args.schedule]
+    here = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--gguf",
+        args.gguf,
+        "--threads",
+        str(args.threads),
+        "--schedule",
+        args.schedule,
+    ]
     t0 = time.perf_counter()
     kv = {spec: Worker(f"kvgraft {spec}", here + ["--worker", "kvgraft", "--config", spec]) for spec in args.kvgraft}
     llama = Worker("llama.cpp", here + ["--worker", "llama", "--site", build["site"], "--gguf", gguf])
@@ -81,8 +100,7 @@ def main() -> None:
         for n in args.lengths:
             prefix, query = ids[:n], ids[n : n + args.query]
             for name, w in workers.items():
-                results[name][n] = {"setup": w.call("setup", ids=prefix, query=query, decode=args.decode),
-                                    "rounds": []}
+                results[name][n] = {"setup": w.call("setup", ids=prefix, query=query, decode=args.decode), "rounds": []}
             for _ in range(args.repeat):  # interleaved: each system once a round
                 for name, w in workers.items():
                     results[name][n]["rounds"].append(w.call("round"))
@@ -91,8 +109,9 @@ def main() -> None:
                 results[name][n]["tamper"] = w.call("tamper")
             if args.check_samples and (args.check_lengths is None or n in args.check_lengths):
                 for spec, w in kv.items():
-                    results[f"kvgraft {spec}"][n]["check"] = w.call("check", samples=args.check_samples,
-                                                                   max_new_tokens=args.check_tokens)
+                    results[f"kvgraft {spec}"][n]["check"] = w.call(
+                        "check", samples=args.check_samples, max_new_tokens=args.check_tokens
+                    )
             _print_length(n, results, args)
     finally:
         for w in workers.values():
@@ -101,8 +120,19 @@ def main() -> None:
     _print_decode(results, weights, args)
     print(f"\nthe whole run took {(time.perf_counter() - t0) / 60:.0f} minutes")
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "build": build,
-                                         "info": info, "weights": weights, "results": results}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "build": build,
+                    "info": info,
+                    "weights": weights,
+                    "results": results,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         print(f"figures written to {args.json}")
 
 
@@ -128,33 +158,45 @@ def _worker(args) -> None:
 def _describe(args, gguf: str, build: dict, info: dict) -> None:
     ll = info["llama.cpp"]
     print(f"model: {gguf} ({os.path.getsize(gguf) / 1e6:.0f} MB GGUF)")
-    print(f"llama.cpp: {build['package']} (llama.cpp {build['llama_cpp_commit']}), CMAKE_ARGS {build['cmake_args']}, "
-          f"{build['compiler']}; n_batch {ll['n_batch']}, n_ubatch {ll['n_ubatch']}, flash_attn_type "
-          f"{ll['flash_attn_type']} (-1 auto), KV type {ll['type_k']}/{ll['type_v']} (1 = f16)")
+    print(
+        f"llama.cpp: {build['package']} (llama.cpp {build['llama_cpp_commit']}), CMAKE_ARGS {build['cmake_args']}, "
+        f"{build['compiler']}; n_batch {ll['n_batch']}, n_ubatch {ll['n_ubatch']}, flash_attn_type "
+        f"{ll['flash_attn_type']} (-1 auto), KV type {ll['type_k']}/{ll['type_v']} (1 = f16)"
+    )
     print(f"  {ll['system_info']}")
     for name, i in info.items():
         if name.startswith("kvgraft"):
-            print(f"{name}: torch {i['torch']}, transformers {i['transformers']}, threads {i['threads']}, "
-                  f"attention {i['attn']}, schedule {i['schedule']}, env {i['env'] or '{}'}, model {i['model_sha256'][:16]}")
-    print(f"threads {args.threads} in the timed rounds; {args.repeat} rounds a length; query {args.query} tokens; "
-          f"decode {args.decode} tokens")
+            print(
+                f"{name}: torch {i['torch']}, transformers {i['transformers']}, threads {i['threads']}, "
+                f"attention {i['attn']}, schedule {i['schedule']}, env {i['env'] or '{}'}, model {i['model_sha256'][:16]}"
+            )
+    print(
+        f"threads {args.threads} in the timed rounds; {args.repeat} rounds a length; query {args.query} tokens; "
+        f"decode {args.decode} tokens"
+    )
 
 
 def _row(name: str, r: dict) -> dict:
     """One system at one length: the figures the table prints."""
     setup, rounds = r["setup"], r["rounds"]
-    return {"prefill_s": setup["prefill_s"], "save_s": setup["save_s"], "mb": setup["file_bytes"] / 1e6,
-            "restore_s": median(x["restore_s"] for x in rounds),
-            "first_token_s": median(x["first_token_s"] for x in rounds),
-            "decode_tok_s": median(x["decode_tok_s"] for x in rounds),
-            "exact": all(x["exact"] for x in rounds), "same_tokens": all(x["same_tokens"] for x in rounds)}
+    return {
+        "prefill_s": setup["prefill_s"],
+        "save_s": setup["save_s"],
+        "mb": setup["file_bytes"] / 1e6,
+        "restore_s": median(x["restore_s"] for x in rounds),
+        "first_token_s": median(x["first_token_s"] for x in rounds),
+        "decode_tok_s": median(x["decode_tok_s"] for x in rounds),
+        "exact": all(x["exact"] for x in rounds),
+        "same_tokens": all(x["same_tokens"] for x in rounds),
+    }
 
 
 def _verdict(name: str, r: dict) -> str:
     if "exactness" in r:
         e = r["exactness"]
-        per = ", ".join(f"{t} thr {'equal' if v['restore_exact'] else 'DIFFER'}"
-                        for t, v in e.items() if isinstance(v, dict))
+        per = ", ".join(
+            f"{t} thr {'equal' if v['restore_exact'] else 'DIFFER'}" for t, v in e.items() if isinstance(v, dict)
+        )
         runs = [v for v in e.values() if isinstance(v, dict)]
         if all(v["restored_equals_one_pass"] for v in runs):
             return f"restore vs fresh: {per}; vs one pass: equal"
@@ -162,8 +204,10 @@ def _verdict(name: str, r: dict) -> str:
         return f"restore vs fresh: {per}; vs one pass: differ" + (f" (max |diff| {diff:.2g})" if diff == diff else "")
     if "check" in r:
         c = r["check"]
-        return (f"graft --check {'PASSED' if c['passed'] else 'FAILED'} ({c['sha_equal']}/{c['samples']} SHA-equal, "
-                f"{c['check_s']:.0f} s)")
+        return (
+            f"graft --check {'PASSED' if c['passed'] else 'FAILED'} ({c['sha_equal']}/{c['samples']} SHA-equal, "
+            f"{c['check_s']:.0f} s)"
+        )
     return "graft --check not run (each round's first-token logits compared above)"
 
 
@@ -177,14 +221,18 @@ def _tamper(t: dict | None) -> str:
     return "loaded without an error"
 
 
-HEAD = (f"{'system':<30} {'tokens':>6} {'prefill s':>9} {'save s':>7} {'MB':>7} {'restore s':>9} "
-        f"{'1st tok s':>9} {'decode t/s':>10} {'exact':>6}")
+HEAD = (
+    f"{'system':<30} {'tokens':>6} {'prefill s':>9} {'save s':>7} {'MB':>7} {'restore s':>9} "
+    f"{'1st tok s':>9} {'decode t/s':>10} {'exact':>6}"
+)
 
 
 def _line(name: str, n: int, row: dict) -> str:
-    return (f"{name:<30} {n:>6} {row['prefill_s']:>9.2f} {row['save_s']:>7.3f} {row['mb']:>7.1f} "
-            f"{row['restore_s']:>9.3f} {row['first_token_s']:>9.3f} {row['decode_tok_s']:>10.1f} "
-            f"{'yes' if row['exact'] and row['same_tokens'] else 'NO':>6}")
+    return (
+        f"{name:<30} {n:>6} {row['prefill_s']:>9.2f} {row['save_s']:>7.3f} {row['mb']:>7.1f} "
+        f"{row['restore_s']:>9.3f} {row['first_token_s']:>9.3f} {row['decode_tok_s']:>10.1f} "
+        f"{'yes' if row['exact'] and row['same_tokens'] else 'NO':>6}"
+    )
 
 
 def _print_length(n: int, results: dict, args) -> None:
@@ -206,9 +254,11 @@ def _print_table(results: dict, args) -> None:
             if name == "llama.cpp":
                 continue
             row = _row(name, by_n[n])
-            print(f"  {n:>6} tokens, {name:<30} first token {row['first_token_s'] / ref['first_token_s']:>6.2f}x   "
-                  f"decode {row['decode_tok_s'] / ref['decode_tok_s']:>5.2f}x   "
-                  f"restore {row['restore_s'] / ref['restore_s']:>6.1f}x   size {row['mb'] / ref['mb']:>4.1f}x")
+            print(
+                f"  {n:>6} tokens, {name:<30} first token {row['first_token_s'] / ref['first_token_s']:>6.2f}x   "
+                f"decode {row['decode_tok_s'] / ref['decode_tok_s']:>5.2f}x   "
+                f"restore {row['restore_s'] / ref['restore_s']:>6.1f}x   size {row['mb'] / ref['mb']:>4.1f}x"
+            )
     print("\nexactness:")
     for n in args.lengths:
         for name, by_n in results.items():
@@ -227,13 +277,17 @@ def _print_decode(results: dict, weights: dict, args) -> None:
         for name, by_n in results.items():
             row = _row(name, by_n[n])
             mb = weights[name]["weight_bytes"] / 1e6 + row["mb"]
-            print(f"  {n:>6} tokens, {name:<30} {weights[name]['weight_bytes'] / 1e6:>6.0f} + {row['mb']:>6.1f} MB "
-                  f"x {row['decode_tok_s']:>6.1f}/s = {mb * row['decode_tok_s'] / 1e3:>5.1f} GB/s")
+            print(
+                f"  {n:>6} tokens, {name:<30} {weights[name]['weight_bytes'] / 1e6:>6.0f} + {row['mb']:>6.1f} MB "
+                f"x {row['decode_tok_s']:>6.1f}/s = {mb * row['decode_tok_s'] / 1e3:>5.1f} GB/s"
+            )
     for name, w in weights.items():
         if "linear_floor_s" in w:
-            print(f"  {name}: its {w['linears']} linear layers alone take {w['linear_floor_s'] * 1e3:.1f} ms a token "
-                  f"({w['weight_bytes'] / w['linear_floor_s'] / 1e9:.1f} GB/s; at most {1 / w['linear_floor_s']:.0f} "
-                  f"tokens/s with nothing else in a step)")
+            print(
+                f"  {name}: its {w['linears']} linear layers alone take {w['linear_floor_s'] * 1e3:.1f} ms a token "
+                f"({w['weight_bytes'] / w['linear_floor_s'] / 1e9:.1f} GB/s; at most {1 / w['linear_floor_s']:.0f} "
+                f"tokens/s with nothing else in a step)"
+            )
 
 
 if __name__ == "__main__":

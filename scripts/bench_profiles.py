@@ -28,8 +28,8 @@ HERE = Path(__file__).resolve().parent
 
 def _child(args) -> None:
     """One profile in this process: load the pinned engine, time prefill and decode, print JSON."""
-    from kvgraft_cli.engine.engine import load_engine
     from kvgraft_cli.config.manifest import load_manifest
+    from kvgraft_cli.engine.engine import load_engine
 
     eng = load_engine(load_manifest(args.child))
     import torch
@@ -64,9 +64,9 @@ def main() -> None:
         _child(args)
         return
 
-    from kvgraft_cli.config.profiles import environ_without_pins
     from kvgraft_cli.config.manifest import dump_yaml, make_manifest
     from kvgraft_cli.config.modelhash import hash_model_dir
+    from kvgraft_cli.config.profiles import environ_without_pins
 
     n_cpu = os.cpu_count() or 1
     profiles = [("portable", 1), ("native", 1), ("native", n_cpu)]
@@ -74,21 +74,47 @@ def main() -> None:
     env = environ_without_pins()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        subprocess.run([sys.executable, str(HERE / "bench_graft.py"), "--write-model", str(tmp / "model"),
-                        "--model", args.model], check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, str(HERE / "bench_graft.py"), "--write-model", str(tmp / "model"), "--model", args.model],
+            check=True,
+            capture_output=True,
+        )
         h = hash_model_dir(tmp / "model")
         manifests = []
         for prof, threads, schedule in configs:
             path = tmp / f"{prof}-{threads}-{schedule}.yaml"
-            path.write_text(dump_yaml(make_manifest(str(tmp / "model"), h.model_sha256, h.tokenizer_sha256,
-                                                    profile=prof, threads=threads, schedule=schedule)))
+            path.write_text(
+                dump_yaml(
+                    make_manifest(
+                        str(tmp / "model"),
+                        h.model_sha256,
+                        h.tokenizer_sha256,
+                        profile=prof,
+                        threads=threads,
+                        schedule=schedule,
+                    )
+                )
+            )
             manifests.append(path)
         runs: dict[int, list[dict]] = {i: [] for i in range(len(configs))}
         for r in range(args.rounds):
             for i, path in enumerate(manifests):
-                p = subprocess.run([sys.executable, __file__, "--child", str(path), "--repeat", str(args.repeat),
-                                    "--lengths", *map(str, args.lengths)], env=env, check=True, capture_output=True,
-                                   text=True)
+                p = subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        str(path),
+                        "--repeat",
+                        str(args.repeat),
+                        "--lengths",
+                        *map(str, args.lengths),
+                    ],
+                    env=env,
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
                 runs[i].append(json.loads(p.stdout.strip().splitlines()[-1]))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
 
@@ -101,13 +127,19 @@ def main() -> None:
         names = [f"{p} {t}t" for p, t in profiles]
         for what in ("prefill", "decode"):
             print(f"\n{schedule} schedule, {what}{' (per token)' if what == 'decode' else ''}")
-            print(f"{'tokens':>7} " + " ".join(f"{n:>13}" for n in names)
-                  + f" {'portable/native 1t':>19} {'portable/native ' + str(n_cpu) + 't':>19}"
-                  + ("".join(f" {'inv/single ' + n:>22}" for n in names) if schedule != "single" else ""))
+            print(
+                f"{'tokens':>7} "
+                + " ".join(f"{n:>13}" for n in names)
+                + f" {'portable/native 1t':>19} {'portable/native ' + str(n_cpu) + 't':>19}"
+                + ("".join(f" {'inv/single ' + n:>22}" for n in names) if schedule != "single" else "")
+            )
             for n in args.lengths:
                 vals = [med(s * k + i, n, what) for i in range(k)]
-                line = (f"{n:>7} " + " ".join(f"{v:>13.4f}" for v in vals)
-                        + f" {vals[0] / vals[1]:>18.2f}x {vals[0] / vals[2]:>18.2f}x")
+                line = (
+                    f"{n:>7} "
+                    + " ".join(f"{v:>13.4f}" for v in vals)
+                    + f" {vals[0] / vals[1]:>18.2f}x {vals[0] / vals[2]:>18.2f}x"
+                )
                 if schedule != "single" and "single" in args.schedules:
                     base = args.schedules.index("single") * k
                     line += "".join(f" {v / med(base + i, n, what):>21.2f}x" for i, v in enumerate(vals))

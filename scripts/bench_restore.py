@@ -47,13 +47,21 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--codecs", nargs="+", default=None, help="default: every codec this kvgraft writes")
-    ap.add_argument("--identities", nargs="+", default=["sha256", "sha256-tree"],
-                    help="identity schemes to restore side by side (the same cache, named each way)")
+    ap.add_argument(
+        "--identities",
+        nargs="+",
+        default=["sha256", "sha256-tree"],
+        help="identity schemes to restore side by side (the same cache, named each way)",
+    )
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--profile", default="native", choices=["portable", "native"])
     ap.add_argument("--no-prefill", action="store_true", help="skip timing prefill (the slow part on a CPU)")
-    ap.add_argument("--attn", default="eager", choices=["eager", "grouped"],
-                    help="the manifests' attention implementation (grouped: engine.attention, no KV-head copies)")
+    ap.add_argument(
+        "--attn",
+        default="eager",
+        choices=["eager", "grouped"],
+        help="the manifests' attention implementation (grouped: engine.attention, no KV-head copies)",
+    )
     ap.add_argument("--write-model", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--rss-child", nargs=4, help=argparse.SUPPRESS)  # MANIFEST KVG SHA ROOM: peak RSS of one graft
     args = ap.parse_args()
@@ -70,12 +78,18 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        subprocess.run([sys.executable, __file__, "--write-model", str(tmp / "model")], check=True,
-                       capture_output=True)
+        subprocess.run([sys.executable, __file__, "--write-model", str(tmp / "model")], check=True, capture_output=True)
         h = hash_model_dir(tmp / "model")
         for dtype in args.dtypes:
-            data = make_manifest(str(tmp / "model"), h.model_sha256, h.tokenizer_sha256, profile=args.profile,
-                                 device="cpu", dtype=dtype, attn_implementation=args.attn)
+            data = make_manifest(
+                str(tmp / "model"),
+                h.model_sha256,
+                h.tokenizer_sha256,
+                profile=args.profile,
+                device="cpu",
+                dtype=dtype,
+                attn_implementation=args.attn,
+            )
             (tmp / f"{dtype}.yaml").write_text(dump_yaml(data))
         # One engine per dtype, in this process (the profile's kernel flags are applied before torch loads).
         for dtype in args.dtypes:
@@ -93,15 +107,18 @@ def _run(manifest, args, tmp: Path) -> None:
     from kvgraft_cli.artifacts import payload as pl
     from kvgraft_cli.engine.engine import load_engine, tensor_sha256
     from kvgraft_cli.engine.growcache import SLACK_TOKENS
+
     eng = load_engine(manifest)
     dtype = manifest.data["model"]["dtype"]
     from kvgraft_cli.artifacts import container, identity
 
     variants = [(codec, scheme) for scheme in args.identities for codec in (args.codecs or list(container.CODECS))]
-    print(f"\n## {dtype}: {type(eng.model).__name__} {sum(p.numel() for p in eng.model.parameters()) / 1e6:.0f}M, "
-          f"profile {args.profile}, attention {args.attn}, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}, "
-          f"{os.cpu_count()} CPUs; medians of {args.repeat}")
+    print(
+        f"\n## {dtype}: {type(eng.model).__name__} {sum(p.numel() for p in eng.model.parameters()) / 1e6:.0f}M, "
+        f"profile {args.profile}, attention {args.attn}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}, "
+        f"{os.cpu_count()} CPUs; medians of {args.repeat}"
+    )
     gen = torch.Generator().manual_seed(0)
     for n in args.tokens:
         # Room within the model's positions for the 16-token query, and for the RSS child's graft (its query through the
@@ -132,6 +149,7 @@ def _run(manifest, args, tmp: Path) -> None:
         import warnings
 
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
+
         def mmap_memcpy():
             import mmap
 
@@ -143,20 +161,26 @@ def _run(manifest, args, tmp: Path) -> None:
         t_sha, _ = timed(lambda: hashlib.sha256(payload).hexdigest(), args.repeat)
         tree = payloads.get("sha256-tree")
         t_tree, _ = timed(lambda: kvg.payload_identity(tree), args.repeat) if tree is not None else (None, None)
-        tensors = {f"l{i}.{kv}": getattr(st, kv).contiguous() for i, st in enumerate(eng.capture(cache))
-                   if st.kind != "empty" for kv in ("keys", "values")}
+        tensors = {
+            f"l{i}.{kv}": getattr(st, kv).contiguous()
+            for i, st in enumerate(eng.capture(cache))
+            if st.kind != "empty"
+            for kv in ("keys", "values")
+        }
         torch.save(tensors, tmp / "t.pt")
         save_file(tensors, str(tmp / "t.safetensors"))
         # Baseline (c) only, as issue #10 asks: what a pickle-based KV cache would pay. The file is one this run just
         # wrote, and weights_only=True restricts the unpickler to tensors; kvgraft's artifacts never use pickle.
         t_tload, _ = timed(lambda: torch.load(tmp / "t.pt", weights_only=True), args.repeat)
-        t_st, _ = timed(lambda: {k: v.clone() for k, v in load_file(str(tmp / "t.safetensors")).items()},
-                          args.repeat)
+        t_st, _ = timed(lambda: {k: v.clone() for k, v in load_file(str(tmp / "t.safetensors")).items()}, args.repeat)
         rows += [("read + memcpy (a)", t_memcpy, ""), ("mmap + memcpy (a')", t_mmap, "")]
         if t_tree is not None:
             rows += [(f"sha256-tree alone ({identity.workers()} threads)", t_tree, "")]
-        rows += [("sha256 alone (b)", t_sha, ""),
-                 ("torch.load (c)", t_tload, ""), ("safetensors load_file + copy (d)", t_st, "")]
+        rows += [
+            ("sha256 alone (b)", t_sha, ""),
+            ("torch.load (c)", t_tload, ""),
+            ("safetensors load_file + copy (d)", t_st, ""),
+        ]
 
         t_restore_first = None
         summary: list[tuple[str, int, float, bool]] = []
@@ -193,14 +217,21 @@ def _run(manifest, args, tmp: Path) -> None:
             exact_room = torch.equal(eng.forward(roomy, query), reference)
             del roomy
             summary.append((tag, file_bytes, t_restore, exact))
-            rows += [(f"[{tag}] file {file_bytes / 1e6:.1f} MB ({size / file_bytes:.2f}x)", t_write, "write"),
-                     (f"[{tag}] read (whole file)", t_read, ""), (f"[{tag}] read + decode, no hash", t_codec, ""),
-                     (f"[{tag}] parse (decode, no hash)", t_parse, ""), (f"[{tag}] fill (engine.restore)", t_fill, ""),
-                     (f"[{tag}] open_file (read, hash, parse)", t_open, ""),
-                     (f"[{tag}] RESTORE (open_file + restore)", t_restore, f"exact {exact}"),
-                     (f"[{tag}] RESTORE read with room (as graft)", t_room,
-                      f"exact {exact_room}" + ("" if codec == "raw" else " (room: raw files only)")),
-                     (f"[{tag}] again, from the verified cache", t_fill, "no read, no hash")]
+            rows += [
+                (f"[{tag}] file {file_bytes / 1e6:.1f} MB ({size / file_bytes:.2f}x)", t_write, "write"),
+                (f"[{tag}] read (whole file)", t_read, ""),
+                (f"[{tag}] read + decode, no hash", t_codec, ""),
+                (f"[{tag}] parse (decode, no hash)", t_parse, ""),
+                (f"[{tag}] fill (engine.restore)", t_fill, ""),
+                (f"[{tag}] open_file (read, hash, parse)", t_open, ""),
+                (f"[{tag}] RESTORE (open_file + restore)", t_restore, f"exact {exact}"),
+                (
+                    f"[{tag}] RESTORE read with room (as graft)",
+                    t_room,
+                    f"exact {exact_room}" + ("" if codec == "raw" else " (room: raw files only)"),
+                ),
+                (f"[{tag}] again, from the verified cache", t_fill, "no read, no hash"),
+            ]
         first_codec, first_scheme = variants[0]
         first_path, sha = tmp / f"a.{first_codec}.{first_scheme}.kvg", shas[first_scheme]
         print(f"\n{dtype}, {n} tokens, payload {size / 1e6:.1f} MB")
@@ -209,42 +240,55 @@ def _run(manifest, args, tmp: Path) -> None:
         # layer into buffers of its own), and with the cache concatenating at every step (KVGRAFT_GROW_IN_PLACE=0).
         # A fourth child grafts as the first does under glibc's default malloc settings (KVGRAFT_KEEP_FREED=0,
         # util.memory.keep_freed_memory): its forward's page faults and time against the first's.
-        for how, room, grow, keep in (("read with room, as `kvgraft graft -n 16`", "1", "1", "1"),
-                                      ("read without room, first step copies", "0", "1", "1"),
-                                      ("concatenated at every step", "0", "0", "1"),
-                                      ("as graft, malloc defaults (KVGRAFT_KEEP_FREED=0)", "1", "1", "0")):
-            child = subprocess.run([sys.executable, __file__, "--rss-child", manifest.source, str(first_path), sha,
-                                    room], capture_output=True, text=True,
-                                   env={**os.environ, "KVGRAFT_GROW_IN_PLACE": grow, "KVGRAFT_KEEP_FREED": keep})
+        for how, room, grow, keep in (
+            ("read with room, as `kvgraft graft -n 16`", "1", "1", "1"),
+            ("read without room, first step copies", "0", "1", "1"),
+            ("concatenated at every step", "0", "0", "1"),
+            ("as graft, malloc defaults (KVGRAFT_KEEP_FREED=0)", "1", "1", "0"),
+        ):
+            child = subprocess.run(
+                [sys.executable, __file__, "--rss-child", manifest.source, str(first_path), sha, room],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "KVGRAFT_GROW_IN_PLACE": grow, "KVGRAFT_KEEP_FREED": keep},
+            )
             if child.returncode == 0:
                 rss = json.loads(child.stdout)
-                print(f"peak RSS of a graft ({first_codec}, {first_scheme}; {how}), above the model: "
-                      f"{rss['peak_above_model'] / 1e6:.1f} MB = {rss['peak_above_model'] / size:.2f}x the payload "
-                      f"(the file read: {rss['peak_open'] / size:.3f}x; the restore: "
-                      f"+{(rss['peak_restored'] - rss['peak_open']) / 1e6:.1f} MB; the query's forward and 16 decode "
-                      f"steps: +{(rss['peak_above_model'] - rss['peak_restored']) / 1e6:.1f} MB); the read in "
-                      f"this fresh process {rss['open_s']:.3f} s, then the graft (query + 16 tokens) "
-                      f"{rss['graft_s']:.3f} s, {rss['graft_faults']:,} page faults")
+                print(
+                    f"peak RSS of a graft ({first_codec}, {first_scheme}; {how}), above the model: "
+                    f"{rss['peak_above_model'] / 1e6:.1f} MB = {rss['peak_above_model'] / size:.2f}x the payload "
+                    f"(the file read: {rss['peak_open'] / size:.3f}x; the restore: "
+                    f"+{(rss['peak_restored'] - rss['peak_open']) / 1e6:.1f} MB; the query's forward and 16 decode "
+                    f"steps: +{(rss['peak_above_model'] - rss['peak_restored']) / 1e6:.1f} MB); the read in "
+                    f"this fresh process {rss['open_s']:.3f} s, then the graft (query + 16 tokens) "
+                    f"{rss['graft_s']:.3f} s, {rss['graft_faults']:,} page faults"
+                )
             else:  # e.g. a prefix this long leaves no room for the query within the model's positions
                 last = (child.stderr.strip().splitlines() or ["?"])[-1]
                 print(f"peak RSS of a graft ({how}): not measured, the graft failed: {last[:200]}")
         print(f"{'':52} {'seconds':>9} {'GB/s':>7} {'x memcpy':>9} {'x sha256':>9}")
         for name, t, note in rows:
             print(f"{name:52} {t:>9.4f} {gbs(t):>7.2f} {t_memcpy / t:>9.2f} {t_sha / t:>9.2f}  {note}")
+
         # The codecs' restores again, interleaved (raw, zstd, shuffle-zstd, raw, ...): on a shared machine a burst of
         # load then slows every codec alike, so their ratios hold even when the absolute times drift.
         def restore_from(codec: str, scheme: str):
-            return lambda: eng.restore(kvg.open_file(tmp / f"a.{codec}.{scheme}.kvg", expected_sha256=shas[scheme])[1]
-                                       .layers)
+            return lambda: eng.restore(
+                kvg.open_file(tmp / f"a.{codec}.{scheme}.kvg", expected_sha256=shas[scheme])[1].layers
+            )
 
         laps = interleaved({f"{c}, {s}": restore_from(c, s) for c, s in variants}, args.repeat)
         first = median(laps[summary[0][0]])
-        print(f"\n{'codec, identity':26} {'file MB':>9} {'payload/file':>13} {'restore s':>10} {'GB/s':>6} "
-              f"{'x first':>8}  {'interleaved':>11} {'x first':>8}  exact")
+        print(
+            f"\n{'codec, identity':26} {'file MB':>9} {'payload/file':>13} {'restore s':>10} {'GB/s':>6} "
+            f"{'x first':>8}  {'interleaved':>11} {'x first':>8}  exact"
+        )
         for tag, file_bytes, t, exact in summary:
             lap = median(laps[tag])
-            print(f"{tag:26} {file_bytes / 1e6:>9.1f} {size / file_bytes:>12.3f}x {t:>10.4f} {gbs(t):>6.2f} "
-                  f"{t / summary[0][2]:>7.2f}x  {lap:>11.4f} {lap / first:>7.2f}x  {exact}")
+            print(
+                f"{tag:26} {file_bytes / 1e6:>9.1f} {size / file_bytes:>12.3f}x {t:>10.4f} {gbs(t):>6.2f} "
+                f"{t / summary[0][2]:>7.2f}x  {lap:>11.4f} {lap / first:>7.2f}x  {exact}"
+            )
         # Decoding after a graft, the cache growing in place (engine.growcache) vs concatenated at every step
         # (KVGRAFT_GROW_IN_PLACE=0), interleaved; the logits must be the same bits.
         laps2: dict[str, list[float]] = {"1": [], "0": []}
@@ -264,8 +308,10 @@ def _run(manifest, args, tmp: Path) -> None:
                 del c
         os.environ.pop("KVGRAFT_GROW_IN_PLACE", None)
         t_in, t_cat = median(laps2["1"]), median(laps2["0"])
-        print(f"query + 32 decode steps after the graft: in place {t_in:.3f} s, concatenated {t_cat:.3f} s "
-              f"(in place / concatenated {t_in / t_cat:.2f}x), same logits bits: {ends['1'] == ends['0']}")
+        print(
+            f"query + 32 decode steps after the graft: in place {t_in:.3f} s, concatenated {t_cat:.3f} s "
+            f"(in place / concatenated {t_in / t_cat:.2f}x), same logits bits: {ends['1'] == ends['0']}"
+        )
         if not args.no_prefill:
             t_pre, _ = timed(lambda: eng.forward(eng.prefill(ids + query[:-1])[0], query[-1:]), 1)
             best = f"{first_codec}, {first_scheme}"  # the first codec and identity listed
@@ -286,10 +332,12 @@ def _run(manifest, args, tmp: Path) -> None:
                 laps3.append(lap.s)
                 del c
             t_query = median(laps3)
-            print(f"prefill {n} tokens: {t_prefill_once:.2f} s; time to first token: prefill {t_pre:.3f} s, graft "
-                  f"({best}) {t_graft:.3f} s: graft is {t_pre / t_graft:.1f}x faster; the {len(query)}-token query's "
-                  f"forward alone {t_query:.3f} s ({t_query / t_graft:.0%} of the graft): no restore can do better "
-                  f"than {t_pre / t_query:.1f}x")
+            print(
+                f"prefill {n} tokens: {t_prefill_once:.2f} s; time to first token: prefill {t_pre:.3f} s, graft "
+                f"({best}) {t_graft:.3f} s: graft is {t_pre / t_graft:.1f}x faster; the {len(query)}-token query's "
+                f"forward alone {t_query:.3f} s ({t_query / t_graft:.0%} of the graft): no restore can do better "
+                f"than {t_pre / t_query:.1f}x"
+            )
 
 
 def _rss_child(manifest_path: str, kvg_path: str, sha: str, room: str) -> None:
@@ -301,8 +349,8 @@ def _rss_child(manifest_path: str, kvg_path: str, sha: str, room: str) -> None:
     from kvgraft_cli.artifacts import format as kvg
     from kvgraft_cli.config.manifest import load_manifest
     from kvgraft_cli.engine.engine import load_engine
-    from kvgraft_cli.runs.context import RunContext
     from kvgraft_cli.engine.growcache import SLACK_TOKENS
+    from kvgraft_cli.runs.context import RunContext
     from kvgraft_cli.runs.graft import Loaded, graft_generate
 
     def status(key: str) -> int:
@@ -328,8 +376,19 @@ def _rss_child(manifest_path: str, kvg_path: str, sha: str, room: str) -> None:
     faults, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
     graft_generate(ctx, eng, loaded, "What is the final answer?", 16)
     t_graft, faults = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-    print(json.dumps({"peak_above_model": status("VmHWM") - base, "peak_open": opened, "peak_restored": restored[0], "open_s": t_open,
-                      "graft_s": t_graft, "graft_faults": faults}))
+    print(
+        json.dumps(
+            {
+                "peak_above_model": status("VmHWM") - base,
+                "peak_open": opened,
+                "peak_restored": restored[0],
+                "open_s": t_open,
+                "graft_s": t_graft,
+                "graft_faults": faults,
+            }
+        )
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -66,13 +66,25 @@ def fill(store: Store, n: int, library: list[dict], seed: int = 0) -> None:
         for i in range(start, min(n, start + BATCH)):
             src = slots.get(i)
             if src is not None:
-                rows.append({"problem": src["question"], "solution": src["answer"], "problem_id": src["id"],
-                             "problem_key": problem_key(PIN, normalize_key(src["question"]))})
+                rows.append(
+                    {
+                        "problem": src["question"],
+                        "solution": src["answer"],
+                        "problem_id": src["id"],
+                        "problem_key": problem_key(PIN, normalize_key(src["question"])),
+                    }
+                )
                 continue
             sol = " ".join(rng.choice(solutions))
             text = filler(pool, vocabulary, rng)
-            rows.append({"problem": text, "problem_key": problem_key(PIN, normalize_key(text)), "problem_id": f"f{i}",
-                         "solution": change_all_numbers(sol, rng) or sol})
+            rows.append(
+                {
+                    "problem": text,
+                    "problem_key": problem_key(PIN, normalize_key(text)),
+                    "problem_id": f"f{i}",
+                    "solution": change_all_numbers(sol, rng) or sol,
+                }
+            )
         store._index_library_rows(PIN, rows, grams=False)
     with store._db:  # the sequence index in one sorted bulk load, as a store from before it is migrated
         store._db.execute("BEGIN IMMEDIATE")
@@ -142,9 +154,23 @@ def measure(store: Store, library: list[dict], held: list[dict], k: int, seed: i
     if "work" in inspect.signature(store.library_search).parameters:
         from kvgraft_cli.store.search import Work as work_cls
     counter = Counter(store)
-    out: dict = {"formatting": [0, 0], "near": {"n": 0, "exact": 0, "top1": 0, "topk": 0, "none": 0, "twin": 0}, "held_none": 0}
-    for key in ("t_exact", "t_related", "statements", "steps", "own", "rows_read", "rows_ranked", "near_rel",
-                "near_wrong_rel", "held_rel"):
+    out: dict = {
+        "formatting": [0, 0],
+        "near": {"n": 0, "exact": 0, "top1": 0, "topk": 0, "none": 0, "twin": 0},
+        "held_none": 0,
+    }
+    for key in (
+        "t_exact",
+        "t_related",
+        "statements",
+        "steps",
+        "own",
+        "rows_read",
+        "rows_ranked",
+        "near_rel",
+        "near_wrong_rel",
+        "held_rel",
+    ):
         out[key] = []
     for j, r in enumerate(library):
         v = whitespace_variants(r["question"])[j % 7]
@@ -200,30 +226,55 @@ def report(n: int, build: float | None, db_mb: float, m: dict, k: int) -> None:
     t_ex = m["t_exact"]
     print(f"\n== {n:,} entries (index {db_mb:,.0f} MB" + (f", built in {build:.0f} s" if build else "") + ")")
     print(f"formatting variants exact on their source: {m['formatting'][0]}/{m['formatting'][1]}")
-    print(f"near duplicates ({near['n']}): exact hits {near['exact']}, top-1 = source {near['top1']} "
-          f"({100 * near['top1'] / near['n']:.1f}%), top-{k} contains source {near['topk']} "
-          f"({100 * near['topk'] / near['n']:.1f}%), nothing found {near['none']}; top-1 a filler with the source's "
-          f"very words and other numbers (indistinguishable by construction) {near['twin']}, so top-1 = source or "
-          f"its twin {100 * (near['top1'] + near['twin']) / near['n']:.1f}%")
-    print(f"latency, exact lookups: p50 {pct(t_ex, .5) * 1e3:.2f} ms, p99 {pct(t_ex, .99) * 1e3:.2f} ms; "
-          f"related lookups ({len(t_rel)}): p50 {pct(t_rel, .5) * 1e3:.2f} ms, p99 {pct(t_rel, .99) * 1e3:.2f} ms, "
-          f"max {max(t_rel) * 1e3:.2f} ms")
-    print("work per related lookup: " + (f"statements of its own max {max(m['own'])}; " if m["own"] else "")
-          + f"statements SQLite ran, FTS5's own included, max {max(m['statements'])} (mean "
-          f"{statistics.mean(m['statements']):.1f}); VM steps max {max(m['steps']):,} (p50 {pct(m['steps'], .5):,.0f})"
-          + (f"; index rows read max {max(m['rows_read']):,} (p50 {pct(m['rows_read'], .5):,.0f}); "
-             f"problems ranked max {max(m['rows_ranked'])}" if m["rows_read"] else ""))
+    print(
+        f"near duplicates ({near['n']}): exact hits {near['exact']}, top-1 = source {near['top1']} "
+        f"({100 * near['top1'] / near['n']:.1f}%), top-{k} contains source {near['topk']} "
+        f"({100 * near['topk'] / near['n']:.1f}%), nothing found {near['none']}; top-1 a filler with the source's "
+        f"very words and other numbers (indistinguishable by construction) {near['twin']}, so top-1 = source or "
+        f"its twin {100 * (near['top1'] + near['twin']) / near['n']:.1f}%"
+    )
+    print(
+        f"latency, exact lookups: p50 {pct(t_ex, 0.5) * 1e3:.2f} ms, p99 {pct(t_ex, 0.99) * 1e3:.2f} ms; "
+        f"related lookups ({len(t_rel)}): p50 {pct(t_rel, 0.5) * 1e3:.2f} ms, p99 {pct(t_rel, 0.99) * 1e3:.2f} ms, "
+        f"max {max(t_rel) * 1e3:.2f} ms"
+    )
+    print(
+        "work per related lookup: "
+        + (f"statements of its own max {max(m['own'])}; " if m["own"] else "")
+        + f"statements SQLite ran, FTS5's own included, max {max(m['statements'])} (mean "
+        f"{statistics.mean(m['statements']):.1f}); VM steps max {max(m['steps']):,} (p50 {pct(m['steps'], 0.5):,.0f})"
+        + (
+            f"; index rows read max {max(m['rows_read']):,} (p50 {pct(m['rows_read'], 0.5):,.0f}); "
+            f"problems ranked max {max(m['rows_ranked'])}"
+            if m["rows_read"]
+            else ""
+        )
+    )
     nr, wr, hr = m["near_rel"], m["near_wrong_rel"], m["held_rel"]
-    print("relevance (-bm25) of the top hit: near duplicates on their source p1 {:.1f} p5 {:.1f} p50 {:.1f}; "
-          "on another entry p50 {:.1f} (n={}); held-out problems p50 {:.1f} p95 {:.1f} p99 {:.1f} max {:.1f} "
-          "(n={}, nothing found {})".format(pct(nr, .01), pct(nr, .05), pct(nr, .5), pct(wr, .5), len(wr),
-                                            pct(hr, .5), pct(hr, .95), pct(hr, .99), max(hr or [float("nan")]),
-                                            len(hr), m["held_none"]))
+    print(
+        "relevance (-bm25) of the top hit: near duplicates on their source p1 {:.1f} p5 {:.1f} p50 {:.1f}; "
+        "on another entry p50 {:.1f} (n={}); held-out problems p50 {:.1f} p95 {:.1f} p99 {:.1f} max {:.1f} "
+        "(n={}, nothing found {})".format(
+            pct(nr, 0.01),
+            pct(nr, 0.05),
+            pct(nr, 0.5),
+            pct(wr, 0.5),
+            len(wr),
+            pct(hr, 0.5),
+            pct(hr, 0.95),
+            pct(hr, 0.99),
+            max(hr or [float("nan")]),
+            len(hr),
+            m["held_none"],
+        )
+    )
     for t in (5, 10, 15, 20, 25, 30, 40):
         kept = sum(x >= t for x in nr) / max(1, near["n"])
         out_ = (sum(x < t for x in hr) + m["held_none"]) / max(1, len(hr) + m["held_none"])
-        print(f"  --min-score {t}: near duplicates still served their source {100 * kept:.1f}%, "
-              f"held-out problems given nothing {100 * out_:.1f}%")
+        print(
+            f"  --min-score {t}: near duplicates still served their source {100 * kept:.1f}%, "
+            f"held-out problems given nothing {100 * out_:.1f}%"
+        )
 
 
 def main() -> None:

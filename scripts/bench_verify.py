@@ -28,7 +28,7 @@ def build(tmp: Path, n_entries: int, total_mb: int, n_files: int) -> Path:
     rng = np.random.default_rng(0)
     per = total_mb * (1 << 20) // n_files
     refs = []
-    for i in range(n_files):
+    for _ in range(n_files):
         # float32 "KV" of realistic entropy: random normals (compress about like real float32 caches, ~1.08x).
         payload = rng.standard_normal(per // 4, dtype=np.float32).tobytes()
         sha = sha256_bytes(payload)
@@ -40,13 +40,22 @@ def build(tmp: Path, n_entries: int, total_mb: int, n_files: int) -> Path:
     lines, prev = [], None
     for i in range(n_entries):
         entry = {
-            "seq": i, "prev": prev, "kind": "deposit", "time": "2026-11-30T00:00:00.000000+00:00",
+            "seq": i,
+            "prev": prev,
+            "kind": "deposit",
+            "time": "2026-11-30T00:00:00.000000+00:00",
             "manifest": {"source": "builtin:default.yaml", "sha256": "a" * 64, "compute_sha256": "b" * 64},
-            "model": {"sha256": "c" * 64, "tokenizer_sha256": "d" * 64}, "environment": env,
-            "inputs": {"problems_file": {"sha256": "e" * 64}, "record": {"sha256": f"{i:064x}", "id": f"p{i}", "line": i},
-                       "token_ids": {"sha256": f"{i:064x}", "count": 100}},
-            "outputs": {"artifact": ({"sha256": refs[i][1], "path": refs[i][0]} if i < n_files else {"sha256": f"{i:064x}"}),
-                        "logits": {"sha256": f"{i:064x}", "dtype": "float32", "position": 99}},
+            "model": {"sha256": "c" * 64, "tokenizer_sha256": "d" * 64},
+            "environment": env,
+            "inputs": {
+                "problems_file": {"sha256": "e" * 64},
+                "record": {"sha256": f"{i:064x}", "id": f"p{i}", "line": i},
+                "token_ids": {"sha256": f"{i:064x}", "count": 100},
+            },
+            "outputs": {
+                "artifact": ({"sha256": refs[i][1], "path": refs[i][0]} if i < n_files else {"sha256": f"{i:064x}"}),
+                "logits": {"sha256": f"{i:064x}", "dtype": "float32", "position": 99},
+            },
         }
         raw = canonical_json(entry)
         lines.append(raw)
@@ -93,9 +102,11 @@ def main() -> None:
                 digest_of(f, nocache)
             t_ours = time.perf_counter() - t0
             ratios.append(t_sum / t_ours)
-        print(f"artifacts: {len(files)} files, {file_bytes / 2**20:.0f} MiB on disk; sha256sum {t_sum:.2f} s "
-              f"({file_bytes / 2**20 / t_sum:.0f} MiB/s); kvgraft payload re-hash {t_ours:.2f} s "
-              f"({file_bytes / 2**20 / t_ours:.0f} MiB/s of files)")
+        print(
+            f"artifacts: {len(files)} files, {file_bytes / 2**20:.0f} MiB on disk; sha256sum {t_sum:.2f} s "
+            f"({file_bytes / 2**20 / t_sum:.0f} MiB/s); kvgraft payload re-hash {t_ours:.2f} s "
+            f"({file_bytes / 2**20 / t_ours:.0f} MiB/s of files)"
+        )
         print(f"re-hash speed / sha256sum speed: {' '.join(f'{x:.2f}' for x in ratios)} (goal >= 0.8)")
 
         t0 = time.perf_counter()
@@ -105,8 +116,10 @@ def main() -> None:
         r2 = verify_ledger(ledger)
         t_cached = time.perf_counter() - t0
         assert r.passed and r2.passed
-        print(f"verify --full: {t_full:.1f} s; verify again with the cache: {t_cached:.1f} s "
-              f"({sum(f.status == 'ok' for f in r2.files)} files ok)")
+        print(
+            f"verify --full: {t_full:.1f} s; verify again with the cache: {t_cached:.1f} s "
+            f"({sum(f.status == 'ok' for f in r2.files)} files ok)"
+        )
         print(f"cpu: {os.cpu_count()} cores")
 
 

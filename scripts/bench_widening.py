@@ -50,13 +50,25 @@ MATH500_EVERY = 7  # every 7th problem of the order is a MATH problem (while the
 
 CONTEXTS = [
     ("A bakery counts the loaves of bread sold each day", "daily loaf counts", "number of loaves"),
-    ("A weather station logs the rainfall in millimetres for each storm", "rainfall readings", "rainfall in millimetres"),
+    (
+        "A weather station logs the rainfall in millimetres for each storm",
+        "rainfall readings",
+        "rainfall in millimetres",
+    ),
     ("A warehouse weighs each crate that arrives, in kilograms", "crate weights", "weight in kilograms"),
     ("A library records how many books are returned at each branch", "returned-book counts", "number of books"),
-    ("A cyclist notes the distance ridden on each training day, in kilometres", "daily distances", "distance in kilometres"),
+    (
+        "A cyclist notes the distance ridden on each training day, in kilometres",
+        "daily distances",
+        "distance in kilometres",
+    ),
     ("An orchard picks apples from each row of trees", "apples picked per row", "number of apples"),
     ("A school tallies the votes cast in each classroom", "classroom vote tallies", "number of votes"),
-    ("A power meter reports the energy used each hour, in watt-hours", "hourly energy readings", "energy in watt-hours"),
+    (
+        "A power meter reports the energy used each hour, in watt-hours",
+        "hourly energy readings",
+        "energy in watt-hours",
+    ),
     ("A ferry counts the passengers on each crossing", "passenger counts", "number of passengers"),
     ("A beekeeper harvests honey from each hive, in grams", "honey yields", "honey in grams"),
     ("A shop records the coins in each till drawer", "coin counts", "number of coins"),
@@ -73,14 +85,16 @@ def _sum_problem(rng: random.Random, target: int) -> tuple[str, str, str]:
     nums: list[int] = []
     while True:
         nums.append(rng.randint(10, 9999))
-        problem = (f"{subject}. The {items}, in order, are: {', '.join(map(str, nums))}. "
-                   f"What is the total {quantity}?")
+        problem = f"{subject}. The {items}, in order, are: {', '.join(map(str, nums))}. What is the total {quantity}?"
         steps, total = [f"Start with the first value, {nums[0]}."], nums[0]
         for x in nums[1:]:
             steps.append(f"{total} + {x} = {total + x}.")
             total += x
-        solution = (f"We add the {items} one at a time, keeping a running total.\n" + "\n".join(steps)
-                    + f"\nThe total {quantity} is $\\boxed{{{total}}}$.\nThe answer is: {total}")
+        solution = (
+            f"We add the {items} one at a time, keeping a running total.\n"
+            + "\n".join(steps)
+            + f"\nThe total {quantity} is $\\boxed{{{total}}}$.\nThe answer is: {total}"
+        )
         if len(problem) + len(solution) >= target:
             return problem, solution, str(total)
 
@@ -97,8 +111,11 @@ def _horner_problem(rng: random.Random, target: int) -> tuple[str, str, str]:
         for c in coeffs[1:]:
             steps.append(f"Multiply by {x} and add {c}: $r = {r} \\cdot {x} + ({c}) = {r * x + c}$.")
             r = r * x + c
-        solution = ("Horner's rule evaluates the polynomial from the leading coefficient down.\n" + "\n".join(steps)
-                    + f"\nSo $p({x}) = \\boxed{{{r}}}$.\nThe answer is: {r}")
+        solution = (
+            "Horner's rule evaluates the polynomial from the leading coefficient down.\n"
+            + "\n".join(steps)
+            + f"\nSo $p({x}) = \\boxed{{{r}}}$.\nThe answer is: {r}"
+        )
         if len(problem) + len(solution) >= target or len(coeffs) > 400:
             return problem, solution, str(r)
 
@@ -114,8 +131,11 @@ def _modprod_problem(rng: random.Random, target: int) -> tuple[str, str, str]:
         for x in nums[1:]:
             steps.append(f"Multiply by {x}: ${r} \\cdot {x} = {r * x} \\equiv {r * x % m} \\pmod{{{m}}}$.")
             r = r * x % m
-        solution = (f"Reduce modulo {m} after every multiplication.\n" + "\n".join(steps)
-                    + f"\nThe remainder is $\\boxed{{{r}}}$.\nThe answer is: {r}")
+        solution = (
+            f"Reduce modulo {m} after every multiplication.\n"
+            + "\n".join(steps)
+            + f"\nThe remainder is $\\boxed{{{r}}}$.\nThe answer is: {r}"
+        )
         if len(problem) + len(solution) >= target:
             return problem, solution, str(r)
 
@@ -176,9 +196,9 @@ def fill(root: Path, sizes: list[int], problems: Problems, chunk: int) -> dict:
     partial store). Returns per store: seconds, tokens and artifacts deposited now."""
     from kvgraft_cli.config.manifest import load_manifest
     from kvgraft_cli.engine.engine import load_engine
+    from kvgraft_cli.eval.problems import Problem
     from kvgraft_cli.runs.context import RunContext
     from kvgraft_cli.runs.deposit import deposit, render_prefix
-    from kvgraft_cli.eval.problems import Problem
 
     manifest = load_manifest(None)
     engine = None
@@ -216,16 +236,25 @@ def fill(root: Path, sizes: list[int], problems: Problems, chunk: int) -> dict:
             tokens += t["tokens"]
             el = time.perf_counter() - t0
             rate = (tokens - tok0) / el
-            print(f"  s{size}: {i:,} artifacts, {tokens:,} tokens, {el:.0f} s, {rate:,.0f} tokens/s; "
-                  f"this store done in ~{(size - tokens) / rate / 60:.1f} min", flush=True)
+            print(
+                f"  s{size}: {i:,} artifacts, {tokens:,} tokens, {el:.0f} s, {rate:,.0f} tokens/s; "
+                f"this store done in ~{(size - tokens) / rate / 60:.1f} min",
+                flush=True,
+            )
             if not projected:  # the first batch's rate: what the whole fill will take
                 rest = sum(max(0, s - _store_tokens_entries(_store_paths(root, s)[0])[0]) for s in sizes)
-                print(f"  projected: {rest:,} tokens still to deposit in all stores at {rate:,.0f} tokens/s "
-                      f"= ~{rest / rate / 60:.0f} min", flush=True)
+                print(
+                    f"  projected: {rest:,} tokens still to deposit in all stores at {rate:,.0f} tokens/s "
+                    f"= ~{rest / rate / 60:.0f} min",
+                    flush=True,
+                )
                 projected = True
         done_info[size] = {"seconds": time.perf_counter() - t0, "tokens": tokens - tok0, "artifacts": i - n0}
-        print(f"store {store}: {tokens:,} tokens in {i:,} artifacts ({tokens - tok0:,} deposited now in "
-              f"{done_info[size]['seconds']:.0f} s)", flush=True)
+        print(
+            f"store {store}: {tokens:,} tokens in {i:,} artifacts ({tokens - tok0:,} deposited now in "
+            f"{done_info[size]['seconds']:.0f} s)",
+            flush=True,
+        )
     return done_info
 
 
@@ -279,14 +308,23 @@ def measure_inprocess(stores: dict[int, Path], queries: list[dict], repeat: int)
     pin = manifest.compute_sha256
     opened = {n: Store(p, create=False) for n, p in stores.items()}
     sizes = sorted(opened)
-    res = {n: {"retrieval": [], "retrieval_exact": [], "retrieval_related": [], "graft_exact": [],
-               "graft_related_per_1k": [], "kinds": {}} for n in sizes}
+    res = {
+        n: {
+            "retrieval": [],
+            "retrieval_exact": [],
+            "retrieval_related": [],
+            "graft_exact": [],
+            "graft_related_per_1k": [],
+            "kinds": {},
+        }
+        for n in sizes
+    }
     try:
         for r in range(repeat + 1):  # round 0 warms the OS page cache and SQLite's; not timed
             # Each pass: every lookup first (as bench_retrieval.py times them), then every graft of what was found.
             found = {}
             for qi, q in enumerate(queries):
-                for n in sizes[(qi + r) % len(sizes):] + sizes[:(qi + r) % len(sizes)]:
+                for n in sizes[(qi + r) % len(sizes) :] + sizes[: (qi + r) % len(sizes)]:
                     t0 = time.perf_counter()
                     f = find(opened[n], q["problem"], pin, 1)
                     t_find = time.perf_counter() - t0
@@ -298,8 +336,8 @@ def measure_inprocess(stores: dict[int, Path], queries: list[dict], repeat: int)
                     else:
                         res[n]["retrieval"].append(t_find)
                         res[n][f"retrieval_{f.kind}"].append(t_find)
-            for qi, q in enumerate(queries):
-                for n in sizes[(qi + r) % len(sizes):] + sizes[:(qi + r) % len(sizes)]:
+            for qi in range(len(queries)):
+                for n in sizes[(qi + r) % len(sizes) :] + sizes[: (qi + r) % len(sizes)]:
                     f = found[qi, n]
                     VERIFIED.clear()
                     t0 = time.perf_counter()
@@ -327,8 +365,20 @@ def solve_rss(store: Path, queries: Path, tmp: Path) -> tuple[int, float]:
     """Peak RSS (bytes) and summed per-problem wall time of one fresh `kvgraft solve` process."""
     out = tmp / "solve.out.json"
     with open(out, "wb") as fo:
-        cmd = _kvgraft() + ["solve", str(queries), "--store", str(store), "--ledger", str(tmp / "solve.ledger.jsonl"),
-                            "--outputs", str(tmp / "solve.outputs.jsonl"), "--force", "--k", "1", "--json"]
+        cmd = _kvgraft() + [
+            "solve",
+            str(queries),
+            "--store",
+            str(store),
+            "--ledger",
+            str(tmp / "solve.ledger.jsonl"),
+            "--outputs",
+            str(tmp / "solve.outputs.jsonl"),
+            "--force",
+            "--k",
+            "1",
+            "--json",
+        ]
         p = subprocess.Popen(cmd, stdout=fo, stderr=subprocess.PIPE)
         _, status, usage = os.wait4(p.pid, 0)
         err = p.stderr.read().decode(errors="replace")
@@ -353,23 +403,34 @@ def fts_segments(store: Path) -> int:
 
 
 def store_stats(store: Path) -> dict:
-    r = subprocess.run(_kvgraft() + ["store", "stats", "--store", str(store), "--json"], check=True,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        _kvgraft() + ["store", "stats", "--store", str(store), "--json"], check=True, capture_output=True, text=True
+    )
     return json.loads(r.stdout)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--store-root", type=Path, default=None,
-                    help="folder holding the stores (default: a temporary one, removed at the end)")
+    ap.add_argument(
+        "--store-root",
+        type=Path,
+        default=None,
+        help="folder holding the stores (default: a temporary one, removed at the end)",
+    )
     ap.add_argument("--reuse", action="store_true", help="use (and complete) the stores already in --store-root")
     ap.add_argument("--fill-only", action="store_true", help="fill the stores, measure nothing")
     ap.add_argument("--sizes", type=int, nargs="+", default=[30_000, 300_000, 3_000_000], help="store sizes in tokens")
     ap.add_argument("--queries", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=10, help="timed passes over the queries (retrieval, graft)")
     ap.add_argument("--solve-repeat", type=int, default=3, help="fresh solve processes per store (peak RSS: median)")
-    ap.add_argument("--chars", type=int, nargs=2, default=[1000, 1400], metavar=("MIN", "MAX"),
-                    help="statement + solution length of generated problems, in characters")
+    ap.add_argument(
+        "--chars",
+        type=int,
+        nargs=2,
+        default=[1000, 1400],
+        metavar=("MIN", "MAX"),
+        help="statement + solution length of generated problems, in characters",
+    )
     ap.add_argument("--chunk", type=int, default=100, help="problems per deposit run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--math500", type=Path, default=MATH500, help="real MATH problems to mix in ('' for none)")
@@ -400,7 +461,7 @@ def main() -> None:
     wall: dict[int, list[float]] = {n: [] for n in sizes}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.solve_repeat):
-            for n in sizes[r % len(sizes):] + sizes[:r % len(sizes)]:
+            for n in sizes[r % len(sizes) :] + sizes[: r % len(sizes)]:
                 peak, w = solve_rss(stores[n], qpath, Path(tmp))
                 rss[n].append(peak)
                 wall[n].append(w)
@@ -409,47 +470,85 @@ def main() -> None:
     for n in sizes:
         x = res[n]
         rows[n] = {
-            "tokens": stats[n]["tokens"], "artifacts": stats[n]["objects"], "library": stats[n]["library_entries"],
-            "tokens_per_window": stats[n]["tokens_per_window"], "file_bytes": stats[n]["file_bytes"],
+            "tokens": stats[n]["tokens"],
+            "artifacts": stats[n]["objects"],
+            "library": stats[n]["library_entries"],
+            "tokens_per_window": stats[n]["tokens_per_window"],
+            "file_bytes": stats[n]["file_bytes"],
             "hits": x["kinds"],
             "retrieval_p50_ms": statistics.median(x["retrieval"]) * 1e3,
             "retrieval_p95_ms": _pct(x["retrieval"], 0.95) * 1e3,
             "retrieval_exact_p50_ms": statistics.median(x["retrieval_exact"]) * 1e3,
             "retrieval_related_p50_ms": statistics.median(x["retrieval_related"]) * 1e3,
             "graft_p50_ms": statistics.median(x["graft_exact"]) * 1e3 if x["graft_exact"] else float("nan"),
-            "graft_related_ms_per_1k": (statistics.median(x["graft_related_per_1k"]) * 1e3
-                                        if x["graft_related_per_1k"] else float("nan")),
+            "graft_related_ms_per_1k": (
+                statistics.median(x["graft_related_per_1k"]) * 1e3 if x["graft_related_per_1k"] else float("nan")
+            ),
             "solve_peak_rss_mb": statistics.median(rss[n]) / 2**20,
             "solve_wall_s": statistics.median(wall[n]),
             "fts_segments": fts_segments(stores[n]),
         }
     small, large = rows[sizes[0]], rows[sizes[-1]]
-    ratio_keys = ["retrieval_exact_p50_ms", "retrieval_related_p50_ms", "retrieval_p95_ms", "graft_p50_ms",
-                  "graft_related_ms_per_1k", "solve_peak_rss_mb", "solve_wall_s", "fts_segments"]
+    ratio_keys = [
+        "retrieval_exact_p50_ms",
+        "retrieval_related_p50_ms",
+        "retrieval_p95_ms",
+        "graft_p50_ms",
+        "graft_related_ms_per_1k",
+        "solve_peak_rss_mb",
+        "solve_wall_s",
+        "fts_segments",
+    ]
     ratios = {k: large[k] / small[k] if small[k] else float("nan") for k in ratio_keys}
 
-    print(f"\n{len(queries)} queries ({small['hits']}), {args.repeat} timed passes, {args.solve_repeat} solve "
-          f"processes per store; cold grafts (KVGRAFT_VERIFIED_CACHE=0)")
-    print("| store tokens | artifacts | tokens / window | retrieval p50, exact hits | retrieval p50, related | "
-          "retrieval p95 | graft p50 (exact hits) | graft, related (per 1k tokens) | solve peak RSS | solve wall "
-          "| FTS5 segments |")
+    print(
+        f"\n{len(queries)} queries ({small['hits']}), {args.repeat} timed passes, {args.solve_repeat} solve "
+        f"processes per store; cold grafts (KVGRAFT_VERIFIED_CACHE=0)"
+    )
+    print(
+        "| store tokens | artifacts | tokens / window | retrieval p50, exact hits | retrieval p50, related | "
+        "retrieval p95 | graft p50 (exact hits) | graft, related (per 1k tokens) | solve peak RSS | solve wall "
+        "| FTS5 segments |"
+    )
     print("|" + "---:|" * 11)
     for n in sizes:
         r = rows[n]
-        print(f"| {r['tokens']:,} | {r['artifacts']:,} | {r['tokens_per_window']:.2f}x "
-              f"| {r['retrieval_exact_p50_ms']:.3f} ms | {r['retrieval_related_p50_ms']:.3f} ms "
-              f"| {r['retrieval_p95_ms']:.3f} ms | {r['graft_p50_ms']:.2f} ms | {r['graft_related_ms_per_1k']:.2f} ms "
-              f"| {r['solve_peak_rss_mb']:.1f} MiB | {r['solve_wall_s']:.2f} s | {r['fts_segments']} |")
-    print(f"| **ratio {large['tokens'] / small['tokens']:.0f}x tokens** | | | "
-          + " | ".join(f"**{ratios[k]:.3f}**" for k in ratio_keys) + " |")
-    over = [k for k in ("retrieval_exact_p50_ms", "retrieval_related_p50_ms", "graft_p50_ms", "solve_peak_rss_mb")
-            if not ratios[k] <= 1.05]
-    print(f"goal (ratio <= 1.05 for retrieval p50, graft p50, solve peak RSS; >= 90x the window): "
-          f"{'MET' if not over and large['tokens_per_window'] >= 90 else 'NOT MET: ' + ', '.join(over)}"
-          f"{'' if large['tokens_per_window'] >= 90 else ' (tokens/window < 90)'}")
+        print(
+            f"| {r['tokens']:,} | {r['artifacts']:,} | {r['tokens_per_window']:.2f}x "
+            f"| {r['retrieval_exact_p50_ms']:.3f} ms | {r['retrieval_related_p50_ms']:.3f} ms "
+            f"| {r['retrieval_p95_ms']:.3f} ms | {r['graft_p50_ms']:.2f} ms | {r['graft_related_ms_per_1k']:.2f} ms "
+            f"| {r['solve_peak_rss_mb']:.1f} MiB | {r['solve_wall_s']:.2f} s | {r['fts_segments']} |"
+        )
+    print(
+        f"| **ratio {large['tokens'] / small['tokens']:.0f}x tokens** | | | "
+        + " | ".join(f"**{ratios[k]:.3f}**" for k in ratio_keys)
+        + " |"
+    )
+    over = [
+        k
+        for k in ("retrieval_exact_p50_ms", "retrieval_related_p50_ms", "graft_p50_ms", "solve_peak_rss_mb")
+        if not ratios[k] <= 1.05
+    ]
+    print(
+        f"goal (ratio <= 1.05 for retrieval p50, graft p50, solve peak RSS; >= 90x the window): "
+        f"{'MET' if not over and large['tokens_per_window'] >= 90 else 'NOT MET: ' + ', '.join(over)}"
+        f"{'' if large['tokens_per_window'] >= 90 else ' (tokens/window < 90)'}"
+    )
     if args.json_out:
-        args.json_out.write_text(json.dumps({"sizes": sizes, "rows": rows, "ratios": ratios, "fill": filled,
-                                             "fill_s": fill_s, "disk_bytes": du, "queries": str(qpath)}, indent=1))
+        args.json_out.write_text(
+            json.dumps(
+                {
+                    "sizes": sizes,
+                    "rows": rows,
+                    "ratios": ratios,
+                    "fill": filled,
+                    "fill_s": fill_s,
+                    "disk_bytes": du,
+                    "queries": str(qpath),
+                },
+                indent=1,
+            )
+        )
     if tmpdir:
         tmpdir.cleanup()
 

@@ -32,30 +32,60 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kvgraft_cli.eval import answers  # noqa: E402
-from kvgraft_cli.eval.problems import read_problems  # noqa: E402
-from kvgraft_cli.eval import scoring  # noqa: E402
 from timing import timed  # noqa: E402  (scripts/ is this script's own folder, first on sys.path)
+
+from kvgraft_cli.eval import answers, scoring  # noqa: E402
+from kvgraft_cli.eval.problems import read_problems  # noqa: E402
 
 MATH_MAP = {"id": None, "problem": "question", "solution": "answer", "answer": "answer", "answer_extract": "trailer"}
 
 # (reference, candidate, truly equivalent?)
 CASES = [
-    ("\\frac{1}{2}", "0.5", True), ("\\frac{1}{2}", "1/2", True), ("\\dfrac{3}{4}", "\\frac{3}{4}", True),
-    ("\\tfrac{3}{4}", "\\frac34", True), ("[2,5)", "[2, 5)", True), ("[2,5)", "\\left[2,5\\right)", True),
-    ("(-\\infty, 3]", "(-\\infty,3]", True), ("\\{1,2\\}", "\\{2,1\\}", True), ("1,2,3", "3, 2, 1", True),
-    ("25", "025", True), ("70^\\circ", "70", True), ("1{,}024", "1024", True), ("2\\sqrt{2}", "\\sqrt{8}", True),
-    ("\\frac{\\sqrt{3}}{2}", "\\frac{1}{2}\\sqrt{3}", True), ("x^2+2x+1", "(x+1)^2", True),
-    ("\\text{(B)}", "(B)", True), ("10\\%", "10\\%", True), ("-\\frac{2}{3}", "\\frac{-2}{3}", True),
-    ("\\pi", "\\pi", True), ("3\\pi", "3 \\pi", True), ("0.25", ".25", True),
+    ("\\frac{1}{2}", "0.5", True),
+    ("\\frac{1}{2}", "1/2", True),
+    ("\\dfrac{3}{4}", "\\frac{3}{4}", True),
+    ("\\tfrac{3}{4}", "\\frac34", True),
+    ("[2,5)", "[2, 5)", True),
+    ("[2,5)", "\\left[2,5\\right)", True),
+    ("(-\\infty, 3]", "(-\\infty,3]", True),
+    ("\\{1,2\\}", "\\{2,1\\}", True),
+    ("1,2,3", "3, 2, 1", True),
+    ("25", "025", True),
+    ("70^\\circ", "70", True),
+    ("1{,}024", "1024", True),
+    ("2\\sqrt{2}", "\\sqrt{8}", True),
+    ("\\frac{\\sqrt{3}}{2}", "\\frac{1}{2}\\sqrt{3}", True),
+    ("x^2+2x+1", "(x+1)^2", True),
+    ("\\text{(B)}", "(B)", True),
+    ("10\\%", "10\\%", True),
+    ("-\\frac{2}{3}", "\\frac{-2}{3}", True),
+    ("\\pi", "\\pi", True),
+    ("3\\pi", "3 \\pi", True),
+    ("0.25", ".25", True),
     # wrong answers that look close
-    ("[2,5)", "(2,5)", False), ("[2,5)", "[2,5]", False), ("\\{1,2\\}", "\\{1,3\\}", False),
-    ("(1,2)", "(2,1)", False), ("\\frac{1}{2}", "\\frac{2}{1}", False), ("81", "72", False), ("-7", "7", False),
-    ("1.5", "15", False), ("0.25", "25", False), ("\\pi", "3.14", False), ("\\infty", "-\\infty", False),
-    ("\\frac{1}{3}", "0.333333", False), ("\\frac{1}{3}", "0.33", False), ("10", "10\\%", False),
-    ("1000000", "1000001", False), ("3", "3.0000001", False), ("\\text{(B)}", "(C)", False),
-    ("\\text{Tuesday}", "\\text{Wednesday}", False), ("x=3", "3", False), ("2", "x=2, y=3", False),
-    ("5", "5, not 7", False), ("42", "not 42", False), ("(-\\infty, 0]", "[-\\infty, 0]", False),
+    ("[2,5)", "(2,5)", False),
+    ("[2,5)", "[2,5]", False),
+    ("\\{1,2\\}", "\\{1,3\\}", False),
+    ("(1,2)", "(2,1)", False),
+    ("\\frac{1}{2}", "\\frac{2}{1}", False),
+    ("81", "72", False),
+    ("-7", "7", False),
+    ("1.5", "15", False),
+    ("0.25", "25", False),
+    ("\\pi", "3.14", False),
+    ("\\infty", "-\\infty", False),
+    ("\\frac{1}{3}", "0.333333", False),
+    ("\\frac{1}{3}", "0.33", False),
+    ("10", "10\\%", False),
+    ("1000000", "1000001", False),
+    ("3", "3.0000001", False),
+    ("\\text{(B)}", "(C)", False),
+    ("\\text{Tuesday}", "\\text{Wednesday}", False),
+    ("x=3", "3", False),
+    ("2", "x=2, y=3", False),
+    ("5", "5, not 7", False),
+    ("42", "not 42", False),
+    ("(-\\infty, 0]", "[-\\infty, 0]", False),
 ]
 
 
@@ -93,8 +123,11 @@ def evaluate(data: Path, shifts: int) -> dict:
         """math-verify as its README uses it (defaults), time-outs off so that load cannot change a verdict."""
         from math_verify import parse, verify
 
-        return verify(parse("\\boxed{" + ref + "}", parsing_timeout=None),
-                      parse("\\boxed{" + ext + "}", parsing_timeout=None), timeout_seconds=None)
+        return verify(
+            parse("\\boxed{" + ref + "}", parsing_timeout=None),
+            parse("\\boxed{" + ext + "}", parsing_timeout=None),
+            timeout_seconds=None,
+        )
 
     graders = {
         "exact": lambda ext, ref: scoring.grade(ext, ref, "exact"),
@@ -119,13 +152,16 @@ def evaluate(data: Path, shifts: int) -> dict:
         return res
 
     t0 = time.perf_counter()
-    for name, pairs in (("identity", [(r, r) for r in refs]),
-                        ("boxed", [(r, b) for r, b in zip(refs, boxed)]),
-                        ("normalized", [(r, answers.normalize(r)) for r in refs])):
+    for name, pairs in (
+        ("identity", [(r, r) for r in refs]),
+        ("boxed", [(r, b) for r, b in zip(refs, boxed)]),
+        ("normalized", [(r, answers.normalize(r)) for r in refs]),
+    ):
         res = run(name, pairs)
         out["sets"][name] = {"pairs": len(pairs), **{g: sum(v) for g, v in res.items()}}
         out["sets"][name]["rejected_by_math_verify_alone"] = [
-            {"reference": r, "candidate": c} for (r, c), ok in zip(pairs, res["math-verify alone"]) if not ok][:10]
+            {"reference": r, "candidate": c} for (r, c), ok in zip(pairs, res["math-verify alone"]) if not ok
+        ][:10]
 
     wrong_pairs = [(refs[i], refs[(i + k) % len(refs)]) for k in range(1, shifts + 1) for i in range(len(refs))]
     res = run("wrong", wrong_pairs)
@@ -133,22 +169,27 @@ def evaluate(data: Path, shifts: int) -> dict:
     w = {"pairs": len(wrong_pairs), "same_answer_by_exact": sum(same)}
     for g, verdicts in res.items():
         w[g] = sum(verdicts)
-        w[g + ": accepted where exact differs"] = [{"reference": r, "candidate": c}
-                                                   for (r, c), ok, s in zip(wrong_pairs, verdicts, same) if ok and not s]
+        w[g + ": accepted where exact differs"] = [
+            {"reference": r, "candidate": c} for (r, c), ok, s in zip(wrong_pairs, verdicts, same) if ok and not s
+        ]
     out["sets"]["wrong"] = w
 
     near = [(r, c) for r in refs for c in near_misses(r)]
     res = run("near", near)
-    out["sets"]["near"] = {"pairs": len(near), **{g: sum(v) for g, v in res.items()},
-                           "accepted": {g: [f"{c} for {r}" for (r, c), ok in zip(near, v) if ok]
-                                        for g, v in res.items()}}
+    out["sets"]["near"] = {
+        "pairs": len(near),
+        **{g: sum(v) for g, v in res.items()},
+        "accepted": {g: [f"{c} for {r}" for (r, c), ok in zip(near, v) if ok] for g, v in res.items()},
+    }
 
     res = run("cases", [(r, c) for r, c, _ in CASES])
     cases = {"pairs": len(CASES), "equivalent": sum(t for *_, t in CASES)}
     for g, verdicts in res.items():
-        cases[g] = {"accepted_equivalent": sum(v and t for v, (*_, t) in zip(verdicts, CASES)),
-                    "accepted_wrong": [f"{r} ~ {c}" for v, (r, c, t) in zip(verdicts, CASES) if v and not t],
-                    "rejected_equivalent": [f"{r} ~ {c}" for v, (r, c, t) in zip(verdicts, CASES) if not v and t]}
+        cases[g] = {
+            "accepted_equivalent": sum(v and t for v, (*_, t) in zip(verdicts, CASES)),
+            "accepted_wrong": [f"{r} ~ {c}" for v, (r, c, t) in zip(verdicts, CASES) if v and not t],
+            "rejected_equivalent": [f"{r} ~ {c}" for v, (r, c, t) in zip(verdicts, CASES) if not v and t],
+        }
     out["sets"]["cases"] = cases
     out["seconds"] = round(time.perf_counter() - t0, 1)
     out["slowest_comparison_s"] = round(slowest[0], 3)
@@ -170,8 +211,13 @@ def main() -> None:
     if a.seed_check:
         digests = []
         for seed in ("1", "4242"):
-            p = subprocess.run([sys.executable, __file__, "--data", str(a.data), "--shifts", str(a.shifts), "--json"],
-                               env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True, check=True)
+            p = subprocess.run(
+                [sys.executable, __file__, "--data", str(a.data), "--shifts", str(a.shifts), "--json"],
+                env={**os.environ, "PYTHONHASHSEED": seed},
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             digests.append(json.loads(p.stdout)["verdict_sha256"])
         result["same_verdicts_across_hash_seeds"] = all(d == result["verdict_sha256"] for d in digests)
     if a.json:
@@ -180,21 +226,27 @@ def main() -> None:
     print(f"MATH-500: {result['problems']} problems; math-verify {result['math_verify']}")
     for name in ("identity", "boxed", "normalized"):
         s = result["sets"][name]
-        print(f"{name:10} accepted of {s['pairs']}: " + ", ".join(f"{g} {s[g]}" for g in
-              ("exact", "math-verify alone", "kvgraft --grader math-verify")))
+        print(
+            f"{name:10} accepted of {s['pairs']}: "
+            + ", ".join(f"{g} {s[g]}" for g in ("exact", "math-verify alone", "kvgraft --grader math-verify"))
+        )
         for x in s["rejected_by_math_verify_alone"]:
             print(f"           math-verify alone rejects {x['candidate']!r} for {x['reference']!r}")
     nm = result["sets"]["near"]
-    print(f"near       {nm['pairs']} near misses (integer +1 or negated, fraction turned over, interval bracket "
-          "flipped, first two entries swapped); accepted: " + ", ".join(f"{g} {nm[g]}" for g in
-          ("exact", "math-verify alone", "kvgraft --grader math-verify")))
+    print(
+        f"near       {nm['pairs']} near misses (integer +1 or negated, fraction turned over, interval bracket "
+        "flipped, first two entries swapped); accepted: "
+        + ", ".join(f"{g} {nm[g]}" for g in ("exact", "math-verify alone", "kvgraft --grader math-verify"))
+    )
     for g, acc in nm["accepted"].items():
         for x in acc:
             print(f"           {g} accepts {x}")
     w = result["sets"]["wrong"]
-    print(f"wrong      {w['pairs']} pairs of different problems' answers ({w['same_answer_by_exact']} are the same "
-          "answer by exact match); accepted: " + ", ".join(f"{g} {w[g]}" for g in
-          ("exact", "math-verify alone", "kvgraft --grader math-verify")))
+    print(
+        f"wrong      {w['pairs']} pairs of different problems' answers ({w['same_answer_by_exact']} are the same "
+        "answer by exact match); accepted: "
+        + ", ".join(f"{g} {w[g]}" for g in ("exact", "math-verify alone", "kvgraft --grader math-verify"))
+    )
     for g in ("math-verify alone", "kvgraft --grader math-verify"):
         for x in w[g + ": accepted where exact differs"]:
             print(f"           {g} accepts {x['candidate']!r} for {x['reference']!r}")
@@ -202,10 +254,14 @@ def main() -> None:
     print(f"cases      {c['pairs']} hand-written pairs, {c['equivalent']} equivalent:")
     for g in ("exact", "math-verify alone", "kvgraft --grader math-verify"):
         x = c[g]
-        print(f"           {g}: {x['accepted_equivalent']}/{c['equivalent']} equivalent accepted, "
-              f"{len(x['accepted_wrong'])} wrong accepted {x['accepted_wrong']}, rejected {x['rejected_equivalent']}")
-    print(f"{result['seconds']} s in all, slowest comparison {result['slowest_comparison_s']} s; verdict digests "
-          f"{result['verdict_sha256']}")
+        print(
+            f"           {g}: {x['accepted_equivalent']}/{c['equivalent']} equivalent accepted, "
+            f"{len(x['accepted_wrong'])} wrong accepted {x['accepted_wrong']}, rejected {x['rejected_equivalent']}"
+        )
+    print(
+        f"{result['seconds']} s in all, slowest comparison {result['slowest_comparison_s']} s; verdict digests "
+        f"{result['verdict_sha256']}"
+    )
     if "same_verdicts_across_hash_seeds" in result:
         print(f"same verdicts in two more processes with other hash seeds: {result['same_verdicts_across_hash_seeds']}")
 

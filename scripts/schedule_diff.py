@@ -37,7 +37,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     vocab = min(eng.model.config.vocab_size, 256)
     ids = torch.randint(3, vocab, (args.prefix_tokens + args.suffix_tokens,), generator=gen).tolist()
-    prefix, suffix = ids[: args.prefix_tokens], ids[args.prefix_tokens:]
+    prefix, suffix = ids[: args.prefix_tokens], ids[args.prefix_tokens :]
     n = len(suffix)
 
     records: list[tuple[str, object]] = []
@@ -51,6 +51,7 @@ def main() -> None:
             if not torch.is_tensor(t):
                 return
             records.append((name, t.detach().clone()))
+
         return record
 
     handles = [m.register_forward_hook(hook(name or "model")) for name, m in eng.model.named_modules()]
@@ -69,8 +70,10 @@ def main() -> None:
         for h in handles:
             h.remove()
 
-    print(f"{eng.manifest.source}: single forward over {len(ids)} tokens vs prefill({len(prefix)}) + forward({n}) "
-          f"by the manifest's schedule ({eng.manifest.data['prefill']})")
+    print(
+        f"{eng.manifest.source}: single forward over {len(ids)} tokens vs prefill({len(prefix)}) + forward({n}) "
+        f"by the manifest's schedule ({eng.manifest.data['prefill']})"
+    )
     if [a for a, _ in single] != [b for b, _ in two_step]:
         print("the two runs called different modules; comparing by position anyway")
     first = None

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 
 def timed(fn: Callable[[], Any], repeat: int = 1) -> tuple[float, Any]:

@@ -68,13 +68,13 @@ def answer(r: random.Random) -> str:
     if c == 0:
         return str(r.randint(0, 99999))
     if c == 1:
-        return "\\frac{%d}{%d}" % (r.randint(1, 99), r.randint(2, 99))
+        return "\\frac{%d}{%d}" % (r.randint(1, 99), r.randint(2, 99))  # noqa: UP031
     if c == 2:
-        return "(%d,%d)" % (r.randint(-9, 9), r.randint(-9, 9))
+        return "(%d,%d)" % (r.randint(-9, 9), r.randint(-9, 9))  # noqa: UP031
     if c == 3:
-        return "%s^%d+%d" % (r.choice("xyzabn"), r.randint(2, 5), r.randint(1, 20))
+        return "%s^%d+%d" % (r.choice("xyzabn"), r.randint(2, 5), r.randint(1, 20))  # noqa: UP031
     if c == 4:
-        return "\\text{%s}" % word(r).capitalize()
+        return "\\text{%s}" % word(r).capitalize()  # noqa: UP031
     return "".join(r.choice(LOW + "0123456789") for _ in range(r.randint(1, 10)))
 
 
@@ -103,14 +103,21 @@ def example(r: random.Random, scale: float) -> tuple[str, str]:
         items = r.sample(range(1, 1000), 4)
         blocks = [block(family_problem(fam, i), family_solution(fam), code) for i in items[: r.randint(1, 2)]]
         if r.random() < 0.3:
-            blocks.insert(r.randint(0, len(blocks)), block(text(r, r.randint(2, 8)), text(r, r.randint(1, 10)), answer(r)))
+            blocks.insert(
+                r.randint(0, len(blocks)), block(text(r, r.randint(2, 8)), text(r, r.randint(1, 10)), answer(r))
+            )
         return "".join(blocks) + f"\nQuestion: {family_problem(fam, items[3])}\nAnswer:", code
     problem = text(r, r.randint(2, max(2, int(20 * scale))))
     ans = answer(r)
     blocks = []
     if r.random() >= 0.8:  # a second, unrelated block: copy from the one that matches
-        blocks.append(block(text(r, r.randint(2, max(2, int(20 * scale)))), text(r, r.randint(1, max(1, int(40 * scale)))),
-                            answer(r)))
+        blocks.append(
+            block(
+                text(r, r.randint(2, max(2, int(20 * scale)))),
+                text(r, r.randint(1, max(1, int(40 * scale)))),
+                answer(r),
+            )
+        )
     blocks.insert(r.randint(0, len(blocks)), block(problem, text(r, r.randint(1, max(1, int(40 * scale)))), ans))
     return "".join(blocks) + f"\nQuestion: {problem}\nAnswer:", ans
 
@@ -120,10 +127,19 @@ def demo_config():
     """The demo model's Gemma-4 text config (the embedded model's tokenizer and special tokens)."""
     from kvgraft_cli.engine.tinymodel import build_config
 
-    return build_config(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                        num_key_value_heads=2, head_dim=32, global_head_dim=32, sliding_window=64,
-                        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-                        hidden_size_per_layer_input=8, max_position_embeddings=8192)
+    return build_config(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        global_head_dim=32,
+        sliding_window=64,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        hidden_size_per_layer_input=8,
+        max_position_embeddings=8192,
+    )
 
 
 def encode(s: str) -> list[int]:
@@ -146,8 +162,7 @@ def _batch(rng: random.Random, size: int, scale: float):
         xs.append(c + t)
         ys.append([-100] * len(c) + t)  # the loss is on the answer tokens alone
     n = max(map(len, xs))
-    return (torch.tensor([x + [0] * (n - len(x)) for x in xs]),
-            torch.tensor([y + [-100] * (n - len(y)) for y in ys]))
+    return (torch.tensor([x + [0] * (n - len(x)) for x in xs]), torch.tensor([y + [-100] * (n - len(y)) for y in ys]))
 
 
 def greedy_answer(model, ctx: str, max_new: int = 24) -> str:
@@ -184,8 +199,9 @@ def train(steps: int, out: Path, schedule: int = 2500, log=print) -> Path:
         scale = min(1.0, 0.05 + step / (schedule * 0.8))  # contexts grow to full length over 80% of the schedule
         x, y = _batch(rng, 16, scale)
         logits = model(input_ids=x).logits[:, :-1]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[:, 1:].reshape(-1),
-                                                 ignore_index=-100)
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), y[:, 1:].reshape(-1), ignore_index=-100
+        )
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -195,8 +211,9 @@ def train(steps: int, out: Path, schedule: int = 2500, log=print) -> Path:
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(), pad_token="<pad>", eos_token="<eos>",
-                            bos_token="<bos>", unk_token="<unk>").save_pretrained(out)
+    PreTrainedTokenizerFast(
+        tokenizer_object=build_tokenizer(), pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>"
+    ).save_pretrained(out)
     (out / "generation_config.json").unlink(missing_ok=True)
     for p in out.iterdir():
         p.chmod(0o644)
@@ -210,7 +227,9 @@ def evaluate(model_dir: Path, n: int = 200) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), local_files_only=True, attn_implementation="eager"
+    ).eval()
     r = random.Random(EVAL_SEED)
     hits = {"recurring": [0, 0], "transfer": [0, 0], "recurring, no blocks": [0, 0], "transfer, no blocks": [0, 0]}
     for _ in range(n):
@@ -229,15 +248,27 @@ def write_demo_files(outdir: Path, seed: int = DEMO_SEED, n_recurring: int = 40,
     library, queries = [], []
     for i in range(n_recurring):
         problem, ans = text(r, r.randint(4, 16)), answer(r)
-        library.append({"id": f"rec-{i:03d}", "problem": problem, "solution": f"{text(r, r.randint(8, 30))} "
-                        f"The answer is: {ans}", "answer": ans})
+        library.append(
+            {
+                "id": f"rec-{i:03d}",
+                "problem": problem,
+                "solution": f"{text(r, r.randint(8, 30))} The answer is: {ans}",
+                "answer": ans,
+            }
+        )
         queries.append({"id": f"rec-{i:03d}", "problem": problem, "answer": ans})
     for f in range(n_families):
         fam, code = new_family(r)
         items = r.sample(range(1, 1000), 3)
         for j, item in enumerate(items[:2]):
-            library.append({"id": f"fam-{f:02d}-{j}", "problem": family_problem(fam, item),
-                            "solution": f"{family_solution(fam)} The answer is: {code}", "answer": code})
+            library.append(
+                {
+                    "id": f"fam-{f:02d}-{j}",
+                    "problem": family_problem(fam, item),
+                    "solution": f"{family_solution(fam)} The answer is: {code}",
+                    "answer": code,
+                }
+            )
         queries.append({"id": f"fam-{f:02d}-new", "problem": family_problem(fam, items[2]), "answer": code})
     outdir.mkdir(parents=True, exist_ok=True)
     for name, rows in (("library.jsonl", library), ("queries.jsonl", queries)):

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from kvgraft_cli.artifacts import format as kvg
-from kvgraft_cli.engine.zoo import _COMMON, ARCHS
-from kvgraft_cli.engine.engine import load_engine, tensor_sha256
-from kvgraft_cli.errors import UnsupportedModel
 from kvgraft_cli.config.manifest import dump_yaml, load_manifest
 from kvgraft_cli.config.modelhash import hash_model_dir
+from kvgraft_cli.engine.engine import load_engine, tensor_sha256
 from kvgraft_cli.engine.tinymodel import write_tiny_model
+from kvgraft_cli.engine.zoo import _COMMON, ARCHS
+from kvgraft_cli.errors import UnsupportedModel
 
 ARCH_NAMES = list(ARCHS)
 COMMON = _COMMON  # the zoo's shared tiny dimensions, reused for the refused Qwen3-Next below
@@ -26,8 +26,11 @@ def _engine(tmp_path, config, dtype="float32"):
     return load_engine(load_manifest(tmp_path / "m.yaml"))
 
 
-@pytest.mark.parametrize("arch,dtype", [(a, "float32") for a in ARCH_NAMES]
-                         + [(a, d) for a in ("llama", "gemma2", "gemma4", "gpt2") for d in ("bfloat16", "float16")])
+@pytest.mark.parametrize(
+    "arch,dtype",
+    [(a, "float32") for a in ARCH_NAMES]
+    + [(a, d) for a in ("llama", "gemma2", "gemma4", "gpt2") for d in ("bfloat16", "float16")],
+)
 def test_graft_is_byte_exact(tmp_path, arch, dtype):
     import torch
 
@@ -53,9 +56,17 @@ def test_graft_is_byte_exact(tmp_path, arch, dtype):
 def test_linear_attention_cache_is_refused_by_name(tmp_path):
     import transformers as T
 
-    cfg = T.Qwen3NextConfig(**{**COMMON, "head_dim": 8}, layer_types=["linear_attention", "full_attention"],
-                            linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8,
-                            linear_value_head_dim=8, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
-                            shared_expert_intermediate_size=16)
+    cfg = T.Qwen3NextConfig(
+        **{**COMMON, "head_dim": 8},
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_value_heads=2,
+        linear_num_key_heads=2,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        num_experts=2,
+        num_experts_per_tok=1,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=16,
+    )
     with pytest.raises(UnsupportedModel, match="LinearAttentionLayer"):
         _engine(tmp_path, cfg)

@@ -7,8 +7,8 @@ import json
 import struct
 
 import pytest
-
 from conftest import EXAMPLES, run_cli
+
 from kvgraft_cli.artifacts import format as kvg
 from kvgraft_cli.errors import ArtifactError
 from kvgraft_cli.util.hashing import sha256_bytes
@@ -93,7 +93,7 @@ def test_damaged_files_are_refused(sample, tmp_path):
     path = tmp_path / "a.kvg"
     kvg.write_file(path, payload)
     data = path.read_bytes()
-    for name, damaged in {
+    for _name, damaged in {
         "flipped": data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 0x40]) + data[len(data) // 2 + 1 :],
         "truncated": data[: len(data) // 2],
         "empty": b"",
@@ -106,8 +106,9 @@ def test_damaged_files_are_refused(sample, tmp_path):
 
 def test_unknown_format_version_is_refused(sample):
     ids, layers, meta, _ = sample
-    payload = kvg.canonical_safetensors({"token_ids": __import__("torch").tensor(ids)},
-                                        {**meta, "format": "kvgraft.kvg", "format_version": "99"})
+    payload = kvg.canonical_safetensors(
+        {"token_ids": __import__("torch").tensor(ids)}, {**meta, "format": "kvgraft.kvg", "format_version": "99"}
+    )
     with pytest.raises(ArtifactError, match="format version"):
         kvg.decode(payload)
 

@@ -30,7 +30,7 @@ def _inputs(heads, kv_heads, q_len, keys, dtype):
         v[0, h, rows, torch.arange(dim)] = 1.0
     mask = torch.zeros(1, 1, q_len, keys, dtype=dtype)
     causal = torch.triu(torch.full((q_len, q_len), torch.finfo(dtype).min, dtype=dtype), 1)
-    mask[..., keys - q_len:] = causal  # the queries are the last q_len positions
+    mask[..., keys - q_len :] = causal  # the queries are the last q_len positions
     return q, k, v, mask
 
 
@@ -70,8 +70,10 @@ def test_what_it_does_not_implement_is_refused(kwarg):
         grouped_attention(_Module(4, 2), q[:, :3], k, v, mask, scaling=0.125)
 
 
-@pytest.mark.parametrize("arch,module", [("llama", "llama"), ("mistral", "mistral"), ("gemma2", "gemma2"),
-                                         ("gemma4", "gemma4"), ("gpt2", "gpt2")])
+@pytest.mark.parametrize(
+    "arch,module",
+    [("llama", "llama"), ("mistral", "mistral"), ("gemma2", "gemma2"), ("gemma4", "gemma4"), ("gpt2", "gpt2")],
+)
 def test_masks_are_eagers(tmp_path, monkeypatch, arch, module):
     """The kernel gets the very masks eager gets (causal, sliding windows), in a prefill longer than the zoo's
     windows and in a query over the cache: transformers builds none for an implementation it does not know."""
@@ -90,6 +92,7 @@ def test_masks_are_eagers(tmp_path, monkeypatch, arch, module):
         def f(m, q, k, v, mask, *a, **kw):
             seen[impl].append(None if mask is None else mask.clone())
             return real(m, q, k, v, mask, *a, **kw)
+
         return f
 
     monkeypatch.setattr(mod, "eager_attention_forward", spy("eager", mod.eager_attention_forward))
@@ -136,8 +139,9 @@ def test_a_user_pins_grouped_and_graft_check_passes(tmp_path):
     run_cli("manifest", "init", "builtin:tiny-gemma4", "--attn", "grouped", "-o", "m.yaml", cwd=tmp_path, check_rc=0)
     assert "attn_implementation: grouped" in (tmp_path / "m.yaml").read_text()
     run_cli("deposit", str(EXAMPLES), "--limit", "3", "-m", "m.yaml", cwd=tmp_path, check_rc=0)
-    r = json.loads(run_cli("graft", "--check", "--samples", "10", "-m", "m.yaml", "--json", cwd=tmp_path,
-                           check_rc=0).stdout)
+    r = json.loads(
+        run_cli("graft", "--check", "--samples", "10", "-m", "m.yaml", "--json", cwd=tmp_path, check_rc=0).stdout
+    )
     assert r["passed"] and (r["samples"], r["sha_equal"], r["max_kl"]) == (10, 10, 0.0)
 
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -38,28 +37,45 @@ def test_a_finished_build_is_reused_and_keyed_by_its_flags(tmp_path, monkeypatch
 
 
 def _result(restore_exact_at_2: bool) -> dict:
-    per = {"restore_exact": True, "fresh_equals_one_pass": False, "restored_equals_one_pass": False,
-           "max_abs_diff": 0.0}
-    return {"exactness": {"1": per, "2": {**per, "restore_exact": restore_exact_at_2}, "fresh_same_across_threads": True}}
+    per = {
+        "restore_exact": True,
+        "fresh_equals_one_pass": False,
+        "restored_equals_one_pass": False,
+        "max_abs_diff": 0.0,
+    }
+    return {
+        "exactness": {"1": per, "2": {**per, "restore_exact": restore_exact_at_2}, "fresh_same_across_threads": True}
+    }
 
 
 def test_the_verdict_says_which_thread_count_differs():
-    assert bench_peers._verdict("llama.cpp", _result(True)) == \
-        "restore vs fresh: 1 thr equal, 2 thr equal; vs one pass: differ"
+    assert (
+        bench_peers._verdict("llama.cpp", _result(True))
+        == "restore vs fresh: 1 thr equal, 2 thr equal; vs one pass: differ"
+    )
     assert "2 thr DIFFER" in bench_peers._verdict("llama.cpp", _result(False))
     check = {"check": {"passed": False, "sha_equal": 0, "samples": 1, "check_s": 3.0}}
     assert bench_peers._verdict("kvgraft float32", check).startswith("graft --check FAILED (0/1 SHA-equal")
 
 
 def test_help_needs_no_build(tmp_path):
-    p = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_peers.py"), "--help"], capture_output=True,
-                       text=True, env={"KVGRAFT_PEER_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=60)
+    p = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_peers.py"), "--help"],
+        capture_output=True,
+        text=True,
+        env={"KVGRAFT_PEER_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     assert "llama.cpp" in p.stdout and list(tmp_path.iterdir()) == []
 
 
 def test_the_tamper_line_says_what_happened():
-    assert bench_peers._tamper({"loaded": True, "logits_changed": True}) == \
-        "loaded without an error; first-token logits CHANGED"
-    assert bench_peers._tamper({"loaded": False, "error": "x.kvg: identity mismatch"}) == \
-        "refused: x.kvg: identity mismatch"
+    assert (
+        bench_peers._tamper({"loaded": True, "logits_changed": True})
+        == "loaded without an error; first-token logits CHANGED"
+    )
+    assert (
+        bench_peers._tamper({"loaded": False, "error": "x.kvg: identity mismatch"})
+        == "refused: x.kvg: identity mismatch"
+    )

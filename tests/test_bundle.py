@@ -13,8 +13,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
+from test_hostile import kvg_head, zstd_frame
+
 from kvgraft_cli.config.manifest import with_overrides
 from kvgraft_cli.config.profiles import environ_without_pins
 from kvgraft_cli.errors import ArtifactError, CheckFailed, InputError, IntegrityError
@@ -25,7 +26,6 @@ from kvgraft_cli.runs.context import RunContext
 from kvgraft_cli.runs.gc import collect_garbage
 from kvgraft_cli.store import bundle as fmt
 from kvgraft_cli.util.hashing import canonical_json
-from test_hostile import kvg_head, zstd_frame
 
 GiB = 1 << 30
 
@@ -41,8 +41,14 @@ def object_sums(store: Path) -> dict[str, str]:
 
 def snapshot(ctx: RunContext) -> tuple:
     """Everything an import could change: every file under the store (by hash), the index's rows, the ledger."""
-    files = {str(p.relative_to(ctx.store)): sha(p.read_bytes()) if p.is_file() else "dir"
-             for p in sorted(ctx.store.rglob("*"))} if ctx.store.exists() else None
+    files = (
+        {
+            str(p.relative_to(ctx.store)): sha(p.read_bytes()) if p.is_file() else "dir"
+            for p in sorted(ctx.store.rglob("*"))
+        }
+        if ctx.store.exists()
+        else None
+    )
     db = ctx.store / "index.sqlite"
     rows = list(sqlite3.connect(db).iterdump()) if db.is_file() else None
     return files, rows, ctx.ledger.read_bytes() if ctx.ledger.exists() else None
@@ -76,6 +82,7 @@ def receiver(ctx, one) -> RunContext:
 
 
 # -- rewriting a bundle by hand ------------------------------------------------------------------------------------
+
 
 def members(path: Path) -> list[list]:
     """[TarInfo, bytes] per member, in order."""
@@ -136,6 +143,7 @@ def refuses(ctx: RunContext, bundle: Path, error: type, entry: str, **kw) -> str
 
 # -- the round trip ------------------------------------------------------------------------------------------------
 
+
 def test_round_trip_is_byte_identical_grafts_and_verifies(source, good, ctx, engine):
     report = import_bundle(ctx, good)
     sent = object_sums(source.store)
@@ -165,9 +173,11 @@ def test_export_is_deterministic_and_a_link_brings_its_parents(source, good, tmp
     export_bundle(source, [], tmp_path / "again.kvgb")
     assert (tmp_path / "again.kvgb").read_bytes() == good.read_bytes()
     items = members(good)
-    assert [m.name for m, _ in items][0] == fmt.LISTING and [m.name for m, _ in items][-2:] == [fmt.CHECKPOINT, fmt.LINES]
-    assert all(m.mtime == 0 and m.uid == m.gid == 0 and m.mode == 0o644 and m.type == tarfile.REGTYPE
-               for m, _ in items)
+    assert [m.name for m, _ in items][0] == fmt.LISTING and [m.name for m, _ in items][-2:] == [
+        fmt.CHECKPOINT,
+        fmt.LINES,
+    ]
+    assert all(m.mtime == 0 and m.uid == m.gid == 0 and m.mode == 0o644 and m.type == tarfile.REGTYPE for m, _ in items)
     # A chain link (built here by solve's own code, in a copy of the source) is exported with its root.
     import shutil
 
@@ -214,6 +224,7 @@ def test_gc_after_import_keeps_imported_artifacts_and_deletes_garbage(receiver, 
 
 # -- hostile bundles: refused, the entry named, nothing written ------------------------------------------------------
 
+
 @pytest.mark.parametrize("relisted", [False, True], ids=["bytes-only", "listing-too"])
 def test_a_tampered_artifact_is_refused(receiver, good, tmp_path, relisted):
     items = members(good)
@@ -235,9 +246,17 @@ def test_a_path_that_escapes_the_store_is_refused(receiver, good, tmp_path, name
     assert "escapes the store" in refuses(receiver, write(tmp_path / "e.kvgb", items), ArtifactError, name)
 
 
-@pytest.mark.parametrize("kind,what", [(tarfile.SYMTYPE, "symbolic link"), (tarfile.LNKTYPE, "hard link"),
-                                       (tarfile.CHRTYPE, "character device"), (tarfile.BLKTYPE, "block device"),
-                                       (tarfile.FIFOTYPE, "fifo"), (tarfile.DIRTYPE, "directory")])
+@pytest.mark.parametrize(
+    "kind,what",
+    [
+        (tarfile.SYMTYPE, "symbolic link"),
+        (tarfile.LNKTYPE, "hard link"),
+        (tarfile.CHRTYPE, "character device"),
+        (tarfile.BLKTYPE, "block device"),
+        (tarfile.FIFOTYPE, "fifo"),
+        (tarfile.DIRTYPE, "directory"),
+    ],
+)
 def test_links_devices_fifos_and_directories_are_refused(receiver, good, tmp_path, kind, what):
     items = members(good)
     name = first_object(items)
@@ -272,8 +291,24 @@ def test_a_zstd_bomb_is_refused_before_it_is_allocated(receiver, good, tmp_path,
     before = snapshot(receiver)
     env = environ_without_pins()
     env.pop("KVGRAFT_DEBUG", None)
-    p = subprocess.run([sys.executable, "-c", _PEAK, "store", "import", str(path), "--store", str(receiver.store),
-                        "--ledger", str(receiver.ledger)], env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _PEAK,
+            "store",
+            "import",
+            str(path),
+            "--store",
+            str(receiver.store),
+            "--ledger",
+            str(receiver.ledger),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     err = [x for x in p.stderr.splitlines() if x.strip() and not x.startswith("PEAK_KIB")]
     peak_mib = int(p.stderr.split("PEAK_KIB")[-1]) / 1024
     assert p.returncode == 1 and len(err) == 1 and err[0].startswith("Error: ") and repr(name) in err[0], p.stderr
@@ -327,10 +362,18 @@ def _listing_not_first(items):
     return first_object(items)
 
 
-@pytest.mark.parametrize("edit,says", [
-    (_wrong_key, "has key"), (_wrong_tokens, "the listing says num_tokens"), (_wrong_size, "the listing says"),
-    (_missing, "not in the bundle"), (_unlisted, "not in the listing"), (_twice, "appears twice"),
-    (_listing_not_first, "must be kvgraft-bundle.json")])
+@pytest.mark.parametrize(
+    "edit,says",
+    [
+        (_wrong_key, "has key"),
+        (_wrong_tokens, "the listing says num_tokens"),
+        (_wrong_size, "the listing says"),
+        (_missing, "not in the bundle"),
+        (_unlisted, "not in the listing"),
+        (_twice, "appears twice"),
+        (_listing_not_first, "must be kvgraft-bundle.json"),
+    ],
+)
 def test_a_listing_that_disagrees_with_the_contents_is_refused(receiver, good, tmp_path, edit, says):
     items = members(good)
     name = edit(items)
@@ -418,15 +461,23 @@ def test_cli_refusals_are_one_line_with_the_exit_code(receiver, good, tmp_path):
     items.insert(1, [tarfile.TarInfo("../x"), b"x"])
     escaping = write(tmp_path / "e.kvgb", items)
     for path, rc, entry in ((tampered, 1, name), (escaping, 2, "../x")):
-        r = run_cli("store", "import", str(path), "--store", str(receiver.store), "--ledger", str(receiver.ledger),
-                    cwd=tmp_path, check_rc=rc)
+        r = run_cli(
+            "store",
+            "import",
+            str(path),
+            "--store",
+            str(receiver.store),
+            "--ledger",
+            str(receiver.ledger),
+            cwd=tmp_path,
+            check_rc=rc,
+        )
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("Error: ") and repr(entry) in lines[0], r.stderr
 
 
 def test_ledger_log_summarizes_an_import(receiver, tmp_path):
-    r = run_cli("ledger", "log", str(receiver.ledger), "--kind", "import", "--json", cwd=tmp_path,
-                check_rc=0)
+    r = run_cli("ledger", "log", str(receiver.ledger), "--kind", "import", "--json", cwd=tmp_path, check_rc=0)
     import json
 
     rows = json.loads(r.stdout)
@@ -436,11 +487,13 @@ def test_ledger_log_summarizes_an_import(receiver, tmp_path):
 
 # -- review fixes: what a signed bundle's listing may not claim on the sender's word ---------------------------------
 
+
 @pytest.fixture(scope="module")
 def mixed(engine, tmp_path_factory) -> RunContext:
     """The examples deposited with --allow-unverified: wrong-1 (status wrong) and noref-1 (unverifiable) are stored
     and recorded, unverified, beside the verified ones."""
     from conftest import EXAMPLES
+
     from kvgraft_cli.runs.deposit import deposit
 
     d = tmp_path_factory.mktemp("mixed")
@@ -495,8 +548,15 @@ def _rename_entry(lst: dict) -> str:
     return a["path"]
 
 
-@pytest.mark.parametrize("edit,says", [(_swap_rows, "tokenize"), (_respace_row, "tokenize"),
-                                       (_reanswer_row, "reference answer"), (_rename_entry, "record id")])
+@pytest.mark.parametrize(
+    "edit,says",
+    [
+        (_swap_rows, "tokenize"),
+        (_respace_row, "tokenize"),
+        (_reanswer_row, "reference answer"),
+        (_rename_entry, "record id"),
+    ],
+)
 def test_a_signed_bundle_cannot_rebind_library_texts_or_ids(source, receiver, tmp_path, signer, edit, says):
     """Only the listing is edited: checkpoint, provenance lines and objects are the signed sender's own."""
     items = members(signed_bundle(source, ["sum-1", "gcd-1"], tmp_path / "s.kvgb", signer))
@@ -516,16 +576,22 @@ def _flip(pid: str, add_row: bool):
         a["entries"][0]["verified"] = True
         if add_row:
             problem = "What is $9 \\cdot 8$?" if pid == "wrong-1" else "x"
-            a["library"] = {"problem_id": pid, "problem_key": problem_key(a["manifest_sha256"], normalize_key(problem)),
-                            "problem": problem, "solution": "Nine eights are $\\boxed{81}$.", "answer": "81"}
+            a["library"] = {
+                "problem_id": pid,
+                "problem_key": problem_key(a["manifest_sha256"], normalize_key(problem)),
+                "problem": problem,
+                "solution": "Nine eights are $\\boxed{81}$.",
+                "answer": "81",
+            }
         return a["path"]
+
     return edit
 
 
-@pytest.mark.parametrize("pid,add_row,status", [("wrong-1", False, "wrong"), ("wrong-1", True, "wrong"),
-                                                ("noref-1", True, "unverifiable")])
-def test_a_signed_bundle_cannot_mark_an_unverified_deposit_verified(mixed, ctx, tmp_path, signer, pid, add_row,
-                                                                    status):
+@pytest.mark.parametrize(
+    "pid,add_row,status", [("wrong-1", False, "wrong"), ("wrong-1", True, "wrong"), ("noref-1", True, "unverifiable")]
+)
+def test_a_signed_bundle_cannot_mark_an_unverified_deposit_verified(mixed, ctx, tmp_path, signer, pid, add_row, status):
     items = members(signed_bundle(mixed, ["wrong-1", "noref-1", "sum-1"], tmp_path / "m.kvgb", signer))
     lst = listing(items)
     assert not row_of(lst, pid)["entries"][0]["verified"] and row_of(lst, pid)["library"] is None
@@ -535,8 +601,11 @@ def test_a_signed_bundle_cannot_mark_an_unverified_deposit_verified(mixed, ctx, 
     assert f"status {status!r}" in msg
     # Unedited, the same bundle imports: the unverified deposits stay unverified and out of the library.
     report = import_bundle(ctx, tmp_path / "m.kvgb", keys=[signer[1]])
-    assert {a["problem_ids"][0]: a["verified"] for a in report.artifacts} == \
-        {"wrong-1": False, "noref-1": False, "sum-1": True}
+    assert {a["problem_ids"][0]: a["verified"] for a in report.artifacts} == {
+        "wrong-1": False,
+        "noref-1": False,
+        "sum-1": True,
+    }
     with ctx.open_store(create=False) as s:
         assert s.stats()["library_entries"] == 1 and s.stats()["verified_entries"] == 1
 
@@ -564,8 +633,9 @@ def test_an_import_line_carries_verification_to_the_next_export(source, ctx, tmp
 def test_foreign_artifacts_are_kept_without_library_rows(good, tmp_path):
     base = RunContext.make(with_overrides(ctx_manifest(), {"runtime.seed": 1}), tmp_path / "s", tmp_path / "l.jsonl")
     report = import_bundle(base, good, keep_foreign=True)
-    assert report.artifacts and all(a["foreign"] and a["library"] == "not imported (another pin)"
-                                    for a in report.artifacts)
+    assert report.artifacts and all(
+        a["foreign"] and a["library"] == "not imported (another pin)" for a in report.artifacts
+    )
     with base.open_store(create=False) as s:
         assert s.library_size() == 0
 
@@ -584,10 +654,18 @@ def test_two_artifacts_under_one_index_key_are_refused_naming_both(source, ctx, 
     with Store(c.store) as s:
         orig = s.resolve("gcd-1")
         _, art = s.load(orig, remember=False)
-        layers = [fmt_layer if fmt_layer.kind == "empty" else
-                  type(fmt_layer)(fmt_layer.kind, fmt_layer.keys + (1e-3 if i == 0 else 0), fmt_layer.values,
-                                  fmt_layer.sliding_window, fmt_layer.cumulative_length)
-                  for i, fmt_layer in enumerate(art.layers)]
+        layers = [
+            fmt_layer
+            if fmt_layer.kind == "empty"
+            else type(fmt_layer)(
+                fmt_layer.kind,
+                fmt_layer.keys + (1e-3 if i == 0 else 0),
+                fmt_layer.values,
+                fmt_layer.sliding_window,
+                fmt_layer.cumulative_length,
+            )
+            for i, fmt_layer in enumerate(art.layers)
+        ]
         payload = kvg.encode(art.token_ids, layers, art.meta)
         twin = hashlib.sha256(payload).hexdigest()
         assert twin != orig
@@ -619,6 +697,17 @@ def test_a_negative_pax_size_is_named_as_such(receiver, good, tmp_path):
 
 
 def test_export_says_one_ledger_line_in_the_singular(source, tmp_path):
-    r = run_cli("store", "export", "gcd-1", "-o", str(tmp_path / "one.kvgb"), "--store", str(source.store),
-                "--ledger", str(source.ledger), cwd=tmp_path, check_rc=0)
+    r = run_cli(
+        "store",
+        "export",
+        "gcd-1",
+        "-o",
+        str(tmp_path / "one.kvgb"),
+        "--store",
+        str(source.store),
+        "--ledger",
+        str(source.ledger),
+        cwd=tmp_path,
+        check_rc=0,
+    )
     assert "provenance: 1 ledger line," in r.stdout and "1 ledger lines" not in r.stdout, r.stdout

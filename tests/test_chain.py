@@ -77,8 +77,11 @@ def test_a_link_is_not_its_segment_prefilled_alone(engine, library, chain_store)
         if p_layer.kind == "full":
             import torch
 
-            layers.append(kvg.LayerState("full", torch.cat([p_layer.keys, a_layer.keys], 2),
-                                         torch.cat([p_layer.values, a_layer.values], 2)))
+            layers.append(
+                kvg.LayerState(
+                    "full", torch.cat([p_layer.keys, a_layer.keys], 2), torch.cat([p_layer.values, a_layer.values], 2)
+                )
+            )
         else:
             layers.append(link.layers[len(layers)])
     wrong = engine.forward(engine.restore(layers), suffix)
@@ -116,8 +119,20 @@ def test_link_metadata_must_agree(engine, library, chain_store):
     with Store(chain_store) as store:
         chain = build_chain(store, engine, hits[:2])
     link = chain.artifacts[1]
-    meta = {k: v for k, v in link.meta.items() if k not in ("format", "format_version", "num_layers", "num_tokens",
-                                                               "layer_types", "sliding_windows", "cumulative_lengths")}
+    meta = {
+        k: v
+        for k, v in link.meta.items()
+        if k
+        not in (
+            "format",
+            "format_version",
+            "num_layers",
+            "num_tokens",
+            "layer_types",
+            "sliding_windows",
+            "cumulative_lengths",
+        )
+    }
     meta["start_position"] = "0"
     bad = kvg.encode(link.token_ids, link.layers, meta)
     with pytest.raises(ArtifactError, match="disagree|inconsistent"):

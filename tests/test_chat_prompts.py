@@ -12,15 +12,19 @@ from kvgraft_cli.config.manifest import CHAT_PROMPT, compute_pin, load_manifest,
 from kvgraft_cli.engine.prompts import Prompts
 from kvgraft_cli.errors import UnsupportedModel
 
-CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-          "{{ '<|im_start|>system\nYou are helpful<|im_end|>\n' }}{% endif %}"
-          "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are helpful<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 # Like reasoning models' templates: an assistant turn followed by later turns loses its reasoning.
-STRIPS_EARLIER = ("{% for m in messages %}{% if m['role'] == 'assistant' and not loop.last %}"
-                  "{{ '<a>' + m['content'].split('</think>')[-1] + '</a>' }}{% else %}"
-                  "{{ '<' + m['role'][0] + '>' + m['content'] + '</' + m['role'][0] + '>' }}{% endif %}{% endfor %}"
-                  "{% if add_generation_prompt %}{{ '<a>' }}{% endif %}")
+STRIPS_EARLIER = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' and not loop.last %}"
+    "{{ '<a>' + m['content'].split('</think>')[-1] + '</a>' }}{% else %}"
+    "{{ '<' + m['role'][0] + '>' + m['content'] + '</' + m['role'][0] + '>' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<a>' }}{% endif %}"
+)
 
 
 @pytest.fixture
@@ -32,8 +36,10 @@ def tokenizer():
     return tok
 
 
-ENTRIES = [{"id": str(i), "problem": f"What is {i}+{i}? {{braces}} stay", "solution": f"It is {2 * i}.",
-            "answer": str(2 * i)} for i in range(1, 4)]
+ENTRIES = [
+    {"id": str(i), "problem": f"What is {i}+{i}? {{braces}} stay", "solution": f"It is {2 * i}.", "answer": str(2 * i)}
+    for i in range(1, 4)
+]
 
 
 def _ids(tok, text):
@@ -43,8 +49,9 @@ def _ids(tok, text):
 def test_pieces_join_to_the_whole_conversation(tokenizer):
     p = Prompts(dict(CHAT_PROMPT), tokenizer)
     for n in (1, 2, 3):
-        grafted = _ids(tokenizer, p.root_text(ENTRIES[0])) + [t for e in ENTRIES[1:n] for t in
-                                                              _ids(tokenizer, p.link_text(e))]
+        grafted = _ids(tokenizer, p.root_text(ENTRIES[0])) + [
+            t for e in ENTRIES[1:n] for t in _ids(tokenizer, p.link_text(e))
+        ]
         for exact in (False, True):
             q = _ids(tokenizer, p.question_text("What is 9+9?", exact=exact))
             whole = _ids(tokenizer, p.conversation_text(ENTRIES[:n], "What is 9+9?", exact))
@@ -103,8 +110,10 @@ def test_text_manifests_pin_what_they_pinned():
     """The compute pin of a text-format manifest is unchanged by the chat format's keys (deposited artifacts of every
     earlier manifest still graft); the question's templates decide no cache bit, the turns' templates do."""
     m = load_manifest(None)
-    assert compute_pin(m.data)["prompt"] == {"add_bos": m.data["prompt"]["add_bos"],
-                                             "prefix": m.data["prompt"]["prefix"]}
+    assert compute_pin(m.data)["prompt"] == {
+        "add_bos": m.data["prompt"]["add_bos"],
+        "prefix": m.data["prompt"]["prefix"],
+    }
     chat = copy.deepcopy(m.data)
     chat["prompt"] = dict(CHAT_PROMPT)
     other = copy.deepcopy(chat)
@@ -119,7 +128,8 @@ def test_text_manifests_pin_what_they_pinned():
 RENAMES_IN_CONTEXT = CHATML.replace(
     "message['content'] + '<|im_end|>'",
     "(message['content'].replace('Final', 'FINAL') if message['role'] == 'assistant' and not loop.last "
-    "else message['content']) + '<|im_end|>'")
+    "else message['content']) + '<|im_end|>'",
+)
 
 
 def _chat_engine(engine, template: str):
@@ -141,6 +151,7 @@ def test_solve_checks_the_whole_conversation(tmp_path, engine):
     differently, the grafted tokens are not the whole conversation's, and solve refuses before decoding (red if
     solve skips Prompts.check_conversation). With the plain ChatML template the same run answers."""
     from conftest import EXAMPLES
+
     from kvgraft_cli.library.solve import solve
     from kvgraft_cli.runs.context import RunContext
     from kvgraft_cli.runs.deposit import deposit

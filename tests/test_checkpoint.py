@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from kvgraft_cli.errors import CheckFailed, InputError
 from kvgraft_cli.ledger.checkpoint import (
     Checkpoint,
     generate_key,
@@ -29,7 +30,6 @@ from kvgraft_cli.ledger.checkpoint import (
     verify_note,
     write_checkpoint,
 )
-from kvgraft_cli.errors import CheckFailed, InputError
 
 # --- Known-answer vectors: golang.org/x/mod/sumdb/note (note.go package doc, note_test.go) ----------------------
 GO_SKEY = "PRIVATE+KEY+PeterNeumann+c74f20a3+AYEKFALVFGyNhPJEMzD1QIDr+Y7hfZx09iUvxdXHKDFz"

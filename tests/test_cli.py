@@ -6,6 +6,7 @@ import json
 
 from conftest import EXAMPLES, REPO, run_cli, run_without_torch
 
+
 def test_main_job_deposit_then_check_50_samples(tmp_path):
     """README quick start: deposit the examples with the embedded default, then graft --check (50 samples)."""
     p = run_cli("deposit", str(EXAMPLES), cwd=tmp_path, check_rc=0)
@@ -29,9 +30,13 @@ def test_deposit_json_and_idempotence(tmp_path):
 
 
 def test_commands_that_needrun_without_torch(tmp_path):
-    for args in (["--help"], ["manifest", "validate"], ["manifest", "show", "--json"],
-                 ["model-hash", str(REPO / "kvgraft_cli" / "data" / "tiny-gemma4")],
-                 ["manifest", "init", "builtin:tiny-gemma4", "--profile", "native", "--threads", "2"]):
+    for args in (
+        ["--help"],
+        ["manifest", "validate"],
+        ["manifest", "show", "--json"],
+        ["model-hash", str(REPO / "kvgraft_cli" / "data" / "tiny-gemma4")],
+        ["manifest", "init", "builtin:tiny-gemma4", "--profile", "native", "--threads", "2"],
+    ):
         p = run_without_torch(*args, cwd=tmp_path)
         assert p.returncode == 0, (args, p.stderr)
     # And the block really blocks: an engine command fails without torch.
@@ -41,8 +46,9 @@ def test_commands_that_needrun_without_torch(tmp_path):
 
 
 def test_manifest_init_round_trips(tmp_path):
-    run_cli("manifest", "init", str(REPO / "kvgraft_cli" / "data" / "tiny-gemma4"), "-o", "m.yaml", cwd=tmp_path,
-            check_rc=0)
+    run_cli(
+        "manifest", "init", str(REPO / "kvgraft_cli" / "data" / "tiny-gemma4"), "-o", "m.yaml", cwd=tmp_path, check_rc=0
+    )
     p = run_cli("manifest", "validate", "m.yaml", "--json", cwd=tmp_path, check_rc=0)
     assert json.loads(p.stdout)["valid"] is True
     run_cli("manifest", "init", "builtin:tiny-gemma4", "-o", "m.yaml", cwd=tmp_path, check_rc=2)  # no overwrite

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import EXAMPLES, MATH500, run_cli  # noqa: F401  (MATH500: part of the shared helper surface)
 
 STORE = "kvgraft-store"
@@ -64,8 +63,9 @@ def objects(root: Path) -> list[Path]:
     return sorted((root / STORE).glob("objects/**/*.kvg"))
 
 
-def assert_nothing_written(root: Path, ledger_before: bytes | None = None,
-                           objects_before: list[Path] | None = None) -> None:
+def assert_nothing_written(
+    root: Path, ledger_before: bytes | None = None, objects_before: list[Path] | None = None
+) -> None:
     """No new object file in the store; the ledger absent, or byte-for-byte what it was."""
     assert objects(root) == (objects_before or []), objects(root)
     ledger = root / LEDGER
@@ -191,8 +191,9 @@ def engine_runs(deposited_dir, tmp_path_factory) -> dict[str, EngineRun]:
     setups["torn"] = (torn, None, TORN_LEDGER)
     jobs.append((("deposit", str(EXAMPLES), "--limit", "1"), torn))
     procs = run_parallel(*jobs)
-    return {name: EngineRun(root, proc, sha, before)
-            for (name, (root, sha, before)), proc in zip(setups.items(), procs)}
+    return {
+        name: EngineRun(root, proc, sha, before) for (name, (root, sha, before)), proc in zip(setups.items(), procs)
+    }
 
 
 # -- 1. the problems file itself -------------------------------------------------------------------------------------
@@ -330,8 +331,11 @@ def test_manifest_validate_lists_every_problem(tmp_path, manifest):
     assert "bad.yaml" in msg and "3 problem" in msg
     listed = [line for line in p.stdout.splitlines() if line.strip()]
     assert len(listed) == 3, p.stdout
-    for path, needle in (("runtime.colour", "colour: red"), ("runtime.threads", "threads: two"),
-                         ("prompt.query", "query: ")):
+    for path, needle in (
+        ("runtime.colour", "colour: red"),
+        ("runtime.threads", "threads: two"),
+        ("prompt.query", "query: "),
+    ):
         hit = [line for line in listed if f" {path}: " in line]
         assert len(hit) == 1, (path, p.stdout)
         assert hit[0].startswith("bad.yaml:") and names_line(hit[0], line_of(text, needle)), hit[0]
@@ -452,12 +456,15 @@ def test_recompute_mismatch_is_a_failed_check(engine_runs, deposited_dir):
 
 
 # -- beyond the list: the bugs this battery found, fixed --------------------------------------------------------------
-@pytest.mark.parametrize("args,needle", [
-    (["deposit", str(EXAMPLES), "--limit", "0"], "--limit"),
-    (["graft", "--samples", "x"], "--samples"),
-    (["graft", "--bogus"], "--bogus"),
-    (["nosuch"], "nosuch"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["deposit", str(EXAMPLES), "--limit", "0"], "--limit"),
+        (["graft", "--samples", "x"], "--samples"),
+        (["graft", "--bogus"], "--bogus"),
+        (["nosuch"], "nosuch"),
+    ],
+)
 def test_usage_error_is_one_error_line(tmp_path, args, needle):
     msg = error_line(run_cli(*args, cwd=tmp_path))
     assert needle in msg
@@ -490,6 +497,7 @@ def test_ctrl_c_during_deposit_says_what_was_kept_and_how_to_resume(tmp_path):
     import time
 
     from conftest import EXAMPLES
+
     from kvgraft_cli.config.profiles import environ_without_pins
 
     lines = EXAMPLES.read_text().splitlines()
@@ -503,8 +511,15 @@ def test_ctrl_c_during_deposit_says_what_was_kept_and_how_to_resume(tmp_path):
     many.write_text("".join(record(i) for i in range(3000)))
     env = environ_without_pins()
     env.pop("KVGRAFT_DEBUG", None)
-    p = subprocess.Popen([sys.executable, "-m", "kvgraft_cli", "deposit", "many.jsonl"], cwd=tmp_path, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_from_a_shell)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "kvgraft_cli", "deposit", "many.jsonl"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_as_from_a_shell,
+    )
     ledger_file = tmp_path / "kvgraft-ledger.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and p.poll() is None:

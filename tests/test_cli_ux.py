@@ -12,7 +12,6 @@ import sys
 import unicodedata
 
 import pytest
-
 from conftest import EXAMPLES, REPO, every_help, run_cli
 
 REFERENCE = REPO / "ledger" / "reference.jsonl"
@@ -32,6 +31,7 @@ def _artifacts(d):
 
 
 # -- 1. model text is escaped ------------------------------------------------------------------------------------
+
 
 def test_printable_escapes_what_a_terminal_would_act_on():
     from kvgraft_cli.cli._output import cell, printable
@@ -72,17 +72,20 @@ sys.stderr.write("HEAVY=" + json.dumps(heavy) + "\\n")
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["verify", str(REFERENCE)], ["ledger", "log", str(REFERENCE)],
-                                  ["inspect", "@artifact"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["verify", str(REFERENCE)], ["ledger", "log", str(REFERENCE)], ["inspect", "@artifact"]]
+)
 def test_quick_commands_do_not_import_torch(deposited, args):
     args = [str(_artifacts(deposited)[0]) if a == "@artifact" else a for a in args]
-    p = subprocess.run([sys.executable, "-c", HEAVY_PROBE, *args], cwd=deposited, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", HEAVY_PROBE, *args], cwd=deposited, capture_output=True, text=True, timeout=120
+    )
     heavy = json.loads(p.stderr.rsplit("HEAVY=", 1)[1])
     assert heavy == [], (args, heavy)
 
 
 # -- 3. ledger log ---------------------------------------------------------------------------------------------------
+
 
 def test_ledger_log_lists_filters_and_prints_json(tmp_path):
     lines = [json.loads(x) for x in REFERENCE.read_text().splitlines()]
@@ -112,8 +115,10 @@ def test_ledger_log_lists_filters_and_prints_json(tmp_path):
 def test_ledger_log_redirected_keeps_every_hash_whole(tmp_path):
     p = run_cli("ledger", "log", str(REFERENCE), cwd=tmp_path, check_rc=0)
     last = json.loads(REFERENCE.read_text().splitlines()[-1])
-    assert any(last["inputs"]["prereg"]["sha256"] in line and last["manifest"]["sha256"] in line and last["kind"] in line
-               for line in p.stdout.splitlines()), p.stdout  # whole, on the entry's own line
+    assert any(
+        last["inputs"]["prereg"]["sha256"] in line and last["manifest"]["sha256"] in line and last["kind"] in line
+        for line in p.stdout.splitlines()
+    ), p.stdout  # whole, on the entry's own line
 
 
 def test_prereg_make_on_a_mixed_ledger_points_at_ledger_log(tmp_path):
@@ -122,6 +127,7 @@ def test_prereg_make_on_a_mixed_ledger_points_at_ledger_log(tmp_path):
 
 
 # -- 4. no truncated values when redirected -----------------------------------------------------------------------
+
 
 def test_store_list_redirected_keeps_full_hashes_on_one_line(deposited):
     p = run_cli("store", "list", cwd=deposited, check_rc=0)
@@ -132,7 +138,6 @@ def test_store_list_redirected_keeps_full_hashes_on_one_line(deposited):
 
 
 # -- 5. help text, prefixes, replay and matrix options -----------------------------------------------------------
-
 
 
 def test_help_has_no_type_placeholders_and_documents_options():
@@ -162,6 +167,7 @@ def test_too_short_a_prefix_says_so(deposited):
 
 # -- 6. no lock file left in the working folder ------------------------------------------------------------------
 
+
 def test_no_lock_file_is_left_beside_the_ledger(deposited, tmp_path):
     assert not list(deposited.rglob("*.lock")), list(deposited.rglob("*.lock"))
     from kvgraft_cli.ledger import log as ledger
@@ -176,6 +182,7 @@ def test_no_lock_file_is_left_beside_the_ledger(deposited, tmp_path):
 
 
 # -- 8. kvgraft inspect ----------------------------------------------------------------------------------------------
+
 
 def test_inspect_shows_the_header(deposited):
     path = _artifacts(deposited)[0]
@@ -212,15 +219,17 @@ def test_inspect_a_chain_link_and_refusals(deposited, tmp_path):
     src = _artifacts(deposited)[0]
     payload = bytes(read_payload(src))
     (n,) = struct.unpack("<Q", payload[:8])
-    header = json.loads(payload[8:8 + n])
+    header = json.loads(payload[8 : 8 + n])
     meta = header["__metadata__"]
     # A consistent link: sliding layers have seen its start's tokens too (full layers keep only its own).
     seen = [c if c is None else c + 100 for c in json.loads(meta["cumulative_lengths"])]
-    meta.update(parent_sha256="ab" * 32, start_position="100", cumulative_lengths=json.dumps(seen, separators=(",", ":")))
+    meta.update(
+        parent_sha256="ab" * 32, start_position="100", cumulative_lengths=json.dumps(seen, separators=(",", ":"))
+    )
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     link = tmp_path / "link.kvg"
-    link.write_bytes(_kvg(struct.pack("<Q", len(text)) + text + payload[8 + n:]))
+    link.write_bytes(_kvg(struct.pack("<Q", len(text)) + text + payload[8 + n :]))
     info = json.loads(run_cli("inspect", str(link), "--json", cwd=tmp_path, check_rc=0).stdout)
     assert info["link"] == "chain link" and info["parent_sha256"] == "ab" * 32 and info["start_position"] == 100
     out = run_cli("inspect", str(link), cwd=tmp_path, check_rc=0).stdout
@@ -237,10 +246,12 @@ def test_inspect_a_chain_link_and_refusals(deposited, tmp_path):
     run_cli("inspect", str(tmp_path / "missing.kvg"), cwd=tmp_path, check_rc=2)
 
     # Damaged: exit 1.
-    for name, data in {"badjson.kvg": _kvg(struct.pack("<Q", n) + b"{" * n + payload[8 + n:]),
-                       "badlen.kvg": _kvg(struct.pack("<Q", 1 << 40) + payload[8:]),
-                       "cut.kvg": src.read_bytes()[:40],
-                       "empty.kvg": b""}.items():
+    for name, data in {
+        "badjson.kvg": _kvg(struct.pack("<Q", n) + b"{" * n + payload[8 + n :]),
+        "badlen.kvg": _kvg(struct.pack("<Q", 1 << 40) + payload[8:]),
+        "cut.kvg": src.read_bytes()[:40],
+        "empty.kvg": b"",
+    }.items():
         (tmp_path / name).write_bytes(data)
         p = run_cli("inspect", str(tmp_path / name), cwd=tmp_path, check_rc=1)
         assert p.stderr.startswith("Error: ") and len(p.stderr.strip().splitlines()) == 1, (name, p.stderr)
@@ -259,6 +270,5 @@ def test_upper_case_hashes_resolve_and_an_absent_kind_is_named(deposited, tmp_pa
     sha = _artifacts(deposited)[0].stem
     with Store(deposited / "kvgraft-store", create=False) as s:
         assert s.resolve(sha.upper()) == sha and s.resolve(sha[:10].upper()) == sha
-    r = run_cli("ledger", "log", str(deposited / "kvgraft-ledger.jsonl"), "--kind", "depsit", cwd=tmp_path,
-                check_rc=0)
+    r = run_cli("ledger", "log", str(deposited / "kvgraft-ledger.jsonl"), "--kind", "depsit", cwd=tmp_path, check_rc=0)
     assert "no entry of kind depsit here; this ledger's kinds: deposit" in r.stderr

@@ -21,8 +21,12 @@ from kvgraft_cli.errors import ArtifactError, InputError, IntegrityError
 
 
 def _payload(dtype=torch.float32, tokens=300, heads=2, dim=16) -> bytes:
-    layers = [kvg.LayerState("full", torch.randn(1, heads, tokens, dim).to(dtype),
-                             torch.randn(1, heads, tokens, dim).to(dtype)) for _ in range(3)]
+    layers = [
+        kvg.LayerState(
+            "full", torch.randn(1, heads, tokens, dim).to(dtype), torch.randn(1, heads, tokens, dim).to(dtype)
+        )
+        for _ in range(3)
+    ]
     meta = {k: "x" for k in kvg.REQUIRED_META}
     meta.update(dtype=str(dtype).removeprefix("torch."), start_position="0", prefill="{}")
     return kvg.encode(list(range(tokens)), layers, meta)
@@ -59,7 +63,7 @@ def test_every_codec_reads_back_the_same_payload_and_auto_picks_raw(tmp_path, dt
 
 def _header(data: bytes) -> dict:
     (h,) = struct.unpack("<I", data[8:12])
-    return json.loads(data[12:12 + h])
+    return json.loads(data[12 : 12 + h])
 
 
 def _chunked(payload: bytes, element: int = 4, chunk: int = 64 << 10) -> bytes:
@@ -100,20 +104,28 @@ def test_shuffle_is_byte_planes():
 # Files written by kvgraft before shuffle-zstd existed (zlib, base64): a v1 file (one zstd frame, float32) and a
 # v2 raw file (bfloat16), each one full layer of keys arange(12)/7 and values -arange(12)/3 in [1, 1, 3, 4], tokens
 # 5, 6, 7. They must read forever.
-V1_ZSTD = ("afedf3429b5205d28b1c2d67e5384a159647f4adb9ab25710616d89dbe0e090c", torch.float32, "zstd",
-           "eNoBrAFT/ii1L/1kqAH1DAB2l1E0YEniBsCQWdCiM1yfgyxhEBL9+EObJPyy3B7ytDLFAm6E+jHHbiq8km3/RiONhM7oY4lOCkAAQABD"
-           "ABqjmqw0C7HrxCrN+uf3vLBcHz7T7Jlv/ecpo7Gphz/dm2Hpn9eLXWF6JdXsnje7sgTveF7KuSc1N72kfIcnFAjaIVPYOsgKW8pe/fA3"
-           "xz9/r60UYzz8BlMrby2vDF9K5a1ptXheCQPMXOgFUm9b5fsN92b1GyRGG/M+/OWfx9kGAtw9gLsD2LZJYRbIMNDsTo1hgA7jwAYucEHQ"
-           "oBZCURSE3iaHgYr0vN5U15ofTo00F04C0pSVG0YZ2IevbKszQ25s7p+CzvuiKPoOuH8LnfcNiKLP3SERogjSdR7k4Q5Z6LwHXec93D1C"
-           "IMBFBxEcG3BQ5KAkPtyjdD3ERARHBShRRK4HBQclCgUo8SMgUCJxgkYPGAGCgAeBMUCBOrWz0029mUDOdQ+eo6S56GgN9GLza6R5ANWi"
-           "xb17Jk818gTmg/+9h9IQv7xyW2LKJO/8kMvsO0aGG4xxoaFlS1XmKm4S0TVrVWXJgg==")
-V2_RAW = ("1ee169a3525cbe590f581dea3ef18bc7a304866860e0793d45bf034ed975ad7a", torch.bfloat16, "raw",
-          "eNrtmDFr20AUx0WgDQS6BLp0Km/NYWRZVRINVgg0oXRuF8ccF+tkHz7pjO5kVzECr13zHTrlA3SrtfYDdOqX6Z0sO3Wydepwv+VxP47/"
-          "4z1uuq8fP1+/Onpz9N5xnCWMRExHEEJOFoBgRkouSIxvS0UlhIHvPjqRJJIqCH33PEAwp7lkIoPQqxyLxWKxWCwWi8VisVgs/xvuwaYu"
-          "AeOUKhITRTCGcAmjIi04UWxOMafZWE0khDDICs6HgCBW5YxqcZtwQVQ30CoReUqUdtP5OCeJ6ui603j3RQBdLTkpaY5NRpN6A4nOvQGT"
-          "zMWYKYm3Db48Kjkh3rugdSnJWEKlemJFTPm+yooUN+1k29sIJaY0M6Jn/jlymjDO9WlZ6aPkLGbZGC9YFovF3tRSkVzhmZBMbWZxtWyy"
-          "2J2e56++Vesxi6XZ5nacD4FvcibEnAa9od6k2fjmO0XfHLjI84dVuyHZcV23M6XlXsblVbPvbUgXdVEP+c+jPB/5Z0+y5oQX9J/S/DN0"
-          "6g2r6m3Di/b9vGzr4e5FHffv+7/7x9FpNIhW0X30Lfoe/Yyc1cOPk/Vq/bD+tXbq1/VJfVF/qqf1H/uK4eA=")
+V1_ZSTD = (
+    "afedf3429b5205d28b1c2d67e5384a159647f4adb9ab25710616d89dbe0e090c",
+    torch.float32,
+    "zstd",
+    "eNoBrAFT/ii1L/1kqAH1DAB2l1E0YEniBsCQWdCiM1yfgyxhEBL9+EObJPyy3B7ytDLFAm6E+jHHbiq8km3/RiONhM7oY4lOCkAAQABD"
+    "ABqjmqw0C7HrxCrN+uf3vLBcHz7T7Jlv/ecpo7Gphz/dm2Hpn9eLXWF6JdXsnje7sgTveF7KuSc1N72kfIcnFAjaIVPYOsgKW8pe/fA3"
+    "xz9/r60UYzz8BlMrby2vDF9K5a1ptXheCQPMXOgFUm9b5fsN92b1GyRGG/M+/OWfx9kGAtw9gLsD2LZJYRbIMNDsTo1hgA7jwAYucEHQ"
+    "oBZCURSE3iaHgYr0vN5U15ofTo00F04C0pSVG0YZ2IevbKszQ25s7p+CzvuiKPoOuH8LnfcNiKLP3SERogjSdR7k4Q5Z6LwHXec93D1C"
+    "IMBFBxEcG3BQ5KAkPtyjdD3ERARHBShRRK4HBQclCgUo8SMgUCJxgkYPGAGCgAeBMUCBOrWz0029mUDOdQ+eo6S56GgN9GLza6R5ANWi"
+    "xb17Jk818gTmg/+9h9IQv7xyW2LKJO/8kMvsO0aGG4xxoaFlS1XmKm4S0TVrVWXJgg==",
+)
+V2_RAW = (
+    "1ee169a3525cbe590f581dea3ef18bc7a304866860e0793d45bf034ed975ad7a",
+    torch.bfloat16,
+    "raw",
+    "eNrtmDFr20AUx0WgDQS6BLp0Km/NYWRZVRINVgg0oXRuF8ccF+tkHz7pjO5kVzECr13zHTrlA3SrtfYDdOqX6Z0sO3Wydepwv+VxP47/"
+    "4z1uuq8fP1+/Onpz9N5xnCWMRExHEEJOFoBgRkouSIxvS0UlhIHvPjqRJJIqCH33PEAwp7lkIoPQqxyLxWKxWCwWi8VisVgs/xvuwaYu"
+    "AeOUKhITRTCGcAmjIi04UWxOMafZWE0khDDICs6HgCBW5YxqcZtwQVQ30CoReUqUdtP5OCeJ6ui603j3RQBdLTkpaY5NRpN6A4nOvQGT"
+    "zMWYKYm3Db48Kjkh3rugdSnJWEKlemJFTPm+yooUN+1k29sIJaY0M6Jn/jlymjDO9WlZ6aPkLGbZGC9YFovF3tRSkVzhmZBMbWZxtWyy"
+    "2J2e56++Vesxi6XZ5nacD4FvcibEnAa9od6k2fjmO0XfHLjI84dVuyHZcV23M6XlXsblVbPvbUgXdVEP+c+jPB/5Z0+y5oQX9J/S/DN0"
+    "6g2r6m3Di/b9vGzr4e5FHffv+7/7x9FpNIhW0X30Lfoe/Yyc1cOPk/Vq/bD+tXbq1/VJfVF/qqf1H/uK4eA=",
+)
 
 
 @pytest.mark.parametrize("fixture", [V1_ZSTD, V2_RAW], ids=["v1-zstd", "v2-raw"])
@@ -170,17 +182,18 @@ def _damaged(tmp_path, name, edit):
 
 def _set_header(b, **changes):
     (h,) = struct.unpack("<I", b[8:12])
-    meta = json.loads(b[12:12 + h])
+    meta = json.loads(b[12 : 12 + h])
     meta.update(changes)
     text = json.dumps(meta, separators=(",", ":"), sort_keys=True).encode()
-    b[8:12 + h] = struct.pack("<I", len(text)) + text
-    return b[:12 + len(text)] + b"\0" * (container.PAYLOAD_OFFSET - 12 - len(text)) + b[container.PAYLOAD_OFFSET:]
+    b[8 : 12 + h] = struct.pack("<I", len(text)) + text
+    return b[: 12 + len(text)] + b"\0" * (container.PAYLOAD_OFFSET - 12 - len(text)) + b[container.PAYLOAD_OFFSET :]
 
 
 def _flip(i):
     def edit(b):
         b[i] ^= 1
         return b
+
     return edit
 
 
@@ -228,10 +241,10 @@ def _rewrite(b, edit_header=None, edit_frames=None):
     """A shuffle-zstd file with its container header and/or its frames edited (the header's length and padding and
     payload_offset follow, unless the edit sets payload_offset itself)."""
     (h,) = struct.unpack("<I", b[8:12])
-    meta = json.loads(b[12:12 + h])
-    offset, at, frames = meta["payload_offset"], meta["payload_offset"], []
+    meta = json.loads(b[12 : 12 + h])
+    at, frames = meta["payload_offset"], []
     for size, _ in meta["chunks"]:
-        frames.append(bytes(b[at:at + size]))
+        frames.append(bytes(b[at : at + size]))
         at += size
     if edit_frames:
         frames = edit_frames(frames)
@@ -262,10 +275,12 @@ def _frame_edit(fn):
 
 def _in_chunk(k, at):
     """Flip a byte ``at`` bytes into chunk ``k``'s stored frame."""
+
     def edit(b):
         meta = _header(b)
         b[meta["payload_offset"] + sum(c[0] for c in meta["chunks"][:k]) + at] ^= 1
         return b
+
     return edit
 
 
@@ -282,7 +297,7 @@ def _lying_frame(data: bytes, declared: int) -> bytes:
     fcs = [1 if fhd & 0x20 else 0, 2, 4, 8][fhd >> 6]
     at = 5 + (0 if fhd & 0x20 else 1) + [0, 1, 2, 4][fhd & 3]
     assert fcs == 4
-    f[at:at + 4] = struct.pack("<I", declared)
+    f[at : at + 4] = struct.pack("<I", declared)
     return bytes(f)
 
 
@@ -294,6 +309,7 @@ def _swap(frames, k, frame):
 def _sizes(fn):
     def edit(m):
         fn(m["chunks"])
+
     return edit
 
 
@@ -301,35 +317,62 @@ CHUNK = 64 << 10
 SHUFFLE_DAMAGE = {
     "tampered compressed chunk": (_in_chunk(2, 40), IntegrityError, "chunk 2 is damaged"),
     "tampered first chunk": (_in_chunk(0, 9), IntegrityError, "chunk 0 is damaged"),
-    "chunk table: a size larger": (_table_edit(_sizes(lambda c: c[3].__setitem__(0, c[3][0] + 1))), IntegrityError,
-                                   "truncated"),
-    "chunk table: a size smaller": (_table_edit(_sizes(lambda c: c[3].__setitem__(0, c[3][0] - 1))), IntegrityError,
-                                    "bytes after"),
-    "chunk table: sizes moved": (_table_edit(_sizes(lambda c: (c[3].__setitem__(0, c[3][0] + 5),
-                                                               c[4].__setitem__(0, c[4][0] - 5)))),
-                                 IntegrityError, "chunk 3 is damaged"),
+    "chunk table: a size larger": (
+        _table_edit(_sizes(lambda c: c[3].__setitem__(0, c[3][0] + 1))),
+        IntegrityError,
+        "truncated",
+    ),
+    "chunk table: a size smaller": (
+        _table_edit(_sizes(lambda c: c[3].__setitem__(0, c[3][0] - 1))),
+        IntegrityError,
+        "bytes after",
+    ),
+    "chunk table: sizes moved": (
+        _table_edit(_sizes(lambda c: (c[3].__setitem__(0, c[3][0] + 5), c[4].__setitem__(0, c[4][0] - 5)))),
+        IntegrityError,
+        "chunk 3 is damaged",
+    ),
     "chunk table: an entry missing": (_table_edit(_sizes(lambda c: c.pop())), IntegrityError, "chunk table has 10"),
-    "chunk table: a size past any frame": (_table_edit(_sizes(lambda c: c[1].__setitem__(0, 10**9))),
-                                           IntegrityError, "chunk 1"),
-    "chunk table: not a SHA-256": (_table_edit(_sizes(lambda c: c[1].__setitem__(1, "x" * 64))), IntegrityError,
-                                   "chunk 1"),
+    "chunk table: a size past any frame": (
+        _table_edit(_sizes(lambda c: c[1].__setitem__(0, 10**9))),
+        IntegrityError,
+        "chunk 1",
+    ),
+    "chunk table: not a SHA-256": (
+        _table_edit(_sizes(lambda c: c[1].__setitem__(1, "x" * 64))),
+        IntegrityError,
+        "chunk 1",
+    ),
     "chunk_bytes lies": (_header_edit(chunk_bytes=CHUNK * 2), IntegrityError, "chunk table has 11"),
     "chunk_bytes too small": (_header_edit(chunk_bytes=16), IntegrityError, "chunk_bytes 16"),
     "element_bytes not a size": (_header_edit(element_bytes=3), IntegrityError, "element_bytes 3"),
-    "payload_bytes lies": (_header_edit(payload_bytes=11 * CHUNK - 100), IntegrityError,
-                           "its payload's header describes 700,152"),
+    "payload_bytes lies": (
+        _header_edit(payload_bytes=11 * CHUNK - 100),
+        IntegrityError,
+        "its payload's header describes 700,152",
+    ),
     "declares past the limit": (_header_edit(payload_bytes=1 << 50), ArtifactError, "limit"),
     "payload_offset lies": (_header_edit(payload_offset=8192), IntegrityError, "payload_offset 8192"),
     "frame declares more than its chunk": (
-        _frame_edit(lambda f: _swap(f, 5, _zstd(bytes(64 << 20)))), IntegrityError,
-        "chunk 5: its zstd frame declares 67,108,864 bytes, the chunk holds 65,536"),
+        _frame_edit(lambda f: _swap(f, 5, _zstd(bytes(64 << 20)))),
+        IntegrityError,
+        "chunk 5: its zstd frame declares 67,108,864 bytes, the chunk holds 65,536",
+    ),
     "frame inflates past what it declares": (
-        _frame_edit(lambda f: _swap(f, 5, _lying_frame(bytes(CHUNK + 1000), CHUNK))), IntegrityError,
-        "chunk 5: corrupt zstd frame"),
-    "frame without a content size": (_frame_edit(lambda f: _swap(f, 5, _zstd(bytes(CHUNK), content_size=False))),
-                                     IntegrityError, "declares no size"),
-    "two frames in a chunk": (_frame_edit(lambda f: _swap(f, 5, f[5] + _zstd(b"x"))), IntegrityError,
-                              "chunk 5: corrupt zstd frame"),
+        _frame_edit(lambda f: _swap(f, 5, _lying_frame(bytes(CHUNK + 1000), CHUNK))),
+        IntegrityError,
+        "chunk 5: corrupt zstd frame",
+    ),
+    "frame without a content size": (
+        _frame_edit(lambda f: _swap(f, 5, _zstd(bytes(CHUNK), content_size=False))),
+        IntegrityError,
+        "declares no size",
+    ),
+    "two frames in a chunk": (
+        _frame_edit(lambda f: _swap(f, 5, f[5] + _zstd(b"x"))),
+        IntegrityError,
+        "chunk 5: corrupt zstd frame",
+    ),
     "truncated": (lambda b: b[:-10], IntegrityError, "truncated"),
     "bytes appended": (lambda b: b + b"x", IntegrityError, "bytes after"),
     "nonzero padding": (_flip(4095), IntegrityError, "padding"),
@@ -363,8 +406,11 @@ def _other_frame(frames):
     return _swap(frames, 7, _zstd(bytes(shuffled)))
 
 
-@pytest.mark.parametrize("edit", [_header_edit(element_bytes=2), _frame_edit(_other_frame)],
-                         ids=["element_bytes lies", "a chunk replaced, its table entry too"])
+@pytest.mark.parametrize(
+    "edit",
+    [_header_edit(element_bytes=2), _frame_edit(_other_frame)],
+    ids=["element_bytes lies", "a chunk replaced, its table entry too"],
+)
 def test_a_shuffle_zstd_file_consistent_but_wrong_fails_its_identity(tmp_path, edit):
     """Well-formed, every chunk matching its table, yet not the payload: the identity, checked over the
     reconstructed payload before anything is returned, refuses it."""
@@ -429,16 +475,39 @@ def test_deposit_writes_raw_and_codec_is_overridable(tmp_path):
 
     (tmp_path / "p.jsonl").write_text(EXAMPLES.read_text().splitlines()[0] + "\n")
     for codec, want in (("auto", "raw"), ("zstd", "zstd"), ("shuffle-zstd", "shuffle-zstd")):
-        r = run_cli("deposit", "p.jsonl", "--store", f"s-{codec}", "--ledger", f"l-{codec}.jsonl", "--codec", codec,
-                    "--json", cwd=tmp_path, check_rc=0)
+        r = run_cli(
+            "deposit",
+            "p.jsonl",
+            "--store",
+            f"s-{codec}",
+            "--ledger",
+            f"l-{codec}.jsonl",
+            "--codec",
+            codec,
+            "--json",
+            cwd=tmp_path,
+            check_rc=0,
+        )
         (res,) = json.loads(r.stdout)["results"]
         path = tmp_path / f"s-{codec}" / "objects" / res["artifact"][:2] / f"{res['artifact']}.kvg"
         assert container.file_codec(path) == want
         run_cli("verify", f"l-{codec}.jsonl", "--full", "--require-files", cwd=tmp_path, check_rc=0)
     # A graft restores the shuffle-zstd artifact byte-exactly (against fresh computation), and verify refuses it
     # once a chunk is damaged.
-    check = run_cli("graft", res["artifact"], "--check", "--samples", "2", "--store", "s-shuffle-zstd", "--ledger",
-                    "l-shuffle-zstd.jsonl", "--json", cwd=tmp_path, check_rc=0)
+    check = run_cli(
+        "graft",
+        res["artifact"],
+        "--check",
+        "--samples",
+        "2",
+        "--store",
+        "s-shuffle-zstd",
+        "--ledger",
+        "l-shuffle-zstd.jsonl",
+        "--json",
+        cwd=tmp_path,
+        check_rc=0,
+    )
     r = json.loads(check.stdout)
     assert r["passed"] and (r["samples"], r["sha_equal"], r["max_kl"]) == (2, 2, 0.0)
     p = run_without_torch("verify", "l-shuffle-zstd.jsonl", "--full", "--require-files", cwd=tmp_path)
@@ -450,8 +519,12 @@ def test_deposit_writes_raw_and_codec_is_overridable(tmp_path):
     path.write_bytes(bytes(data))
     bad = run_cli("verify", "l-shuffle-zstd.jsonl", "--full", "--require-files", cwd=tmp_path, check_rc=1)
     assert "chunk" in bad.stdout + bad.stderr
-    shas = {e["outputs"]["artifact"]["sha256"] for c in ("auto", "zstd", "shuffle-zstd")
-            for e in map(json.loads, (tmp_path / f"l-{c}.jsonl").read_text().splitlines()) if e["kind"] == "deposit"}
+    shas = {
+        e["outputs"]["artifact"]["sha256"]
+        for c in ("auto", "zstd", "shuffle-zstd")
+        for e in map(json.loads, (tmp_path / f"l-{c}.jsonl").read_text().splitlines())
+        if e["kind"] == "deposit"
+    }
     assert len(shas) == 1  # one identity, three codecs
 
 
@@ -464,8 +537,16 @@ def test_the_verified_cache_restores_from_memory_within_its_budget(tmp_path, mon
         shas = []
         for i, p in enumerate(payloads):
             sha = hashlib.sha256(p).hexdigest()
-            s.put(sha, p, key=f"k{i}", problem_id=f"p{i}", num_tokens=1, model_sha256="m", manifest_sha256="c",
-                  verified=True)
+            s.put(
+                sha,
+                p,
+                key=f"k{i}",
+                problem_id=f"p{i}",
+                num_tokens=1,
+                model_sha256="m",
+                manifest_sha256="c",
+                verified=True,
+            )
             shas.append(sha)
         first = s.load(shas[0])
         # Damage the file: the verified copy in memory is what a second graft in this process uses.

@@ -25,8 +25,23 @@ def _cuda_manifest(tmp_path, dtype="float32", attn="eager"):
     from kvgraft_cli.config.manifest import data_dir
 
     path = tmp_path / f"cuda-{dtype}-{attn}.yaml"
-    run_cli("manifest", "init", str(data_dir() / "tiny-gemma4"), "--device", "cuda", "--profile", "native",
-            "--dtype", dtype, "--attn", attn, "-o", str(path), cwd=tmp_path, check_rc=0)
+    run_cli(
+        "manifest",
+        "init",
+        str(data_dir() / "tiny-gemma4"),
+        "--device",
+        "cuda",
+        "--profile",
+        "native",
+        "--dtype",
+        dtype,
+        "--attn",
+        attn,
+        "-o",
+        str(path),
+        cwd=tmp_path,
+        check_rc=0,
+    )
     return path
 
 
@@ -58,8 +73,22 @@ def test_other_gpu_name_is_drift(tmp_path):
 
 
 def test_matrix_on_cuda(tmp_path):
-    p = run_cli("matrix", "--device", "cuda", "--arch", "llama", "--arch", "gemma2", "--arch", "gpt2",
-                "--samples", "5", "--json", cwd=tmp_path, check_rc=0)
+    p = run_cli(
+        "matrix",
+        "--device",
+        "cuda",
+        "--arch",
+        "llama",
+        "--arch",
+        "gemma2",
+        "--arch",
+        "gpt2",
+        "--samples",
+        "5",
+        "--json",
+        cwd=tmp_path,
+        check_rc=0,
+    )
     cells = json.loads(p.stdout)["cells"]
     assert len(cells) == 9 and all(c["exact"] for c in cells), cells
 

@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, run_cli
 
 DEMO = REPO / "kvgraft_cli" / "data" / "demo-gemma4"
@@ -39,16 +38,23 @@ def test_committed_files_match_pinned_hashes():
 
 def test_model_and_tokenizer_hashes_match_the_demo_manifest(tmp_path):
     out = json.loads(run_cli("model-hash", str(DEMO), "--json", cwd=tmp_path, check_rc=0).stdout)
-    shown = json.loads(run_cli("manifest", "show", str(REPO / "kvgraft_cli" / "data" / "demo.yaml"), "--json",
-                               cwd=tmp_path, check_rc=0).stdout)["manifest"]["model"]
+    shown = json.loads(
+        run_cli(
+            "manifest", "show", str(REPO / "kvgraft_cli" / "data" / "demo.yaml"), "--json", cwd=tmp_path, check_rc=0
+        ).stdout
+    )["manifest"]["model"]
     assert (out["model_sha256"], out["tokenizer_sha256"]) == (shown["sha256"], shown["tokenizer_sha256"])
     embedded = json.loads(run_cli("manifest", "show", "--json", cwd=tmp_path, check_rc=0).stdout)["manifest"]["model"]
     assert out["tokenizer_sha256"] == embedded["tokenizer_sha256"]  # the embedded model's tokenizer, unchanged
 
 
 def test_training_script_runs_a_few_steps(tmp_path):
-    p = subprocess.run([sys.executable, str(SCRIPT), "--steps", "3", "--out", str(tmp_path / "m")],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--steps", "3", "--out", str(tmp_path / "m")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     assert "step 3" in p.stdout
     names = sorted(x.name for x in (tmp_path / "m").iterdir())
@@ -63,7 +69,9 @@ def test_demo_files_are_deterministic_and_held_out(tmp_path):
     mod.write_demo_files(tmp_path / "b")
     for name in ("library.jsonl", "queries.jsonl"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
-    assert (tmp_path / "a" / "queries.jsonl").read_bytes() == (REPO / "examples" / "demo" / "queries.jsonl").read_bytes()
+    assert (tmp_path / "a" / "queries.jsonl").read_bytes() == (
+        REPO / "examples" / "demo" / "queries.jsonl"
+    ).read_bytes()
     lib = [json.loads(x) for x in (tmp_path / "a" / "library.jsonl").read_text().splitlines()]
     qs = [json.loads(x) for x in (tmp_path / "a" / "queries.jsonl").read_text().splitlines()]
     problems = {x["problem"] for x in lib}
@@ -103,8 +111,9 @@ def test_readme_main_job(tmp_path):
     run_cli("deposit", str(demo / "library.jsonl"), "-m", m, cwd=tmp_path, check_rc=0)
     p = run_cli("solve", str(demo / "queries.jsonl"), "-m", m, "--compare", "--k", "2", cwd=tmp_path, check_rc=0)
     assert "decode tokens with the library instead of" in p.stdout
-    s = run_cli("score", "queries.solve.jsonl", "--answers", str(demo / "queries.jsonl"), "-m", m, cwd=tmp_path,
-                check_rc=0)
+    s = run_cli(
+        "score", "queries.solve.jsonl", "--answers", str(demo / "queries.jsonl"), "-m", m, cwd=tmp_path, check_rc=0
+    )
     assert "accuracy 49/50 = 0.9800, Wilson 95% [0.8950, 0.9965]" in " ".join(s.stdout.split())
     base = [json.loads(x) for x in (tmp_path / "queries.baseline.jsonl").read_text().splitlines()]
     assert len(base) == 50 and all(x["hit"] == "none" for x in base)

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_codecs import DAMAGE, _damaged
 
 from kvgraft_cli.artifacts import container, device_restore, identity
 from kvgraft_cli.artifacts import format as kvg
 from kvgraft_cli.errors import DeviceError, IntegrityError
-from test_codecs import DAMAGE, _damaged
 
 MIB = 1 << 20
 SMALL = dict(chunk_bytes=MIB, ring=2)  # the smallest ring: every buffer is reused as soon as the rules allow
@@ -23,8 +23,14 @@ SMALL = dict(chunk_bytes=MIB, ring=2)  # the smallest ring: every buffer is reus
 def _payload(dtype=torch.float32, scheme="sha256", tokens=2048, heads=2, dim=64, seed=0) -> bytes:
     """A payload of several MiB (3 layers x keys/values; 6 MiB in float32) in the given identity scheme."""
     g = torch.Generator().manual_seed(seed)
-    layers = [kvg.LayerState("full", torch.randn(1, heads, tokens, dim, generator=g).to(dtype),
-                             torch.randn(1, heads, tokens, dim, generator=g).to(dtype)) for _ in range(3)]
+    layers = [
+        kvg.LayerState(
+            "full",
+            torch.randn(1, heads, tokens, dim, generator=g).to(dtype),
+            torch.randn(1, heads, tokens, dim, generator=g).to(dtype),
+        )
+        for _ in range(3)
+    ]
     meta = {k: "x" for k in kvg.REQUIRED_META}
     meta.update(dtype=str(dtype).removeprefix("torch."), start_position="0", prefill="{}")
     if scheme != "sha256":
@@ -60,8 +66,9 @@ def test_cpu_restore_is_byte_identical_to_open_file(tmp_path, monkeypatch, schem
     path, ident = _raw(tmp_path, payload)
     waits = []
     real_wait = identity.PayloadHasher.wait_hashed
-    monkeypatch.setattr(identity.PayloadHasher, "wait_hashed", lambda self, upto: (waits.append(upto),
-                                                                                   real_wait(self, upto))[1])
+    monkeypatch.setattr(
+        identity.PayloadHasher, "wait_hashed", lambda self, upto: (waits.append(upto), real_wait(self, upto))[1]
+    )
     got_ident, art = device_restore.open_file_on_device(path, "cpu", ident, **SMALL)
     assert got_ident == ident
     assert len(waits) >= 2 and waits == sorted(waits)  # the ring really went round, each reuse waited on the hash
@@ -103,8 +110,11 @@ def test_a_tampered_tensor_byte_is_refused_and_nothing_returned(tmp_path, scheme
     payload = _payload(scheme=scheme)
     path, ident = _raw(tmp_path, payload)
     data = bytearray(path.read_bytes())
-    at = {"first chunk": container.PAYLOAD_OFFSET + len(payload) - 6 * MIB + 100,
-          "middle": len(data) // 2, "last byte": len(data) - 1}[where]
+    at = {
+        "first chunk": container.PAYLOAD_OFFSET + len(payload) - 6 * MIB + 100,
+        "middle": len(data) // 2,
+        "last byte": len(data) - 1,
+    }[where]
     data[at] ^= 0x40
     path.write_bytes(bytes(data))
     out = None
@@ -132,7 +142,7 @@ def test_a_file_that_shrinks_while_it_is_read_is_refused(tmp_path, monkeypatch):
     payload = _payload()
     path, ident = _raw(tmp_path, payload)
     full = path.stat().st_size
-    path.write_bytes(path.read_bytes()[:full - 3 * MIB])
+    path.write_bytes(path.read_bytes()[: full - 3 * MIB])
     monkeypatch.setattr(container, "file_size", lambda f: full)
     with pytest.raises(IntegrityError, match="truncated"):
         device_restore.open_file_on_device(path, "cpu", ident, **SMALL)
@@ -194,7 +204,7 @@ def test_a_valid_layout_with_misaligned_tensors_still_restores(tmp_path):
 
     payload = _payload(torch.float16, tokens=3, heads=1, dim=1)  # keys and values: 6 bytes each
     (n,) = struct.unpack("<Q", payload[:8])
-    header, data = json.loads(payload[8:8 + n]), payload[8 + n:]
+    header, data = json.loads(payload[8 : 8 + n]), payload[8 + n :]
     order, blobs, pos = ["layers.000.keys", "layers.000.values", "layers.001.keys", "token_ids"], [], 0
     order += sorted(set(header) - set(order) - {"__metadata__"})
     for name in order:
@@ -226,8 +236,9 @@ def test_a_graft_under_a_cuda_manifest_takes_the_device_path_and_refuses_without
     cpu = run_cli("manifest", "init", "builtin:tiny-gemma4", cwd=tmp_path, check_rc=0).stdout
     (tmp_path / "cpu.yaml").write_text(cpu, encoding="utf-8")
     (tmp_path / "cuda.yaml").write_text(cpu.replace("device: cpu", "device: cuda"), encoding="utf-8")
-    sha = json.loads(run_cli("deposit", str(EXAMPLES), "-m", "cpu.yaml", "--limit", "1", "--json", cwd=tmp_path,
-                             check_rc=0).stdout)["results"][0]["artifact"]
+    sha = json.loads(
+        run_cli("deposit", str(EXAMPLES), "-m", "cpu.yaml", "--limit", "1", "--json", cwd=tmp_path, check_rc=0).stdout
+    )["results"][0]["artifact"]
     path = next((tmp_path / "kvgraft-store" / "objects").rglob(f"{sha}.kvg"))
     for ref in (str(path), sha):
         r = run_cli("graft", ref, "-m", "cuda.yaml", "-n", "2", cwd=tmp_path, check_rc=2)

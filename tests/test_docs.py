@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
@@ -59,11 +58,15 @@ def test_every_relative_link_resolves():
 def test_the_link_check_finds_a_broken_link(tmp_path):
     (tmp_path / "there.md").write_text("# A heading\n\n## Another one, with `code`\n")
     md = tmp_path / "page.md"
-    md.write_text("[ok](there.md) [ok](there.md#another-one-with-code) [gone](missing.md) [bad](there.md#nope) "
-                  "[self](#nope) `[in code](missing2.md)` [web](https://example.com/x)\n")
-    assert broken_links(md) == ["page.md: missing.md (no such file)",
-                                "page.md: there.md#nope (no heading #nope in there.md)",
-                                "page.md: #nope (no heading #nope in page.md)"]
+    md.write_text(
+        "[ok](there.md) [ok](there.md#another-one-with-code) [gone](missing.md) [bad](there.md#nope) "
+        "[self](#nope) `[in code](missing2.md)` [web](https://example.com/x)\n"
+    )
+    assert broken_links(md) == [
+        "page.md: missing.md (no such file)",
+        "page.md: there.md#nope (no heading #nope in there.md)",
+        "page.md: #nope (no heading #nope in page.md)",
+    ]
 
 
 def _command_tree() -> dict[str, set[str]]:
@@ -83,8 +86,9 @@ def shown_commands(text: str) -> set[tuple[str, str | None]]:
     code = re.findall(r"^```.*?^```", text, flags=re.S | re.M) + re.findall(r"`([^`\n]+)`", text)
     found = set()
     for block in code:
-        for m in re.finditer(r"(?:^|&&|;|\||\$)[ \t]*kvgraft +([a-z][a-z0-9-]*)(?: +([a-z][a-z0-9-]*))?", block,
-                             flags=re.M):
+        for m in re.finditer(
+            r"(?:^|&&|;|\||\$)[ \t]*kvgraft +([a-z][a-z0-9-]*)(?: +([a-z][a-z0-9-]*))?", block, flags=re.M
+        ):
             found.add((m.group(1), m.group(2)))
     return found
 
@@ -108,8 +112,10 @@ def test_every_command_shown_exists(page):
 
 
 def test_shown_commands_sees_groups_and_misses():
-    text = ("Run `kvgraft store lst` or\n```bash\nkvgraft verfy x.jsonl\nkvgraft ledger log && kvgraft gaft\n```\n"
-            "kvgraft makes prose, `Error: kvgraft deposits only this`")
+    text = (
+        "Run `kvgraft store lst` or\n```bash\nkvgraft verfy x.jsonl\nkvgraft ledger log && kvgraft gaft\n```\n"
+        "kvgraft makes prose, `Error: kvgraft deposits only this`"
+    )
     assert shown_commands(text) == {("store", "lst"), ("verfy", "x"), ("ledger", "log"), ("gaft", None)}
 
 

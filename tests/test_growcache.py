@@ -40,18 +40,24 @@ def test_growing_in_place_gives_the_bits_of_concatenation_and_of_fresh(engine, g
     full = [layer for layer in cache.layers if isinstance(layer, growcache.layer_class())]
     assert full, "the embedded model has full-attention layers: they must grow in place"
     grown = _decode(engine, cache, suffix, 20)
-    assert all(l.keys.data_ptr() == l._kbuf.data_ptr() and l.keys.shape[-2] == len(prefix) + len(suffix) + 20
-               for l in full)
+    assert all(
+        l.keys.data_ptr() == l._kbuf.data_ptr() and l.keys.shape[-2] == len(prefix) + len(suffix) + 20 for l in full
+    )
     # Keys and values: the first update (the suffix) moves into a buffer with room for 3 more, then every 4th
     # decode step moves again: 1 + 20 / 4 buffers each.
-    assert sorted(made) == sorted([len(prefix) + len(suffix) + 3 + 4 * k for k in range(6) for _ in range(2)] * len(full))
+    assert sorted(made) == sorted(
+        [len(prefix) + len(suffix) + 3 + 4 * k for k in range(6) for _ in range(2)] * len(full)
+    )
 
     monkeypatch.setenv("KVGRAFT_GROW_IN_PLACE", "0")
     concatenated = engine.restore(art.layers)
     assert not any(isinstance(l, growcache.layer_class()) for l in concatenated.layers)
     fresh, _ = engine.prefill(prefix)
-    assert tensor_sha256(grown) == tensor_sha256(_decode(engine, concatenated, suffix, 20)) \
+    assert (
+        tensor_sha256(grown)
+        == tensor_sha256(_decode(engine, concatenated, suffix, 20))
         == tensor_sha256(_decode(engine, fresh, suffix, 20))
+    )
 
 
 def test_the_first_update_copies_the_artifact_and_never_writes_into_it(engine, grafted):
@@ -61,8 +67,10 @@ def test_the_first_update_copies_the_artifact_and_never_writes_into_it(engine, g
     engine.forward(cache, engine.encode(" more"))
     after = [(l.keys, l.values) for l in art.layers if l.kind == "full"]
     assert all(torch.equal(a, b) and torch.equal(c, d) for (a, c), (b, d) in zip(before, after))
-    assert all(l.keys.data_ptr() != a.data_ptr() for l, (a, _) in
-               zip([l for l in cache.layers if isinstance(l, growcache.layer_class())], after))
+    assert all(
+        l.keys.data_ptr() != a.data_ptr()
+        for l, (a, _) in zip([l for l in cache.layers if isinstance(l, growcache.layer_class())], after)
+    )
 
 
 def test_not_on_cuda_and_off_by_environment(monkeypatch):
@@ -99,10 +107,14 @@ def test_a_graft_read_with_room_grows_into_it_without_a_copy(engine, grafted, ra
     assert [l.room is not None for l in art.layers] == [l.kind == "full" for l in art.layers]
     assert any(l.kind == "full" for l in art.layers) and any(l.kind != "full" for l in art.layers)
     for a, b in zip(plain.layers, art.layers):
-        assert a.kind == b.kind and (a.keys is None or (torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)))
+        assert a.kind == b.kind and (
+            a.keys is None or (torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values))
+        )
     rooms = [l.room for l in art.layers if l.kind == "full"]
-    assert all(k.shape[-2] == len(prefix) + len(suffix) + 8 and k.data_ptr() == l.keys.data_ptr()
-               for (k, _), l in zip(rooms, [l for l in art.layers if l.kind == "full"]))
+    assert all(
+        k.shape[-2] == len(prefix) + len(suffix) + 8 and k.data_ptr() == l.keys.data_ptr()
+        for (k, _), l in zip(rooms, [l for l in art.layers if l.kind == "full"])
+    )
     before = [(l.keys.clone(), l.values.clone()) for l in art.layers if l.kind == "full"]
 
     cache = engine.restore(art.layers)
@@ -112,16 +124,24 @@ def test_a_graft_read_with_room_grows_into_it_without_a_copy(engine, grafted, ra
     assert len(full) == len(rooms)
     assert all(l._kbuf is k and l._vbuf is v and l.keys.data_ptr() == k.data_ptr() for l, (k, v) in zip(full, rooms))
     assert all(l.keys.shape[-2] == len(prefix) + len(suffix) + 8 for l in full)
-    assert all(torch.equal(a, l.keys) and torch.equal(b, l.values)
-               for (a, b), l in zip(before, [l for l in art.layers if l.kind == "full"]))
+    assert all(
+        torch.equal(a, l.keys) and torch.equal(b, l.values)
+        for (a, b), l in zip(before, [l for l in art.layers if l.kind == "full"])
+    )
 
     again = engine.restore(art.layers)  # the room is taken: this cache copies on its first update
     copied = _decode(engine, again, suffix, 8)
-    assert all(l._kbuf.data_ptr() != k.data_ptr() for l, (k, _) in
-               zip([l for l in again.layers if isinstance(l, growcache.layer_class())], rooms))
+    assert all(
+        l._kbuf.data_ptr() != k.data_ptr()
+        for l, (k, _) in zip([l for l in again.layers if isinstance(l, growcache.layer_class())], rooms)
+    )
     fresh, _ = engine.prefill(prefix)
-    assert tensor_sha256(grown) == tensor_sha256(copied) == tensor_sha256(_decode(engine, fresh, suffix, 8)) \
+    assert (
+        tensor_sha256(grown)
+        == tensor_sha256(copied)
+        == tensor_sha256(_decode(engine, fresh, suffix, 8))
         == tensor_sha256(_decode(engine, engine.restore(plain.layers), suffix, 8))
+    )
 
 
 @pytest.mark.parametrize("scheme", ["sha256", "sha256-tree"])
@@ -157,8 +177,10 @@ def test_a_chain_is_joined_into_buffers_its_cache_grows_into(engine):
     grafted = engine.restore_chain([root, link])
     got = _decode(engine, grafted, suffix, 4)
     full = [l for l in grafted.layers if isinstance(l, growcache.layer_class())]
-    assert full and all(l.keys.data_ptr() == l._kbuf.data_ptr() and l._kbuf.shape[-2] == len(a) + len(b)
-                        + growcache.SLACK_TOKENS for l in full)
+    assert full and all(
+        l.keys.data_ptr() == l._kbuf.data_ptr() and l._kbuf.shape[-2] == len(a) + len(b) + growcache.SLACK_TOKENS
+        for l in full
+    )
     fresh, _ = engine.prefill(a)
     fresh, _ = engine.prefill(b, cache=fresh)
     assert tensor_sha256(got) == tensor_sha256(_decode(engine, fresh, suffix, 4))
@@ -168,7 +190,6 @@ def test_graft_reads_its_artifact_with_room_on_the_cpu(deposited, engine, monkey
     """`graft` (runs.graft.open_artifact: from the store, or a .kvg path) reads full layers with the growing cache's
     room, and the graft is the same as one read without it (KVGRAFT_GROW_IN_PLACE=0: no room, concatenation)."""
     from kvgraft_cli.runs.graft import graft_generate, open_artifact
-
     from kvgraft_cli.store.local import VERIFIED
 
     ctx, report = deposited
@@ -179,10 +200,15 @@ def test_graft_reads_its_artifact_with_room_on_the_cpu(deposited, engine, monkey
     results = {}
     for ref in (sha, path):
         loaded = open_artifact(ctx, ref)
-        assert [l.room is not None for l in loaded.artifact.layers] == [l.kind == "full" for l in loaded.artifact.layers]
+        assert [l.room is not None for l in loaded.artifact.layers] == [
+            l.kind == "full" for l in loaded.artifact.layers
+        ]
         n = len(loaded.token_ids)  # room for as many tokens as it holds, at most the growing cache's slack
-        assert all(l.room[0].shape[-2] == n + min(n, growcache.SLACK_TOKENS) for l in loaded.artifact.layers
-                   if l.room is not None)
+        assert all(
+            l.room[0].shape[-2] == n + min(n, growcache.SLACK_TOKENS)
+            for l in loaded.artifact.layers
+            if l.room is not None
+        )
         results[ref] = graft_generate(ctx, engine, loaded, "What is 2 + 2?", 6).generated_ids
     with ctx.open_store(create=False) as store:
         store.load(sha)  # remembered (as `solve` does): shared from now on, so never read with room
@@ -206,7 +232,9 @@ def test_room_that_is_not_the_layers_own_buffer_is_not_taken(engine, grafted):
     cache = engine.restore(layers)
     engine.forward(cache, engine.encode(" more"))
     for i, (k, v) in strangers.items():
-        assert cache.layers[i]._kbuf is not k and not k[..., len(prefix):, :].any() and not v[..., len(prefix):, :].any()
+        assert (
+            cache.layers[i]._kbuf is not k and not k[..., len(prefix) :, :].any() and not v[..., len(prefix) :, :].any()
+        )
 
 
 def test_states_replaced_after_the_restore_are_copied_not_dropped(engine, raw_file):
@@ -233,8 +261,11 @@ def test_a_chain_link_is_not_read_with_room(tmp_path, engine):
     cache, last = engine.prefill(a)
     root = kvg.encode(a, engine.capture(cache), engine.artifact_meta("0" * 64))
     cache, _ = engine.prefill(b, cache=cache)
-    link = kvg.encode(b, engine.capture(cache, start=len(a)),
-                      engine.artifact_meta("0" * 64, start=len(a), parent=kvg.payload_identity(root)))
+    link = kvg.encode(
+        b,
+        engine.capture(cache, start=len(a)),
+        engine.artifact_meta("0" * 64, start=len(a), parent=kvg.payload_identity(root)),
+    )
     for name, payload in (("root", root), ("link", link)):
         kvg.write_file(tmp_path / f"{name}.kvg", payload, codec="raw")
     _, r = kvg.open_file(tmp_path / "root.kvg", room=64)
@@ -251,7 +282,7 @@ def test_a_file_cut_short_under_the_reader_is_refused_with_room(tmp_path, raw_fi
     path, sha = raw_file["sha256-tree"]
     full = path.stat().st_size
     cut = tmp_path / "cut.kvg"
-    cut.write_bytes(path.read_bytes()[:full - 5000])
+    cut.write_bytes(path.read_bytes()[: full - 5000])
     monkeypatch.setattr(container, "file_size", lambda f: full)
     for room in (0, 64):
         with pytest.raises(IntegrityError, match="truncated .kvg container"):

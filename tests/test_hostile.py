@@ -13,21 +13,27 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
 
 from kvgraft_cli.artifacts import format as kvg
 from kvgraft_cli.artifacts import payload as pl
 from kvgraft_cli.config.manifest import dump_yaml, load_manifest
 from kvgraft_cli.config.profiles import environ_without_pins
-from kvgraft_cli.errors import (ArtifactError, InputError, IntegrityError, ManifestError, ProblemFileError,
-                                UnsupportedModel)
+from kvgraft_cli.errors import (
+    ArtifactError,
+    InputError,
+    IntegrityError,
+    ManifestError,
+    ProblemFileError,
+    UnsupportedModel,
+)
 
 GiB = 1 << 30
 MiB = 1 << 20
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
+
 
 def kvg_payload(n_tok: int = 3, head_dim: int = 2, dtype: str = "float32") -> bytes:
     """A valid v1 payload (one full layer, zero tensors) built by hand, without torch: header + data."""
@@ -37,16 +43,34 @@ def kvg_payload(n_tok: int = 3, head_dim: int = 2, dtype: str = "float32") -> by
 
 def kvg_head(n_tok: int = 3, head_dim: int = 2, dtype: str = "float32") -> tuple[bytes, int]:
     """The first 8 + N bytes of that payload (length and header), and the payload size they describe."""
-    meta = {"cumulative_lengths": "[null]", "dtype": dtype, "format": "kvgraft.kvg", "format_version": "1",
-            "layer_types": '["full"]', "logits_dtype": "float32", "logits_sha256": "0" * 64,
-            "manifest_sha256": "0" * 64, "model_sha256": "0" * 64, "num_layers": "1", "num_tokens": str(n_tok),
-            "prefill": "{}", "sliding_windows": "[null]", "start_position": "0", "tokenizer_sha256": "0" * 64}
+    meta = {
+        "cumulative_lengths": "[null]",
+        "dtype": dtype,
+        "format": "kvgraft.kvg",
+        "format_version": "1",
+        "layer_types": '["full"]',
+        "logits_dtype": "float32",
+        "logits_sha256": "0" * 64,
+        "manifest_sha256": "0" * 64,
+        "model_sha256": "0" * 64,
+        "num_layers": "1",
+        "num_tokens": str(n_tok),
+        "prefill": "{}",
+        "sliding_windows": "[null]",
+        "start_position": "0",
+        "tokenizer_sha256": "0" * 64,
+    }
     ids, kv = 8 * n_tok, 4 * n_tok * head_dim
-    header = {"__metadata__": meta,
-              "token_ids": {"dtype": "I64", "shape": [n_tok], "data_offsets": [0, ids]},
-              "layers.000.keys": {"dtype": "F32", "shape": [1, 1, n_tok, head_dim], "data_offsets": [ids, ids + kv]},
-              "layers.000.values": {"dtype": "F32", "shape": [1, 1, n_tok, head_dim],
-                                    "data_offsets": [ids + kv, ids + 2 * kv]}}
+    header = {
+        "__metadata__": meta,
+        "token_ids": {"dtype": "I64", "shape": [n_tok], "data_offsets": [0, ids]},
+        "layers.000.keys": {"dtype": "F32", "shape": [1, 1, n_tok, head_dim], "data_offsets": [ids, ids + kv]},
+        "layers.000.values": {
+            "dtype": "F32",
+            "shape": [1, 1, n_tok, head_dim],
+            "data_offsets": [ids + kv, ids + 2 * kv],
+        },
+    }
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     return struct.pack("<Q", len(text)) + text, 8 + len(text) + ids + 2 * kv
@@ -60,7 +84,7 @@ def zstd_frame(raw: bytes, zeros: int, declared: int | None) -> bytes:
     out += bytes([(3 << 6) if declared is not None else 0, (17 - 10) << 3])  # 8-byte size; 128 KiB window
     if declared is not None:
         out += struct.pack("<Q", declared)
-    blocks = [(0, raw[i:i + block]) for i in range(0, len(raw), block)]
+    blocks = [(0, raw[i : i + block]) for i in range(0, len(raw), block)]
     blocks += [(1, min(block, zeros - i)) for i in range(0, zeros, block)]
     for i, (kind, d) in enumerate(blocks):
         last = int(i == len(blocks) - 1)
@@ -107,8 +131,13 @@ print(json.dumps({"error": error, "exit_code": code, "seconds": time.perf_counte
 def capped(reader: str, path: Path, expected: str | None = None, extra: int = GiB, env: dict | None = None) -> dict:
     """Run one frame reader in a fresh process whose address space may grow by at most ``extra`` bytes; its peak
     RSS growth is VmHWM (this process's own peak) minus VmRSS before the read."""
-    p = subprocess.run([sys.executable, "-c", _CAPPED, reader, str(path), expected or "", str(extra)],
-                       env={**environ_without_pins(), **(env or {})}, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", _CAPPED, reader, str(path), expected or "", str(extra)],
+        env={**environ_without_pins(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 
@@ -128,15 +157,17 @@ main()
 """
 
 
-def measured_cli(*args: str, cwd: Path, timeout: int = 300, stdout: list | None = None,
-                 env: dict | None = None) -> tuple[int, list[str], float, float]:
+def measured_cli(
+    *args: str, cwd: Path, timeout: int = 300, stdout: list | None = None, env: dict | None = None
+) -> tuple[int, list[str], float, float]:
     """Run the CLI in a fresh process: (exit code, stderr lines without the measurement, MiB of peak RSS, seconds);
     its stdout is appended to ``stdout`` when given; ``env`` adds variables."""
     env = {**environ_without_pins(), **(env or {})}
     env.pop("KVGRAFT_DEBUG", None)
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", _MEASURED_CLI, *args], cwd=cwd, env=env, capture_output=True,
-                       text=True, timeout=timeout)
+    p = subprocess.run(
+        [sys.executable, "-c", _MEASURED_CLI, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
     seconds = time.perf_counter() - t0
     if stdout is not None:
         stdout.append(p.stdout)
@@ -146,6 +177,7 @@ def measured_cli(*args: str, cwd: Path, timeout: int = 300, stdout: list | None 
 
 
 # -- 1. zstd bombs -----------------------------------------------------------------------------------------------
+
 
 def _bombs(tmp_path: Path) -> dict[str, Path]:
     small = kvg_payload()
@@ -255,7 +287,7 @@ def _streamed_frame(payload: bytes) -> bytes:
     buf = io.BytesIO()
     with zstandard.ZstdCompressor(write_checksum=True).stream_writer(buf, size=len(payload), closefd=False) as w:
         for i in range(0, len(payload), 100):
-            w.write(payload[i:i + 100])
+            w.write(payload[i : i + 100])
             w.flush(zstandard.FLUSH_BLOCK)
     return buf.getvalue()
 
@@ -277,13 +309,15 @@ def test_verify_full_refuses_a_bomb_in_bounded_memory(tmp_path, deposited):
     obj = next(work.rglob(f"{sha}.kvg"))
     shutil.copy(_bombs(tmp_path)["declares 1 GiB"], obj)
     out: list = []
-    rc, err, rss, seconds = measured_cli("verify", str(work / Path(ctx.ledger).name), "--full", "--no-cache", cwd=work,
-                                         stdout=out)
+    rc, err, rss, seconds = measured_cli(
+        "verify", str(work / Path(ctx.ledger).name), "--full", "--no-cache", cwd=work, stdout=out
+    )
     assert rc == 1 and f"{sha}.kvg does not match its recorded sha256" in "\n".join(err), (out, err)
     assert rss < 400 and seconds < 60, (rss, seconds)
 
 
 # -- 2. YAML alias bombs -----------------------------------------------------------------------------------------
+
 
 def _alias_bomb(levels: int = 7) -> str:
     """The default manifest with a 'billion laughs' name: 9^levels strings from ~1.5 KB. Before, 8 levels (1.6 KB)
@@ -344,9 +378,11 @@ def test_values_quoted_in_errors_are_clipped(tmp_path):
 
 # -- 3. a huge problem text --------------------------------------------------------------------------------------
 
+
 def _big_problems(path: Path, chars: int, line: int = 1) -> Path:
-    recs = [{"id": f"p{i}", "problem": "What is 1+1?", "solution": "The answer is: 2", "answer": "2"}
-            for i in range(line)]
+    recs = [
+        {"id": f"p{i}", "problem": "What is 1+1?", "solution": "The answer is: 2", "answer": "2"} for i in range(line)
+    ]
     recs[-1]["problem"] = "1+1=? " * (chars // 6)
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     return path
@@ -357,8 +393,10 @@ def test_long_problem_is_refused_by_its_length_naming_the_line(tmp_path):
 
     path = _big_problems(tmp_path / "p.jsonl", 2_000_000, line=2)
     problems = read_problems(path, load_manifest(None).data["input"])
-    with pytest.raises(ProblemFileError,
-                       match=r"p\.jsonl:2: problem 'p1': 2,000,014 characters of problem and solution .* 32,768 positions"):
+    with pytest.raises(
+        ProblemFileError,
+        match=r"p\.jsonl:2: problem 'p1': 2,000,014 characters of problem and solution .* 32,768 positions",
+    ):
         check_lengths(problems, path, 32768)
     check_lengths(problems[:1], path, 32768)
 
@@ -396,20 +434,27 @@ def test_deposit_cli_refuses_a_50_mb_problem_early(tmp_path):
 
 # -- 4. internal errors that are input errors --------------------------------------------------------------------
 
+
 def test_deeply_nested_json_problem_is_an_input_error(tmp_path):
     from kvgraft_cli.eval.problems import read_problems
 
     path = tmp_path / "deep.jsonl"
-    path.write_text(json.dumps({"id": "a", "problem": "p", "solution": "s", "answer": "1"}) + "\n"
-                    + "[" * 100_000 + "]" * 100_000 + "\n")
+    path.write_text(
+        json.dumps({"id": "a", "problem": "p", "solution": "s", "answer": "1"})
+        + "\n"
+        + "[" * 100_000
+        + "]" * 100_000
+        + "\n"
+    )
     with pytest.raises(ProblemFileError, match=r"deep\.jsonl:2: JSON nested too deeply"):
         read_problems(path, load_manifest(None).data["input"])
     rc, err, _, _ = measured_cli("deposit", str(path), "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path)
     assert rc == 2 and len(err) == 1 and "deep.jsonl:2" in err[0], err
 
 
-@pytest.mark.parametrize("field,value", [("runtime.seed", 2**70), ("prefill.chunk_size", 10**30),
-                                         ("runtime.threads", 2**40)])
+@pytest.mark.parametrize(
+    "field,value", [("runtime.seed", 2**70), ("prefill.chunk_size", 10**30), ("runtime.threads", 2**40)]
+)
 def test_numbers_a_pin_cannot_hold_are_refused(tmp_path, field, value):
     data = load_manifest(None).data
     section, key = field.split(".")
@@ -451,8 +496,11 @@ def _tiny_minimax(tmp_path: Path) -> Path:
     from kvgraft_cli.engine.tinymodel import write_tiny_model
     from kvgraft_cli.engine.zoo import _COMMON
 
-    return write_tiny_model(tmp_path / "minimax", seed=1,
-                            config=T.MiniMaxConfig(**_COMMON, num_local_experts=2, num_experts_per_tok=1, head_dim=8))
+    return write_tiny_model(
+        tmp_path / "minimax",
+        seed=1,
+        config=T.MiniMaxConfig(**_COMMON, num_local_experts=2, num_experts_per_tok=1, head_dim=8),
+    )
 
 
 def test_minimax_is_refused_by_name_before_its_weights_load(tmp_path):
@@ -486,8 +534,9 @@ def test_a_model_that_rejects_dynamic_cache_is_refused_in_the_layout_probe(engin
                 raise ValueError("this model uses a cache of its own")
 
     fake = dataclasses.replace(engine, model=RejectsDynamicCache(engine.model.config))
-    with pytest.raises(UnsupportedModel,
-                       match=r"\(RejectsDynamicCache\) fails a one-token forward .* cache of its own"):
+    with pytest.raises(
+        UnsupportedModel, match=r"\(RejectsDynamicCache\) fails a one-token forward .* cache of its own"
+    ):
         _probe_layout(fake)
     minimax = AutoModelForCausalLM.from_pretrained(str(_tiny_minimax(tmp_path))).eval()
     with pytest.raises(UnsupportedModel, match=r"model type minimax \(MiniMaxForCausalLM\) fails"):
@@ -531,17 +580,24 @@ def test_graft_by_a_path_says_how_its_identity_was_checked(deposited, engine, tm
     assert not (tmp_path / "no-store").exists()
     assert graft_generate(elsewhere, engine, loaded, "2+2?", 2).identity == "file"
     # The CLI says so: a note on stderr, the field in --json.
-    r = run_cli("graft", str(renamed), "--store", "no-store", "--ledger", "l.jsonl", "-n", "2", cwd=tmp_path,
-                check_rc=0)
+    r = run_cli(
+        "graft", str(renamed), "--store", "no-store", "--ledger", "l.jsonl", "-n", "2", cwd=tmp_path, check_rc=0
+    )
     assert "not named by its hash and the store does not hold it" in r.stderr
-    r = run_cli("graft", str(named), "--store", "no-store", "--ledger", "l.jsonl", "-n", "2", "--json",
-                cwd=tmp_path, check_rc=0)
+    r = run_cli(
+        "graft", str(named), "--store", "no-store", "--ledger", "l.jsonl", "-n", "2", "--json", cwd=tmp_path, check_rc=0
+    )
     assert json.loads(r.stdout)["identity"] == "file name" and "note:" not in r.stderr
 
 
-@pytest.mark.parametrize("args", [("deposit", "p.jsonl", "--limit", str(10**20)),
-                                  ("solve", "p.jsonl", "--k", str(2**53)),
-                                  ("graft", "--samples", str(10**30), "--check")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("deposit", "p.jsonl", "--limit", str(10**20)),
+        ("solve", "p.jsonl", "--k", str(2**53)),
+        ("graft", "--samples", str(10**30), "--check"),
+    ],
+)
 def test_counts_past_what_a_ledger_holds_are_usage_errors(tmp_path, args):
     """An option count past 2**53 - 1 is refused by the CLI before any work (it was an internal error after the
     engine loaded, leaving a store and a ledger behind)."""
@@ -579,14 +635,16 @@ def test_an_inconsistent_header_is_refused_before_its_size_is_allocated(tmp_path
 
 # -- 5. a line without end (#24.8) -------------------------------------------------------------------------------
 
+
 def test_a_problems_line_longer_than_the_limit_is_refused_before_it_is_read(tmp_path):
     """A line longer than KVGRAFT_MAX_LINE (default 64 MiB) is refused by its length, naming the line and the
     variable, having read at most that many bytes of it (exit 2); a file of one endless line is refused the same."""
     path = tmp_path / "long.jsonl"
     good = json.dumps({"id": "a", "problem": "What is 1+1?", "solution": "The answer is: 2", "answer": "2"})
     path.write_text(good + "\n" + "x" * 3000)  # the second line is 3,000 bytes and never ends
-    rc, err, _, _ = measured_cli("deposit", str(path), "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path,
-                                 env={"KVGRAFT_MAX_LINE": "2K"})
+    rc, err, _, _ = measured_cli(
+        "deposit", str(path), "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path, env={"KVGRAFT_MAX_LINE": "2K"}
+    )
     assert rc == 2 and len(err) == 1, err
     assert "long.jsonl:2" in err[0] and "2,048 bytes" in err[0] and "KVGRAFT_MAX_LINE" in err[0], err
     assert not (tmp_path / "s").exists() and not (tmp_path / "l.jsonl").exists()
@@ -607,9 +665,15 @@ def test_an_endless_problems_file_is_refused_in_bounded_memory(tmp_path):
         "try:\n"
         "    read_problems('/dev/zero', m)\n"
         "except ProblemFileError as e:\n"
-        "    print('refused:', e.message)\n")
-    p = subprocess.run([sys.executable, "-c", code], env={**environ_without_pins(), "KVGRAFT_MAX_LINE": "1M"},
-                       capture_output=True, text=True, timeout=120)
+        "    print('refused:', e.message)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**environ_without_pins(), "KVGRAFT_MAX_LINE": "1M"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0 and p.stdout.startswith("refused: /dev/zero:1:"), (p.stdout, p.stderr[-2000:])
     assert "KVGRAFT_MAX_LINE" in p.stdout
 
@@ -643,8 +707,14 @@ def test_an_artifact_longer_than_the_model_is_refused_by_its_header(tmp_path):
     assert bomb.stat().st_size < 2 * MiB and size > GiB - MiB
     env = environ_without_pins()
     env.pop("KVGRAFT_DEBUG", None)
-    p = subprocess.run([sys.executable, "-c", _CAPPED_CLI, "graft", str(bomb), "--store", "s", "--ledger",
-                        "l.jsonl"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", _CAPPED_CLI, "graft", str(bomb), "--store", "s", "--ledger", "l.jsonl"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("Error: ") and p.stderr.count("\n") == 1 and "internal error" not in p.stderr, p.stderr
     assert "2,064,885 tokens" in p.stderr and "32,768 positions" in p.stderr, p.stderr

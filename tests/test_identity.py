@@ -26,14 +26,16 @@ MIB = 1 << 20
 
 def by_hand(payload: bytes) -> str:
     """docs/FORMAT.md's sha256-tree, written from the document."""
-    leaves = b"".join(hashlib.sha256(payload[i:i + MIB]).digest() for i in range(0, len(payload), MIB))
+    leaves = b"".join(hashlib.sha256(payload[i : i + MIB]).digest() for i in range(0, len(payload), MIB))
     return hashlib.sha256(b"kvgraft/sha256-tree/v1\n" + struct.pack("<Q", len(payload)) + leaves).hexdigest()
 
 
 def _payload(scheme: str | None, tokens: int, seed: int = 0) -> bytes:
     g = torch.Generator().manual_seed(seed)
-    layers = [kvg.LayerState("full", torch.randn(1, 2, tokens, 64, generator=g), torch.randn(1, 2, tokens, 64, generator=g))
-              for _ in range(2)]
+    layers = [
+        kvg.LayerState("full", torch.randn(1, 2, tokens, 64, generator=g), torch.randn(1, 2, tokens, 64, generator=g))
+        for _ in range(2)
+    ]
     meta = {k: "x" for k in kvg.REQUIRED_META}
     meta.update(dtype="float32", start_position="0", prefill="{}")
     if scheme is not None:
@@ -52,7 +54,7 @@ def test_the_tree_is_the_documented_one_however_the_payload_arrives(tokens):
         h, pos = ident.PayloadHasher(), 0
         while pos < len(payload):
             k = rng.choice([1, 7, 100, MIB - 1, MIB, MIB + 3, 3 * MIB])
-            h.add(memoryview(payload)[pos:pos + k])
+            h.add(memoryview(payload)[pos : pos + k])
             pos += k
         assert h.digest() == want and h.scheme == "sha256-tree"
 
@@ -64,7 +66,7 @@ def test_a_payload_that_names_no_tree_keeps_its_plain_sha256(scheme):
     assert ident.payload_identity(payload) == want
     h = ident.PayloadHasher()
     for i in range(0, len(payload), 3 * MIB + 1):
-        h.add(payload[i:i + 3 * MIB + 1])
+        h.add(payload[i : i + 3 * MIB + 1])
     assert h.digest() == want and h.scheme == "sha256"
 
 
@@ -103,8 +105,11 @@ def test_one_schemes_digest_never_passes_for_the_others(tmp_path):
     readable payload: the tag's first 8 bytes are a header length far over the limit."""
     payload = _payload("sha256-tree", 1111)
     tree = by_hand(payload)
-    forged = (b"kvgraft/sha256-tree/v1\n" + struct.pack("<Q", len(payload))
-              + b"".join(hashlib.sha256(payload[i:i + MIB]).digest() for i in range(0, len(payload), MIB)))
+    forged = (
+        b"kvgraft/sha256-tree/v1\n"
+        + struct.pack("<Q", len(payload))
+        + b"".join(hashlib.sha256(payload[i : i + MIB]).digest() for i in range(0, len(payload), MIB))
+    )
     assert hashlib.sha256(forged).hexdigest() == tree  # the forgery does carry the digest ...
     assert ident.payload_identity(forged) == tree
     with pytest.raises(ArtifactError):  # ... but is refused as a payload, by every reader
@@ -148,7 +153,7 @@ def test_wait_hashed_says_when_a_buffer_may_be_reused():
         h.wait_hashed(3 * MIB + 10)  # leaf 3 needs the bytes after it
     with pytest.raises(RuntimeError, match="handed over"):
         h.wait_hashed(4 * MIB)
-    h.add(memoryview(payload)[3 * MIB + 10:])
+    h.add(memoryview(payload)[3 * MIB + 10 :])
     assert h.digest() == by_hand(payload)
     s = ident.PayloadHasher()
     plain = _payload(None, 1111)
@@ -169,23 +174,30 @@ def test_a_new_manifest_names_artifacts_by_the_tree_and_grafts_across_schemes(tm
     compute pin, it grafts under a manifest that names artifacts by sha256 (and that one deposits sha256 names)."""
     tree_m, plain_m = _manifest(tmp_path, "tree.yaml", None), _manifest(tmp_path, "plain.yaml", "sha256")
     assert "identity: sha256-tree" in (tmp_path / tree_m).read_text()
-    pins = [json.loads(run_cli("manifest", "validate", m, "--json", cwd=tmp_path, check_rc=0).stdout)["compute_sha256"]
-            for m in (tree_m, plain_m)]
+    pins = [
+        json.loads(run_cli("manifest", "validate", m, "--json", cwd=tmp_path, check_rc=0).stdout)["compute_sha256"]
+        for m in (tree_m, plain_m)
+    ]
     assert pins[0] == pins[1]
-    dep = json.loads(run_cli("deposit", str(EXAMPLES), "-m", tree_m, "--limit", "1", "--json", cwd=tmp_path,
-                             check_rc=0).stdout)
+    dep = json.loads(
+        run_cli("deposit", str(EXAMPLES), "-m", tree_m, "--limit", "1", "--json", cwd=tmp_path, check_rc=0).stdout
+    )
     sha = dep["results"][0]["artifact"]
     payload, art = kvg.read_file(next((tmp_path / "kvgraft-store" / "objects").rglob(f"{sha}.kvg")))
     assert art.meta["identity"] == "sha256-tree" and by_hand(bytes(payload)) == sha
     run_cli("verify", "--full", cwd=tmp_path, check_rc=0)
-    check = json.loads(run_cli("graft", sha, "--check", "--samples", "2", "-m", plain_m, "--json", cwd=tmp_path,
-                               check_rc=0).stdout)
+    check = json.loads(
+        run_cli("graft", sha, "--check", "--samples", "2", "-m", plain_m, "--json", cwd=tmp_path, check_rc=0).stdout
+    )
     assert check["passed"] and check["sha_equal"] == 2
     assert check["deposit_reproduced"]  # its own deposit is named by sha256: another name, the same bytes
     # Re-deposited with --recompute under the sha256 manifest: the store holds the prefix under its tree name, the
     # recomputed cache is named by sha256; the check compares the bytes, so it passes.
-    dep2 = json.loads(run_cli("deposit", str(EXAMPLES), "-m", plain_m, "--limit", "1", "--recompute", "--json",
-                              cwd=tmp_path, check_rc=0).stdout)
+    dep2 = json.loads(
+        run_cli(
+            "deposit", str(EXAMPLES), "-m", plain_m, "--limit", "1", "--recompute", "--json", cwd=tmp_path, check_rc=0
+        ).stdout
+    )
     sha2 = dep2["results"][0]["artifact"]
     payload2, art2 = kvg.read_file(next((tmp_path / "kvgraft-store" / "objects").rglob(f"{sha2}.kvg")))
     assert "identity" not in art2.meta and hashlib.sha256(bytes(payload2)).hexdigest() == sha2 != sha

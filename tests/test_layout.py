@@ -69,7 +69,9 @@ def _imports(path: Path, pkg_root: Path) -> list[tuple[int, str, bool]]:
 def violations(pkg_root: Path) -> list[str]:
     """Every import that runs against the map, and every module-level import of a heavy library."""
     bad = []
-    known = {p.name for p in pkg_root.iterdir() if (p / "__init__.py").exists()} | {p.stem for p in pkg_root.glob("*.py")}
+    known = {p.name for p in pkg_root.iterdir() if (p / "__init__.py").exists()} | {
+        p.stem for p in pkg_root.glob("*.py")
+    }
     for path in sorted(pkg_root.rglob("*.py")):
         rel = path.relative_to(pkg_root.parent).with_suffix("")
         me = ".".join(p for p in rel.parts if p != "__init__")
@@ -91,8 +93,10 @@ def violations(pkg_root: Path) -> list[str]:
 def circles(pkg_root: Path) -> list[str]:
     """Every pair of modules that import each other, at module level, inside a function or for annotations only
     (under ``if TYPE_CHECKING:``, which still ties the two together): "a <-> b", a before b."""
-    modules = {".".join(p for p in path.relative_to(pkg_root.parent).with_suffix("").parts if p != "__init__"): path
-               for path in pkg_root.rglob("*.py")}
+    modules = {
+        ".".join(p for p in path.relative_to(pkg_root.parent).with_suffix("").parts if p != "__init__"): path
+        for path in pkg_root.rglob("*.py")
+    }
     edges: set[tuple[str, str]] = set()
     for me, path in modules.items():
         for _, target, _ in _imports(path, pkg_root):
@@ -119,12 +123,21 @@ def test_no_two_modules_import_each_other():
     assert circles(PKG) == []
 
 
-@pytest.mark.parametrize("where, line, needle", [
-    ("artifacts/container.py", "def _z():\n    from .payload import CHUNK\n",
-     "kvgraft_cli.artifacts.container <-> kvgraft_cli.artifacts.payload"),
-    ("runs/workers/ray.py", "def _w():\n    from ..deposit import deposit\n",
-     "kvgraft_cli.runs.deposit <-> kvgraft_cli.runs.workers.ray"),
-])
+@pytest.mark.parametrize(
+    "where, line, needle",
+    [
+        (
+            "artifacts/container.py",
+            "def _z():\n    from .payload import CHUNK\n",
+            "kvgraft_cli.artifacts.container <-> kvgraft_cli.artifacts.payload",
+        ),
+        (
+            "runs/workers/ray.py",
+            "def _w():\n    from ..deposit import deposit\n",
+            "kvgraft_cli.runs.deposit <-> kvgraft_cli.runs.workers.ray",
+        ),
+    ],
+)
 def test_the_checker_sees_a_circle(tmp_path, where, line, needle):
     """The two circles this check was written after, put back in a copy of the package: each is named."""
     copy = tmp_path / "kvgraft_cli"
@@ -140,13 +153,20 @@ def test_each_subpackage_says_what_it_owns():
         assert doc and len(doc) > 40, f"{init} needs a docstring saying what the subpackage owns"
 
 
-@pytest.mark.parametrize("where, line, needle", [
-    ("util/hashing.py", "from ..engine import engine\n", "util imports kvgraft_cli.engine"),
-    ("audit/verify.py", "def _x():\n    from ..runs import graft\n", "audit imports kvgraft_cli.runs"),
-    ("ledger/log.py", "from ..store import local\n", "ledger imports kvgraft_cli.store"),
-    ("config/manifest.py", "def _y():\n    from ..engine.determinism import Drift\n", "config imports kvgraft_cli.engine"),
-    ("artifacts/format.py", "import torch\n", "imports torch at module level"),
-])
+@pytest.mark.parametrize(
+    "where, line, needle",
+    [
+        ("util/hashing.py", "from ..engine import engine\n", "util imports kvgraft_cli.engine"),
+        ("audit/verify.py", "def _x():\n    from ..runs import graft\n", "audit imports kvgraft_cli.runs"),
+        ("ledger/log.py", "from ..store import local\n", "ledger imports kvgraft_cli.store"),
+        (
+            "config/manifest.py",
+            "def _y():\n    from ..engine.determinism import Drift\n",
+            "config imports kvgraft_cli.engine",
+        ),
+        ("artifacts/format.py", "import torch\n", "imports torch at module level"),
+    ],
+)
 def test_the_checker_sees_a_reverse_import(tmp_path, where, line, needle):
     """Break the map on purpose in a copy of the package: the checker must name the offending line."""
     copy = tmp_path / "kvgraft_cli"

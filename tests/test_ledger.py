@@ -8,8 +8,8 @@ import multiprocessing as mp
 
 import pytest
 
-from kvgraft_cli.ledger import log as ledger
 from kvgraft_cli.errors import LedgerError
+from kvgraft_cli.ledger import log as ledger
 from kvgraft_cli.util.hashing import canonical_json
 
 

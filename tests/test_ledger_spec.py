@@ -27,12 +27,12 @@ from pathlib import Path
 
 import pytest
 import zstandard
-
 from conftest import REPO, run_cli
+
 from kvgraft_cli.artifacts import container
+from kvgraft_cli.artifacts.identity import payload_identity as kvg_identity
 from kvgraft_cli.audit import hashcache
 from kvgraft_cli.audit.verify import verify_ledger
-from kvgraft_cli.artifacts.identity import payload_identity as kvg_identity
 from kvgraft_cli.errors import InputError
 from kvgraft_cli.ledger import log as ledger
 from kvgraft_cli.ledger.checkpoint import Checkpoint, generate_key, sign
@@ -46,8 +46,11 @@ class Unusable(Exception):
 EMPTY_ROOT = hashlib.sha256(b"").digest()
 HEX64 = re.compile(r"[0-9a-f]{64}")
 KIND = re.compile(r"[a-z][a-z0-9-]*")
-TIME = re.compile(r"(\d{4})-(\d\d)-(\d\d)[Tt]([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?"
-                  r"([Zz]|[+-]([01]\d|2[0-3]):?[0-5]\d)", re.ASCII)
+TIME = re.compile(
+    r"(\d{4})-(\d\d)-(\d\d)[Tt]([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?"
+    r"([Zz]|[+-]([01]\d|2[0-3]):?[0-5]\d)",
+    re.ASCII,
+)
 SIZE = re.compile(r"0|[1-9][0-9]*", re.ASCII)
 SIG_PREFIX = "\u2014 "
 
@@ -79,8 +82,11 @@ def _hex64(v) -> bool:
 
 
 def _digest_ok(d) -> bool:
-    return (isinstance(d, dict) and _hex64(d.get("sha256"))
-            and ("path" not in d or (isinstance(d["path"], str) and d["path"] != "")))
+    return (
+        isinstance(d, dict)
+        and _hex64(d.get("sha256"))
+        and ("path" not in d or (isinstance(d["path"], str) and d["path"] != ""))
+    )
 
 
 def _schema_ok(e: dict) -> bool:
@@ -95,15 +101,22 @@ def _schema_ok(e: dict) -> bool:
         return False
     if "manifest" in e:
         m = e["manifest"]
-        if not (isinstance(m, dict) and _hex64(m.get("sha256")) and _hex64(m.get("compute_sha256"))
-                and isinstance(m.get("source"), str) and isinstance(m.get("path", ""), str)):
+        if not (
+            isinstance(m, dict)
+            and _hex64(m.get("sha256"))
+            and _hex64(m.get("compute_sha256"))
+            and isinstance(m.get("source"), str)
+            and isinstance(m.get("path", ""), str)
+        ):
             return False
     if "model" in e and not _digest_ok(e["model"]):
         return False
     if "environment" in e and not isinstance(e["environment"], dict):
         return False
-    if "drift" in e and not (isinstance(e["drift"], list) and all(
-            isinstance(x, dict) and all(k in x for k in ("field", "pinned", "effective")) for x in e["drift"])):
+    if "drift" in e and not (
+        isinstance(e["drift"], list)
+        and all(isinstance(x, dict) and all(k in x for k in ("field", "pinned", "effective")) for x in e["drift"])
+    ):
         return False
     for sec in ("inputs", "outputs"):
         if sec in e:
@@ -111,8 +124,11 @@ def _schema_ok(e: dict) -> bool:
                 return False
             if any(isinstance(d, dict) and "sha256" in d and not _digest_ok(d) for d in e[sec].values()):
                 return False
-    need = {"deposit": (["problems_file", "record", "token_ids"], ["artifact", "logits"]),
-            "graft": (["artifact"], []), "graft-check": (["artifact"], [])}.get(e["kind"])
+    need = {
+        "deposit": (["problems_file", "record", "token_ids"], ["artifact", "logits"]),
+        "graft": (["artifact"], []),
+        "graft-check": (["artifact"], []),
+    }.get(e["kind"])
     if need:
         if not all(k in e for k in ("manifest", "model", "environment", "inputs", "outputs")):
             return False
@@ -236,13 +252,13 @@ def parse_note(text: str) -> tuple[str, int, bytes, list[tuple[str, bytes, bytes
     k = text.rfind("\n\n")
     sigs = []
     if k >= 0 and text.startswith(SIG_PREFIX, k + 2):
-        text, block = text[:k + 1], text[k + 2:]
+        text, block = text[: k + 1], text[k + 2 :]
         if not block.endswith("\n") or block.count("\n") > 100:
             raise Unusable("signature block")
         for line in block[:-1].split("\n"):
             if not line.startswith(SIG_PREFIX):
                 raise Unusable("not a signature line")
-            name, _, payload = line[len(SIG_PREFIX):].partition(" ")
+            name, _, payload = line[len(SIG_PREFIX) :].partition(" ")
             raw = _b64(payload)
             if not _key_name_ok(name) or len(raw) <= 4:
                 raise Unusable("signature line")
@@ -302,9 +318,13 @@ def score_settings_ok(e: dict, rules_before: bool) -> bool:
     s = ins["settings"] if isinstance(ins.get("settings"), dict) else {}
     r = outs["result"]
     if "rules" not in s:
-        return (not any(k in s for k in RULES_2_SETTINGS) and not any(k in r for k in RULES_2_RESULT)
-                and str(r.get("extractor_version", "2")) in RULES_EXTRACTORS["1"]
-                and not (isinstance(e.get("time"), str) and e["time"][:10] > "2026-12-01") and not rules_before)
+        return (
+            not any(k in s for k in RULES_2_SETTINGS)
+            and not any(k in r for k in RULES_2_RESULT)
+            and str(r.get("extractor_version", "2")) in RULES_EXTRACTORS["1"]
+            and not (isinstance(e.get("time"), str) and e["time"][:10] > "2026-12-01")
+            and not rules_before
+        )
     rules, ext = s["rules"], s.get("extractor_version")
     if _ver(rules) is None or ("extractor_version" in r and r["extractor_version"] != ext):
         return False
@@ -313,15 +333,21 @@ def score_settings_ok(e: dict, rules_before: bool) -> bool:
     if _ver(ext) is None or _ver(ext) < _ver(RULES_EXTRACTORS[rules][0]):
         return False
     if rules == "1":
-        return ext in RULES_EXTRACTORS["1"] and not any(k in s for k in RULES_2_SETTINGS[1:]) \
+        return (
+            ext in RULES_EXTRACTORS["1"]
+            and not any(k in s for k in RULES_2_SETTINGS[1:])
             and not any(k in r for k in RULES_2_RESULT)
+        )
     grader, pin = s.get("grader", "exact"), s.get("grader_version")
     if grader == "exact":
         return "grader_version" not in s
     if grader == "math-verify":
         libs = r.get("grader_libs")
-        return _ver(pin) is not None and _ver(pin) >= (0, 9, 0) and (
-            libs is None or (isinstance(libs, dict) and libs.get("math-verify") == pin))
+        return (
+            _ver(pin) is not None
+            and _ver(pin) >= (0, 9, 0)
+            and (libs is None or (isinstance(libs, dict) and libs.get("math-verify") == pin))
+        )
     return True
 
 
@@ -342,7 +368,7 @@ def file_digest(path: Path) -> str | None:
     if data[:8] == b"\x89KVG\r\n\x1a\n":
         (h,) = struct.unpack("<I", data[8:12])
         try:
-            c = json.loads(data[12:12 + h])
+            c = json.loads(data[12 : 12 + h])
         except ValueError:
             return None
         if c.get("version") != 2:
@@ -353,7 +379,7 @@ def file_digest(path: Path) -> str | None:
             return shuffled_digest(data, c)
         if c.get("codec") != "raw" or len(data) != c["payload_offset"] + c["payload_bytes"]:
             return None
-        return identity(data[c["payload_offset"]:])
+        return identity(data[c["payload_offset"] :])
     try:
         size = zstandard.get_frame_parameters(data).content_size
         if not 0 < size < 2**64 - 1:
@@ -373,7 +399,7 @@ def shuffled_digest(data: bytes, c: dict) -> str | None:
     if len(c["chunks"]) != -(-c["payload_bytes"] // size):
         return None
     for k, (stored, sha) in enumerate(c["chunks"]):
-        frame = data[pos:pos + stored]
+        frame = data[pos : pos + stored]
         pos += stored
         want = min(size, c["payload_bytes"] - k * size)
         if hashlib.sha256(frame).hexdigest() != sha:
@@ -386,7 +412,7 @@ def shuffled_digest(data: bytes, c: dict) -> str | None:
             return None
         m, chunk = want // e, bytearray(planes)
         for j in range(e):
-            chunk[j:m * e:e] = planes[j * m:(j + 1) * m]
+            chunk[j : m * e : e] = planes[j * m : (j + 1) * m]
         payload += chunk
     if pos != len(data) or len(payload) != c["payload_bytes"]:
         return None
@@ -399,7 +425,7 @@ def identity(payload: bytes) -> str | None:
     n = int.from_bytes(payload[:8], "little") if len(payload) >= 8 else 0
     if 2 <= n <= 8 << 20 and len(payload) >= 8 + n:
         try:
-            meta = json.loads(payload[8:8 + n]).get("__metadata__")
+            meta = json.loads(payload[8 : 8 + n]).get("__metadata__")
             scheme = meta.get("identity", "sha256") if isinstance(meta, dict) else "sha256"
         except (ValueError, AttributeError):
             pass
@@ -407,7 +433,7 @@ def identity(payload: bytes) -> str | None:
         return hashlib.sha256(payload).hexdigest()
     if scheme != "sha256-tree":
         return None
-    leaves = b"".join(hashlib.sha256(payload[i:i + (1 << 20)]).digest() for i in range(0, len(payload), 1 << 20))
+    leaves = b"".join(hashlib.sha256(payload[i : i + (1 << 20)]).digest() for i in range(0, len(payload), 1 << 20))
     return hashlib.sha256(b"kvgraft/sha256-tree/v1\n" + len(payload).to_bytes(8, "little") + leaves).hexdigest()
 
 
@@ -422,8 +448,14 @@ def referenced_files(entry: dict) -> list[tuple[str, dict]]:
     return out
 
 
-def spec_verify(path: Path, *, checkpoint: Path | None = None, keys: tuple[str, ...] = (),
-                since: Path | None = None, files: bool = True) -> dict:
+def spec_verify(
+    path: Path,
+    *,
+    checkpoint: Path | None = None,
+    keys: tuple[str, ...] = (),
+    since: Path | None = None,
+    files: bool = True,
+) -> dict:
     """The verdict of docs/LEDGER.md: status pass | fail | input, the 1-based bad lines, the ledger-wide findings,
     the Merkle root, the checkpoint's signers and every referenced file's status."""
     try:
@@ -454,8 +486,12 @@ def _spec_verify(path, checkpoint, keys, since, files) -> dict:
             except UnicodeEncodeError:  # a lone surrogate
                 ok = False
         if isinstance(e, dict):
-            ok = (ok and _schema_ok(e) and e.get("seq") == i
-                  and e.get("prev") == (hashlib.sha256(prev).hexdigest() if prev is not None else None))
+            ok = (
+                ok
+                and _schema_ok(e)
+                and e.get("seq") == i
+                and e.get("prev") == (hashlib.sha256(prev).hexdigest() if prev is not None else None)
+            )
         if not ok:
             bad.add(i + 1)
         entries.append(e if isinstance(e, dict) else None)
@@ -538,10 +574,13 @@ def _spec_verify(path, checkpoint, keys, since, files) -> dict:
                 if not score_settings_ok(e, rules_before):
                     bad.add(i + 1)
                 ins = e.get("inputs")
-                rules_before |= isinstance(ins, dict) and isinstance(ins.get("settings"), dict) \
-                    and "rules" in ins["settings"]
+                rules_before |= (
+                    isinstance(ins, dict) and isinstance(ins.get("settings"), dict) and "rules" in ins["settings"]
+                )
     failed = bad or whole or "mismatch" in result["files"].values()
     return {**result, "status": "fail" if failed else "pass", "bad_lines": bad, "whole": whole}
+
+
 # =====================================================================================================================
 
 
@@ -552,11 +591,14 @@ def kvgraft_verdict(path: Path, **kw) -> dict:
     except InputError:
         return {"status": "input"}
     found = [f for f in r.findings if f.check != "score"]
-    return {"status": "fail" if found or r.mismatched else "pass", "root": r.root,
-            "bad_lines": {f.line for f in found if f.line is not None},
-            "whole": {f.check for f in found if f.line is None},
-            "signed_by": (r.checkpoint or {}).get("signed_by", []),
-            "files": {(f.line, f.field, f.path): f.status for f in r.files}}
+    return {
+        "status": "fail" if found or r.mismatched else "pass",
+        "root": r.root,
+        "bad_lines": {f.line for f in found if f.line is not None},
+        "whole": {f.check for f in found if f.line is None},
+        "signed_by": (r.checkpoint or {}).get("signed_by", []),
+        "files": {(f.line, f.field, f.path): f.status for f in r.files},
+    }
 
 
 def agree(path: Path, *, files: bool = True, **kw) -> dict:
@@ -569,7 +611,7 @@ def agree(path: Path, *, files: bool = True, **kw) -> dict:
 
 def _base(path, n=10):
     for i in range(n):
-        ledger.append(path, "note" if i % 3 else "test", {"n": i, "note": "ü\n\t\"x\"", "r": {"v": 0.25 * i}})
+        ledger.append(path, "note" if i % 3 else "test", {"n": i, "note": 'ü\n\t"x"', "r": {"v": 0.25 * i}})
     return path.read_bytes().split(b"\n")[:-1]
 
 
@@ -601,9 +643,13 @@ def _edit(lines: list[bytes], i: int, **changes) -> list[bytes]:
 
 H = "ab" * 32
 MANIFEST = {"source": "builtin:default.yaml", "sha256": H, "compute_sha256": H}
-DEPOSIT = {"manifest": MANIFEST, "model": {"sha256": H}, "environment": {},
-           "inputs": {"problems_file": {"sha256": H}, "record": {"sha256": H}, "token_ids": {"sha256": H}},
-           "outputs": {"artifact": {"sha256": H}, "logits": {"sha256": H}}}
+DEPOSIT = {
+    "manifest": MANIFEST,
+    "model": {"sha256": H},
+    "environment": {},
+    "inputs": {"problems_file": {"sha256": H}, "record": {"sha256": H}, "token_ids": {"sha256": H}},
+    "outputs": {"artifact": {"sha256": H}, "logits": {"sha256": H}},
+}
 
 CASES = {
     # name: (lines -> lines, line-level problem expected)
@@ -654,14 +700,29 @@ CASES = {
     "deposit complete": lambda ls: _edit(ls, 2, kind="deposit", **DEPOSIT),
     "deposit no logits": lambda ls: _edit(ls, 2, kind="deposit", **{**DEPOSIT, "outputs": {"artifact": {"sha256": H}}}),
     "deposit no model": lambda ls: _edit(ls, 2, kind="deposit", **{**DEPOSIT, "model": ...}),
-    "graft-check complete": lambda ls: _edit(ls, 2, kind="graft-check", **{**DEPOSIT, "inputs": {"artifact": {
-        "sha256": H}}, "outputs": {}}),
+    "graft-check complete": lambda ls: _edit(
+        ls, 2, kind="graft-check", **{**DEPOSIT, "inputs": {"artifact": {"sha256": H}}, "outputs": {}}
+    ),
     "graft no artifact": lambda ls: _edit(ls, 2, kind="graft", **{**DEPOSIT, "inputs": {}}),
     "score anything": lambda ls: _edit(ls, 2, kind="score-ish", inputs={}),
 }
-PASSING = {"good", "empty", "utc micro", "offset, no fraction", "lowercase t z", "offset without colon", "leap second",
-           "29 feb leap", "time goes back", "digest nested bad", "manifest empty path", "drift", "deposit complete",
-           "graft-check complete", "score anything"}
+PASSING = {
+    "good",
+    "empty",
+    "utc micro",
+    "offset, no fraction",
+    "lowercase t z",
+    "offset without colon",
+    "leap second",
+    "29 feb leap",
+    "time goes back",
+    "digest nested bad",
+    "manifest empty path",
+    "drift",
+    "deposit complete",
+    "graft-check complete",
+    "score anything",
+}
 
 
 @pytest.mark.parametrize("name", sorted(CASES) + ["torn"])
@@ -690,8 +751,9 @@ def test_line_numbers_are_1_based_and_prove_takes_a_line(tmp_path):
     r = verify_ledger(p, rehash=False)
     assert r.first_problem().startswith("line 4:") and json.loads(lines[3])["seq"] == 3
     _write(p, lines)
-    out = json.loads(run_cli("ledger", "prove", "4", "l.jsonl", "--size", "7", "--json", cwd=tmp_path,
-                             check_rc=0).stdout)
+    out = json.loads(
+        run_cli("ledger", "prove", "4", "l.jsonl", "--size", "7", "--json", cwd=tmp_path, check_rc=0).stdout
+    )
     b = base64.b64decode
     assert out["leafIdx"] == json.loads(lines[3])["seq"] == 3 and out["treeSize"] == 7
     assert b(out["leafHash"]) == hashlib.sha256(b"\x00" + lines[3]).digest()
@@ -748,8 +810,12 @@ def _checkpoint_cases(lines: list[bytes]):
         "size 0 wrong root": ("kvgraft-ledger\n0\n" + b64root + "\n", [], "fail", []),
         "size too big": (body(len(lines)).replace(f"\n{len(lines)}\n", f"\n{len(lines) + 1}\n"), [], "fail", []),
         "size changed": (body().replace("\n6\n", "\n5\n"), [], "fail", []),
-        "root byte": (body().replace(b64root, base64.b64encode(bytes([_root(lines[:6])[0] ^ 1])
-                                                               + _root(lines[:6])[1:]).decode()), [], "fail", []),
+        "root byte": (
+            body().replace(b64root, base64.b64encode(bytes([_root(lines[:6])[0] ^ 1]) + _root(lines[:6])[1:]).decode()),
+            [],
+            "fail",
+            [],
+        ),
         "other origin": (body(origin="example.com/another-log"), [], "pass", []),
         "signed": (_signed(body(), "alice"), ["alice"], "pass", ["alice"]),
         "signed, no key given": (_signed(body(), "alice"), [], "pass", []),
@@ -768,8 +834,12 @@ def _checkpoint_cases(lines: list[bytes]):
         "origin edited": (_signed(body(), "alice").replace("kvgraft-ledger", "kvgraft-ledgeR"), ["alice"], "fail", []),
         "origin edited, no key": (_signed(body(), "alice").replace("kvgraft-ledger", "kvgraft-ledgeR"), [], "pass", []),
         "size edited": (_signed(body(), "alice").replace("\n6\n", "\n5\n", 1), ["alice"], "fail", []),
-        "root edited, resigned by no one": (_signed(body(3), "alice").replace(
-            body(3).split("\n")[2], b64root), ["alice"], "fail", []),
+        "root edited, resigned by no one": (
+            _signed(body(3), "alice").replace(body(3).split("\n")[2], b64root),
+            ["alice"],
+            "fail",
+            [],
+        ),
         "key file": (_signed(body(), "alice"), ["@alice"], "pass", ["alice"]),
         # unusable input (exit 2)
         "unsigned with key": (body(), ["alice"], "input", []),
@@ -780,8 +850,12 @@ def _checkpoint_cases(lines: list[bytes]):
         "no final newline": (body()[:-1], [], "input", []),
         "two lines": ("kvgraft-ledger\n6\n", [], "input", []),
         "garbage after signatures": (_signed(body(), "alice") + "not a signature\n", [], "input", []),
-        "signature line with bad name": (_signed(body(), "alice").replace("\u2014 alice ", "\u2014 al+ice "), [],
-                                         "input", []),
+        "signature line with bad name": (
+            _signed(body(), "alice").replace("\u2014 alice ", "\u2014 al+ice "),
+            [],
+            "input",
+            [],
+        ),
         "signature not base64": (_signed(body(), "alice")[:-3] + "!!\n", [], "input", []),
         "malformed key": (_signed(body(), "alice"), ["garbage"], "input", []),
         "private key given": (_signed(body(), "alice"), ["!alice"], "input", []),
@@ -853,8 +927,7 @@ def _since_cases(lines: list[bytes]):
         "rewritten line 2": (b"".join(x + b"\n" for x in edited), "fail", {2}),
         "base longer": (b"".join(x + b"\n" for x in lines + lines[:2]), "fail", set()),
         "base longer and rewritten": (b"".join(x + b"\n" for x in edited + lines[4:] + lines[:3]), "fail", {2}),
-        "base not canonical": (b"".join(x + b"\n" for x in [lines[0].replace(b":", b": ")] + lines[1:4]), "fail",
-                               {1}),
+        "base not canonical": (b"".join(x + b"\n" for x in [lines[0].replace(b":", b": ")] + lines[1:4]), "fail", {1}),
         "checkpoint older": (cp(4), "pass", set()),
         "checkpoint whole": (cp(len(lines)), "pass", set()),
         "checkpoint signed": (cp(4, signed=True), "pass", set()),
@@ -905,17 +978,30 @@ def _files_ledger(tmp_path: Path) -> tuple[Path, dict]:
     payload = os.urandom(4096)
     other = b"\x00" * 4096
     body = os.urandom(3 << 20)  # a payload whose header names the tree: 4 leaves, the last one short
-    head = json.dumps({"__metadata__": {"identity": "sha256-tree"},
-                       "t": {"dtype": "U8", "shape": [len(body)], "data_offsets": [0, len(body)]}}).encode()
+    head = json.dumps(
+        {
+            "__metadata__": {"identity": "sha256-tree"},
+            "t": {"dtype": "U8", "shape": [len(body)], "data_offsets": [0, len(body)]},
+        }
+    ).encode()
     head += b" " * (-len(head) % 8)
     tree = len(head).to_bytes(8, "little") + head + body
     files = {
-        "plain.txt": b"hello\n", "changed.txt": b"hello\n", "sub/m.yaml": b"model: x\n",
-        "a.kvg": _zstd(payload), "b.kvg": _zstd(payload, level=19, write_checksum=False),
-        "swapped.kvg": _zstd(other), "trailing.kvg": _zstd(payload) + _zstd(b"more"),
-        "truncated.kvg": _zstd(payload)[:-6], "nosize.kvg": _zstd(payload, write_content_size=False),
-        "empty.kvg": _zstd(b""), "zero.kvg": b"", "upper.KVG": _zstd(payload), "dir.kvg/x": b"",
-        "tree.kvg": _zstd(tree), "unknown.kvg": _zstd(tree.replace(b'"sha256-tree"', b'"sha256-trie"')),
+        "plain.txt": b"hello\n",
+        "changed.txt": b"hello\n",
+        "sub/m.yaml": b"model: x\n",
+        "a.kvg": _zstd(payload),
+        "b.kvg": _zstd(payload, level=19, write_checksum=False),
+        "swapped.kvg": _zstd(other),
+        "trailing.kvg": _zstd(payload) + _zstd(b"more"),
+        "truncated.kvg": _zstd(payload)[:-6],
+        "nosize.kvg": _zstd(payload, write_content_size=False),
+        "empty.kvg": _zstd(b""),
+        "zero.kvg": b"",
+        "upper.KVG": _zstd(payload),
+        "dir.kvg/x": b"",
+        "tree.kvg": _zstd(tree),
+        "unknown.kvg": _zstd(tree.replace(b'"sha256-tree"', b'"sha256-trie"')),
         "shuffled.kvg": container.shuffle_zstd_file(tree, 4, chunk_bytes=1 << 20),
         "shuffled-bad.kvg": _flip_frame(container.shuffle_zstd_file(tree, 4, chunk_bytes=1 << 20)),
     }
@@ -928,44 +1014,87 @@ def _files_ledger(tmp_path: Path) -> tuple[Path, dict]:
     pay = sha(payload)
     lp = d / "ledger.jsonl"
     bodies = [
-        ({"manifest": {**MANIFEST, "sha256": sha(b"model: x\n"), "path": "sub/m.yaml"},
-          "inputs": {"problems": {"path": "plain.txt", "sha256": sha(b"hello\n")},
-                     "changed": {"path": "changed.txt", "sha256": sha(b"hello\n")},
-                     "gone": {"path": "gone.txt", "sha256": H}, "n": 3, "record": {"sha256": H}},
-          "outputs": {"artifact": {"path": "a.kvg", "sha256": pay}, "raw_sha": {"path": "a.kvg",
-                                                                               "sha256": sha(files["a.kvg"])}}},
-         {(1, "manifest", "sub/m.yaml"): "ok", (1, "inputs.problems", "plain.txt"): "ok",
-          (1, "inputs.changed", "changed.txt"): "mismatch", (1, "inputs.gone", "gone.txt"): "missing",
-          (1, "outputs.artifact", "a.kvg"): "ok", (1, "outputs.raw_sha", "a.kvg"): "mismatch"}),
-        ({"inputs": {"level19": {"path": "b.kvg", "sha256": pay}, "swapped": {"path": "swapped.kvg", "sha256": pay},
-                     "trailing": {"path": "trailing.kvg", "sha256": pay},
-                     "truncated": {"path": "truncated.kvg", "sha256": pay},
-                     "nosize": {"path": "nosize.kvg", "sha256": pay},
-                     "empty": {"path": "empty.kvg", "sha256": sha(b"")},
-                     "zero": {"path": "zero.kvg", "sha256": sha(b"")},
-                     "upper": {"path": "upper.KVG", "sha256": sha(files["upper.KVG"])},
-                     "dir": {"path": "dir.kvg", "sha256": H},
-                     "tree": {"path": "tree.kvg", "sha256": kvg_identity(tree)},
-                     "tree_as_sha256": {"path": "tree.kvg", "sha256": sha(tree)},
-                     "unknown": {"path": "unknown.kvg", "sha256": sha(tree.replace(b'"sha256-tree"', b'"sha256-trie"'))},
-                     "shuffled": {"path": "shuffled.kvg", "sha256": kvg_identity(tree)},
-                     "shuffled_bad": {"path": "shuffled-bad.kvg", "sha256": kvg_identity(tree)}}},
-         {(2, "inputs.level19", "b.kvg"): "ok", (2, "inputs.swapped", "swapped.kvg"): "mismatch",
-          (2, "inputs.trailing", "trailing.kvg"): "mismatch", (2, "inputs.truncated", "truncated.kvg"): "mismatch",
-          (2, "inputs.nosize", "nosize.kvg"): "mismatch", (2, "inputs.empty", "empty.kvg"): "mismatch",
-          (2, "inputs.zero", "zero.kvg"): "mismatch", (2, "inputs.upper", "upper.KVG"): "ok",
-          (2, "inputs.dir", "dir.kvg"): "missing", (2, "inputs.tree", "tree.kvg"): "ok",
-          (2, "inputs.tree_as_sha256", "tree.kvg"): "mismatch", (2, "inputs.unknown", "unknown.kvg"): "mismatch",
-          (2, "inputs.shuffled", "shuffled.kvg"): "ok", (2, "inputs.shuffled_bad", "shuffled-bad.kvg"): "mismatch"}),
-        ({"inputs": {"abs": {"path": str(tmp_path / "outside.txt"), "sha256": sha(b"outside")},
-                     "up": {"path": "../outside.txt", "sha256": sha(b"outside")},
-                     "link": {"path": "link.txt", "sha256": sha(b"hello\n")},
-                     "long": {"path": "x" * 5000, "sha256": H},
-                     "nested": {"deeper": {"path": "gone.txt", "sha256": H}}, "list": [{"path": "gone.txt", "sha256": H}]},
-          "model": {"path": "gone.txt", "sha256": H}, "other": {"path": "gone.txt", "sha256": H},
-          "outputs": {"no_sha": {"path": "gone.txt"}, "n": {"path": "gone.txt", "sha256": 5}}},
-         {(3, "inputs.abs", str(tmp_path / "outside.txt")): "ok", (3, "inputs.up", "../outside.txt"): "ok",
-          (3, "inputs.link", "link.txt"): "ok", (3, "inputs.long", "x" * 5000): "missing"}),
+        (
+            {
+                "manifest": {**MANIFEST, "sha256": sha(b"model: x\n"), "path": "sub/m.yaml"},
+                "inputs": {
+                    "problems": {"path": "plain.txt", "sha256": sha(b"hello\n")},
+                    "changed": {"path": "changed.txt", "sha256": sha(b"hello\n")},
+                    "gone": {"path": "gone.txt", "sha256": H},
+                    "n": 3,
+                    "record": {"sha256": H},
+                },
+                "outputs": {
+                    "artifact": {"path": "a.kvg", "sha256": pay},
+                    "raw_sha": {"path": "a.kvg", "sha256": sha(files["a.kvg"])},
+                },
+            },
+            {
+                (1, "manifest", "sub/m.yaml"): "ok",
+                (1, "inputs.problems", "plain.txt"): "ok",
+                (1, "inputs.changed", "changed.txt"): "mismatch",
+                (1, "inputs.gone", "gone.txt"): "missing",
+                (1, "outputs.artifact", "a.kvg"): "ok",
+                (1, "outputs.raw_sha", "a.kvg"): "mismatch",
+            },
+        ),
+        (
+            {
+                "inputs": {
+                    "level19": {"path": "b.kvg", "sha256": pay},
+                    "swapped": {"path": "swapped.kvg", "sha256": pay},
+                    "trailing": {"path": "trailing.kvg", "sha256": pay},
+                    "truncated": {"path": "truncated.kvg", "sha256": pay},
+                    "nosize": {"path": "nosize.kvg", "sha256": pay},
+                    "empty": {"path": "empty.kvg", "sha256": sha(b"")},
+                    "zero": {"path": "zero.kvg", "sha256": sha(b"")},
+                    "upper": {"path": "upper.KVG", "sha256": sha(files["upper.KVG"])},
+                    "dir": {"path": "dir.kvg", "sha256": H},
+                    "tree": {"path": "tree.kvg", "sha256": kvg_identity(tree)},
+                    "tree_as_sha256": {"path": "tree.kvg", "sha256": sha(tree)},
+                    "unknown": {"path": "unknown.kvg", "sha256": sha(tree.replace(b'"sha256-tree"', b'"sha256-trie"'))},
+                    "shuffled": {"path": "shuffled.kvg", "sha256": kvg_identity(tree)},
+                    "shuffled_bad": {"path": "shuffled-bad.kvg", "sha256": kvg_identity(tree)},
+                }
+            },
+            {
+                (2, "inputs.level19", "b.kvg"): "ok",
+                (2, "inputs.swapped", "swapped.kvg"): "mismatch",
+                (2, "inputs.trailing", "trailing.kvg"): "mismatch",
+                (2, "inputs.truncated", "truncated.kvg"): "mismatch",
+                (2, "inputs.nosize", "nosize.kvg"): "mismatch",
+                (2, "inputs.empty", "empty.kvg"): "mismatch",
+                (2, "inputs.zero", "zero.kvg"): "mismatch",
+                (2, "inputs.upper", "upper.KVG"): "ok",
+                (2, "inputs.dir", "dir.kvg"): "missing",
+                (2, "inputs.tree", "tree.kvg"): "ok",
+                (2, "inputs.tree_as_sha256", "tree.kvg"): "mismatch",
+                (2, "inputs.unknown", "unknown.kvg"): "mismatch",
+                (2, "inputs.shuffled", "shuffled.kvg"): "ok",
+                (2, "inputs.shuffled_bad", "shuffled-bad.kvg"): "mismatch",
+            },
+        ),
+        (
+            {
+                "inputs": {
+                    "abs": {"path": str(tmp_path / "outside.txt"), "sha256": sha(b"outside")},
+                    "up": {"path": "../outside.txt", "sha256": sha(b"outside")},
+                    "link": {"path": "link.txt", "sha256": sha(b"hello\n")},
+                    "long": {"path": "x" * 5000, "sha256": H},
+                    "nested": {"deeper": {"path": "gone.txt", "sha256": H}},
+                    "list": [{"path": "gone.txt", "sha256": H}],
+                },
+                "model": {"path": "gone.txt", "sha256": H},
+                "other": {"path": "gone.txt", "sha256": H},
+                "outputs": {"no_sha": {"path": "gone.txt"}, "n": {"path": "gone.txt", "sha256": 5}},
+            },
+            {
+                (3, "inputs.abs", str(tmp_path / "outside.txt")): "ok",
+                (3, "inputs.up", "../outside.txt"): "ok",
+                (3, "inputs.link", "link.txt"): "ok",
+                (3, "inputs.long", "x" * 5000): "missing",
+            },
+        ),
         ({"inputs": [{"path": "gone.txt", "sha256": H}], "outputs": "gone.txt"}, {}),  # schema findings, no files
     ]
     expected = {}
@@ -988,17 +1117,23 @@ def test_a_payload_over_the_limit_is_unusable_input_for_both(tmp_path, monkeypat
     """#24.4: a declared payload over KVGRAFT_MAX_PAYLOAD is bad input (exit 2), not a mismatch, for every file form;
     at the limit exactly it is read."""
     payload = os.urandom(4096)
-    data = {"zstd": _zstd(payload), "raw container": container.raw_file(payload),
-            "shuffle-zstd container": container.shuffle_zstd_file(payload, 4)}[form]
+    data = {
+        "zstd": _zstd(payload),
+        "raw container": container.raw_file(payload),
+        "shuffle-zstd container": container.shuffle_zstd_file(payload, 4),
+    }[form]
     (tmp_path / "a.kvg").write_bytes(data)
     lp = tmp_path / "ledger.jsonl"
-    ledger.append(lp, "test", {"outputs": {"artifact": {"path": "a.kvg", "sha256": hashlib.sha256(payload).hexdigest()}}})
+    ledger.append(
+        lp, "test", {"outputs": {"artifact": {"path": "a.kvg", "sha256": hashlib.sha256(payload).hexdigest()}}}
+    )
     monkeypatch.setenv("KVGRAFT_MAX_PAYLOAD", "4K")
     assert agree(lp)["status"] == "pass"
     monkeypatch.setenv("KVGRAFT_MAX_PAYLOAD", "4095")
     assert agree(lp)["status"] == "input"
-    assert run_cli("verify", "ledger.jsonl", "--full", cwd=tmp_path,
-                   env={"KVGRAFT_MAX_PAYLOAD": "4095"}).returncode == 2
+    assert (
+        run_cli("verify", "ledger.jsonl", "--full", cwd=tmp_path, env={"KVGRAFT_MAX_PAYLOAD": "4095"}).returncode == 2
+    )
 
 
 R2 = {"rules": "2", "extractor_version": "3", "answered_only": False, "grader": "exact"}
@@ -1026,13 +1161,17 @@ SCORE_CASES = {
     "rules 1 after rules 2": ([(R2, {"extractor_version": "3"}, OLD), ({}, {"extractor_version": "2"}, OLD)], False),
     "rules 1 before rules 2": ([({}, {"extractor_version": "2"}, OLD), (R2, {"extractor_version": "3"}, None)], True),
     "rules 1, recorded": ([({"rules": "1", "extractor_version": "2"}, {"extractor_version": "2"}, None)], True),
-    "rules 1, recorded, grader": ([({"rules": "1", "extractor_version": "2", "grader": "exact"},
-                                    {"extractor_version": "2"}, None)], False),
+    "rules 1, recorded, grader": (
+        [({"rules": "1", "extractor_version": "2", "grader": "exact"}, {"extractor_version": "2"}, None)],
+        False,
+    ),
     "rules 0": ([({**R2, "rules": "0"}, {"extractor_version": "3"}, None)], False),
     "rules x": ([({**R2, "rules": "x"}, {"extractor_version": "3"}, None)], False),
     "rules 3 (later)": ([({**R2, "rules": "3"}, {"extractor_version": "3"}, None)], True),
-    "rules 2, Arabic-Indic 3": ([({**R2, "extractor_version": "\u0663"}, {"extractor_version": "\u0663"}, None)],
-                                False),
+    "rules 2, Arabic-Indic 3": (
+        [({**R2, "extractor_version": "\u0663"}, {"extractor_version": "\u0663"}, None)],
+        False,
+    ),
 }
 
 
@@ -1045,8 +1184,7 @@ def test_score_settings_no_kvgraft_wrote_agree(tmp_path, name):
     p = tmp_path / "l.jsonl"
     for settings, result, _ in entries:
         settings = {k: v for k, v in settings.items() if v is not ...}
-        ledger.append(p, "score", {"inputs": {"settings": {"mapping": {}, **settings}},
-                                   "outputs": {"result": result}})
+        ledger.append(p, "score", {"inputs": {"settings": {"mapping": {}, **settings}}, "outputs": {"result": result}})
     lines = p.read_bytes().split(b"\n")[:-1]
     for i, (_, _, time) in enumerate(entries):
         if time is not None:
@@ -1072,13 +1210,17 @@ def test_only_manifest_and_direct_members_are_files(tmp_path):
             e.get(sec, {}).pop("n", None)
             for name in list(e.get(sec, {})):
                 d = e[sec][name]
-                if (isinstance(d, dict) and isinstance(d.get("sha256"), str) and isinstance(d.get("path"), str)
-                        and (e["seq"] + 1, f"{sec}.{name}", d["path"]) not in keep):
+                if (
+                    isinstance(d, dict)
+                    and isinstance(d.get("sha256"), str)
+                    and isinstance(d.get("path"), str)
+                    and (e["seq"] + 1, f"{sec}.{name}", d["path"]) not in keep
+                ):
                     del e[sec][name]
     _write(lp, _rechain(entries))
     v = agree(lp)
     assert v["status"] == "pass" and set(v["files"]) == keep
-    for (line, field, path) in sorted(keep, key=str):
+    for line, field, path in sorted(keep, key=str):
         target = Path(path) if os.path.isabs(path) else lp.parent / path
         data = target.read_bytes()
         if target.suffix == ".kvg" and data[:8] == container.MAGIC:  # a valid shuffle-zstd file, one byte apart
@@ -1174,8 +1316,9 @@ def test_reference_ledger_tampering_is_detected_by_both(tmp_path, name):
 
 # ---- the verified-file cache: nowhere near the ledger -----------------------------------------------------------
 def _listing(folder: Path) -> dict:
-    return {str(f.relative_to(folder)): (f.stat().st_size, f.stat().st_mtime_ns)
-            for f in sorted(folder.rglob("*"))} | {".": folder.stat().st_mtime_ns}
+    return {str(f.relative_to(folder)): (f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.rglob("*"))} | {
+        ".": folder.stat().st_mtime_ns
+    }
 
 
 def test_verify_leaves_the_ledger_folder_unchanged_and_the_cache_speeds_a_second_run(tmp_path, monkeypatch):
@@ -1186,16 +1329,35 @@ def test_verify_leaves_the_ledger_folder_unchanged_and_the_cache_speeds_a_second
     p = run / "ledger.jsonl"
     sha = lambda b: hashlib.sha256(b).hexdigest()  # noqa: E731
     payload = os.urandom(1 << 16)
-    files = {run / "a.kvg": _zstd(payload), run / "prereg.yaml": b"x: 1\n", shared / "problems.jsonl": b"{}\n",
-             shared / "outputs.jsonl": b"{}\n{}\n"}
+    files = {
+        run / "a.kvg": _zstd(payload),
+        run / "prereg.yaml": b"x: 1\n",
+        shared / "problems.jsonl": b"{}\n",
+        shared / "outputs.jsonl": b"{}\n{}\n",
+    }
     for f, data in files.items():
         f.write_bytes(data)
-    for i in range(3):  # the problems file named by every line: hashed once per run
-        ledger.append(p, "test", {"inputs": {"problems": {"path": "../examples/problems.jsonl",
-                                                          "sha256": sha(files[shared / "problems.jsonl"])}}})
-    ledger.append(p, "test", {"inputs": {"prereg": {"path": "prereg.yaml", "sha256": sha(b"x: 1\n")},
-                                         "outputs": {"path": "../examples/outputs.jsonl", "sha256": sha(b"{}\n{}\n")}},
-                              "outputs": {"artifact": {"path": "a.kvg", "sha256": sha(payload)}}})
+    for _ in range(3):  # the problems file named by every line: hashed once per run
+        ledger.append(
+            p,
+            "test",
+            {
+                "inputs": {
+                    "problems": {"path": "../examples/problems.jsonl", "sha256": sha(files[shared / "problems.jsonl"])}
+                }
+            },
+        )
+    ledger.append(
+        p,
+        "test",
+        {
+            "inputs": {
+                "prereg": {"path": "prereg.yaml", "sha256": sha(b"x: 1\n")},
+                "outputs": {"path": "../examples/outputs.jsonl", "sha256": sha(b"{}\n{}\n")},
+            },
+            "outputs": {"artifact": {"path": "a.kvg", "sha256": sha(payload)}},
+        },
+    )
     (p.parent / (p.name + ".lock")).unlink(missing_ok=True)  # the writer's lock, if left; verify takes none
     calls = []
     real = hashcache.raw_digest
@@ -1224,12 +1386,14 @@ def test_verify_leaves_the_ledger_folder_unchanged_and_the_cache_speeds_a_second
     for f in folders:
         f.chmod(0o555)
     try:
-        r = run_cli("verify", str(p), "--json", cwd=tmp_path, env={"XDG_CACHE_HOME": str(tmp_path / "xdg2")},
-                    check_rc=0)
+        r = run_cli(
+            "verify", str(p), "--json", cwd=tmp_path, env={"XDG_CACHE_HOME": str(tmp_path / "xdg2")}, check_rc=0
+        )
         assert json.loads(r.stdout)["passed"]
         assert len(list((tmp_path / "xdg2" / "kvgraft" / "verify").iterdir())) == 1
-        run_cli("verify", str(p), "--no-cache", cwd=tmp_path, env={"XDG_CACHE_HOME": str(tmp_path / "xdg3")},
-                check_rc=0)
+        run_cli(
+            "verify", str(p), "--no-cache", cwd=tmp_path, env={"XDG_CACHE_HOME": str(tmp_path / "xdg3")}, check_rc=0
+        )
         assert not (tmp_path / "xdg3").exists()  # ... and nothing written
     finally:
         for f in folders:

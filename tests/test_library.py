@@ -66,4 +66,3 @@ def test_any_text_is_a_safe_query(store_copy, text):
     # a word is a run of letters and digits, never FTS5 syntax; a phrase doubles any quote inside it
     assert search.words('say "hi" AND NOT x*') == ["say", "hi", "and", "not", "x"]
     assert search.phrase('a"b OR c') == '"a""b OR c"'
-

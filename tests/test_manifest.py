@@ -7,10 +7,10 @@ import os
 import pytest
 import yaml
 
-from kvgraft_cli.engine import determinism
 from kvgraft_cli.config import profiles
-from kvgraft_cli.errors import DriftError, ManifestError
 from kvgraft_cli.config.manifest import compute_pin, dump_yaml, load_manifest, make_manifest, validate_data
+from kvgraft_cli.engine import determinism
+from kvgraft_cli.errors import DriftError, ManifestError
 
 
 def _write(tmp_path, data) -> str:
@@ -40,8 +40,13 @@ def test_every_problem_is_reported_with_path_and_line(tmp_path):
         load_manifest(p)
     text = "\n".join(e.value.problems)
     assert len(e.value.problems) == 5, text
-    for needle in ("runtime.colour: unknown key", "runtime.threads:", "prompt.prefix: unknown placeholder",
-                   "surplus: unknown key", "'decode' is a required property"):
+    for needle in (
+        "runtime.colour: unknown key",
+        "runtime.threads:",
+        "prompt.prefix: unknown placeholder",
+        "surplus: unknown key",
+        "'decode' is a required property",
+    ):
         assert needle in text
     # Lines point at the offending keys.
     lines = p.read_text().splitlines()
@@ -64,8 +69,13 @@ def test_compute_pin_ignores_paths_names_and_decode():
     b["name"], b["paths"]["store"], b["decode"]["max_new_tokens"] = "x", "elsewhere", 3
     b["model"]["path"], b["input"]["problem"], b["prompt"]["query"] = "/m", "question", "{query}?"
     assert compute_pin(a) == compute_pin(b)
-    for dotted, value in [("runtime.threads", 2), ("model.dtype", "bfloat16"), ("prefill.schedule", "chunked"),
-                          ("runtime.env.MKL_CBWR", None), ("prompt.prefix", "{problem}")]:
+    for dotted, value in [
+        ("runtime.threads", 2),
+        ("model.dtype", "bfloat16"),
+        ("prefill.schedule", "chunked"),
+        ("runtime.env.MKL_CBWR", None),
+        ("prompt.prefix", "{problem}"),
+    ]:
         c = yaml.safe_load(dump_yaml(a))
         node = c
         *parents, last = dotted.split(".")
@@ -114,7 +124,9 @@ def test_drift_in_unpinned_or_late_env_is_reported(saved_environ):
 def test_version_drift_is_detected():
     rt = load_manifest(None).data["runtime"]
     drift = determinism.Drift()
-    determinism.configure_torch(dict(rt, versions={"torch": "2.0.0", "transformers": rt["versions"]["transformers"]}), drift)
+    determinism.configure_torch(
+        dict(rt, versions={"torch": "2.0.0", "transformers": rt["versions"]["transformers"]}), drift
+    )
     assert [d["field"] for d in drift.items] == ["runtime.versions.torch"]
     determinism.configure_torch(rt, determinism.Drift())  # restore the pinned flags for later tests
 

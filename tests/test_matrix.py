@@ -8,15 +8,19 @@ import json
 import pytest
 from conftest import run_cli
 
-from kvgraft_cli.runs import matrix as mx
 from kvgraft_cli.engine.engine import Engine
 from kvgraft_cli.errors import DriftError, InputError, UnsupportedModel
+from kvgraft_cli.runs import matrix as mx
 
 
 def test_cells_are_exact_and_fingerprinted(tmp_path):
     cells = mx.run_profile("portable", tmp_path, ["llama", "gemma3"], ["float32", "float16"], 4)
-    assert [(c.arch, c.dtype) for c in cells] == [("llama", "float32"), ("llama", "float16"),
-                                                  ("gemma3", "float32"), ("gemma3", "float16")]
+    assert [(c.arch, c.dtype) for c in cells] == [
+        ("llama", "float32"),
+        ("llama", "float16"),
+        ("gemma3", "float32"),
+        ("gemma3", "float16"),
+    ]
     for c in cells:
         assert c.exact and c.samples == c.sha_equal == 4 and c.max_kl == 0.0 and c.argmax_agreement == 1.0
         assert len(c.fingerprint) == 64
@@ -76,8 +80,11 @@ def test_one_process_runs_one_profile(tmp_path, monkeypatch):
 
 
 def test_markdown_table_layout():
-    cells = [mx.Cell("llama", d, p, "cpu", "eager", 50, 50, 0.0, 1.0, "f" * 64)
-             for p in ("portable", "native") for d in ("float32", "bfloat16")]
+    cells = [
+        mx.Cell("llama", d, p, "cpu", "eager", 50, 50, 0.0, 1.0, "f" * 64)
+        for p in ("portable", "native")
+        for d in ("float32", "bfloat16")
+    ]
     cells.append(mx.Cell("gpt2", "float32", "portable", "cpu", "eager", 50, 49, 1e-9, 0.99, "e" * 64))
     table = mx.markdown_table(cells).splitlines()
     assert table[0] == "| architecture | float32 portable | bfloat16 portable | float32 native | bfloat16 native |"
@@ -86,15 +93,45 @@ def test_markdown_table_layout():
 
 
 def test_matrix_cli_runs_each_profile_in_its_own_process(tmp_path):
-    p = run_cli("matrix", "--arch", "gpt2", "--arch", "mistral", "--dtype", "bfloat16", "--samples", "3", "--json",
-                cwd=tmp_path, check_rc=0)
+    p = run_cli(
+        "matrix",
+        "--arch",
+        "gpt2",
+        "--arch",
+        "mistral",
+        "--dtype",
+        "bfloat16",
+        "--samples",
+        "3",
+        "--json",
+        cwd=tmp_path,
+        check_rc=0,
+    )
     report = json.loads(p.stdout)
     assert report["total"] == report["exact"] == 4 and report["unsupported"] == 0
     assert {(c["arch"], c["profile"]) for c in report["cells"]} == {
-        (a, p) for a in ("gpt2", "mistral") for p in ("portable", "native")}
-    md = run_cli("matrix", "--arch", "qwen2", "--dtype", "float32", "--profile", "portable", "--samples", "2",
-                 "--markdown", cwd=tmp_path, check_rc=0)
-    assert md.stdout.splitlines()[:3] == ["| architecture | float32 portable |", "|---|---|",
-                                          "| qwen2 | 2/2, KL 0, 100% |"]
+        (a, p) for a in ("gpt2", "mistral") for p in ("portable", "native")
+    }
+    md = run_cli(
+        "matrix",
+        "--arch",
+        "qwen2",
+        "--dtype",
+        "float32",
+        "--profile",
+        "portable",
+        "--samples",
+        "2",
+        "--markdown",
+        cwd=tmp_path,
+        check_rc=0,
+    )
+    assert md.stdout.splitlines()[:3] == [
+        "| architecture | float32 portable |",
+        "|---|---|",
+        "| qwen2 | 2/2, KL 0, 100% |",
+    ]
     bad = run_cli("matrix", "--arch", "mamba", cwd=tmp_path, check_rc=2)
-    assert bad.stderr.startswith("Error: unknown architecture, dtype or profile: mamba") and "Traceback" not in bad.stderr
+    assert (
+        bad.stderr.startswith("Error: unknown architecture, dtype or profile: mamba") and "Traceback" not in bad.stderr
+    )

@@ -31,8 +31,13 @@ print(json.dumps({"applied": applied, "faults": faults() - before}))
 def _churn(keep: str) -> dict:
     import os
 
-    out = subprocess.run([sys.executable, "-c", CHURN], env={**os.environ, "KVGRAFT_KEEP_FREED": keep},
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHURN],
+        env={**os.environ, "KVGRAFT_KEEP_FREED": keep},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 

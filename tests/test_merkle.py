@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from kvgraft_cli.ledger import merkle
 from kvgraft_cli.errors import CheckFailed
+from kvgraft_cli.ledger import merkle
 from kvgraft_cli.ledger.merkle import (
     EMPTY_ROOT,
     MerkleTree,
@@ -106,15 +106,21 @@ def _expect(rel: str, want_err: bool, check) -> None:
 @pytest.mark.parametrize("path", INCLUSION, ids=_rel)
 def test_inclusion_vector(path):
     v = json.loads(path.read_text())
-    _expect(_rel(path), v["wantErr"], lambda: verify_inclusion(
-        v["leafIdx"], v["treeSize"], _b64(v["leafHash"]), _proof(v), _b64(v["root"])))
+    _expect(
+        _rel(path),
+        v["wantErr"],
+        lambda: verify_inclusion(v["leafIdx"], v["treeSize"], _b64(v["leafHash"]), _proof(v), _b64(v["root"])),
+    )
 
 
 @pytest.mark.parametrize("path", CONSISTENCY, ids=_rel)
 def test_consistency_vector(path):
     v = json.loads(path.read_text())
-    _expect(_rel(path), v["wantErr"], lambda: verify_consistency(
-        v["size1"], v["size2"], _proof(v), _b64(v["root1"]), _b64(v["root2"])))
+    _expect(
+        _rel(path),
+        v["wantErr"],
+        lambda: verify_consistency(v["size1"], v["size2"], _proof(v), _b64(v["root1"]), _b64(v["root2"])),
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -213,8 +219,8 @@ def _mutations(proof: list[bytes], rng: random.Random):
     path reaches the root with a hash left over; an empty proof must stay empty); one hash prepended.
     """
     for i in range(len(proof)):
-        yield f"flip {i}", proof[:i] + [_flip(proof[i], rng.randrange(256))] + proof[i + 1:], None
-        yield f"drop {i}", proof[:i] + proof[i + 1:], "too short|is empty"
+        yield f"flip {i}", proof[:i] + [_flip(proof[i], rng.randrange(256))] + proof[i + 1 :], None
+        yield f"drop {i}", proof[:i] + proof[i + 1 :], "too short|is empty"
     extra = rng.randbytes(32)
     yield "append", proof + [extra], "too long|must be empty"
     yield "prepend", [extra] + proof, None
@@ -272,8 +278,11 @@ def test_consistency_round_trip(size2):
 def test_consistency_from_empty_tree():
     """As upstream decides (and its vectors say): a proof from size 0 proves nothing and is refused."""
     leaves = _random_leaves(5, seed=5)
-    for args in ((0, 0, [], EMPTY_ROOT, EMPTY_ROOT), (0, 5, [], EMPTY_ROOT, root(leaves)),
-                 (0, 5, [EMPTY_ROOT], EMPTY_ROOT, root(leaves))):
+    for args in (
+        (0, 0, [], EMPTY_ROOT, EMPTY_ROOT),
+        (0, 5, [], EMPTY_ROOT, root(leaves)),
+        (0, 5, [EMPTY_ROOT], EMPTY_ROOT, root(leaves)),
+    ):
         with pytest.raises(CheckFailed, match="empty tree"):
             verify_consistency(*args)
     assert MerkleTree(leaves).consistency_proof(0, 5) == []
@@ -324,7 +333,7 @@ def test_root_of_a_million_leaves():
     # With every leaf equal, a subtree's root depends only on its size: an independent O(log n) reference.
     h = leaf_hash(b"kvgraft")
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def mth_of_equal_leaves(n: int) -> bytes:
         if n == 1:
             return h

@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from kvgraft_cli.errors import InputError, UnsupportedModel
 from kvgraft_cli.config.manifest import data_dir
 from kvgraft_cli.config.modelhash import hash_model_dir
+from kvgraft_cli.errors import InputError, UnsupportedModel
 
 
 def test_model_hash_matches_coreutils(tmp_path):
@@ -18,8 +18,7 @@ def test_model_hash_matches_coreutils(tmp_path):
     if shutil.which("sha256sum") is None:
         pytest.skip("no sha256sum")
     names = sorted(h.files)
-    listing = subprocess.run(["sha256sum", *names], cwd=d, capture_output=True, check=True,
-                             env={"LC_ALL": "C"}).stdout
+    listing = subprocess.run(["sha256sum", *names], cwd=d, capture_output=True, check=True, env={"LC_ALL": "C"}).stdout
     assert listing.decode() == h.listing()
     whole = subprocess.run(["sha256sum"], input=listing, capture_output=True, check=True).stdout.split()[0]
     assert whole.decode() == h.model_sha256

@@ -9,13 +9,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLES, run_cli
 
 
 def _sums(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture
@@ -37,8 +39,10 @@ def _refused(site: Path, *args: str, match: str) -> None:
     assert _sums(site) == before  # nothing owned was touched, nothing half-written
 
 
-@pytest.mark.parametrize("target, what", [("ledger.jsonl", "the ledger"), ("store/index.sqlite", "the store"),
-                                          ("store/objects/x.kvgb", "the store")])
+@pytest.mark.parametrize(
+    "target, what",
+    [("ledger.jsonl", "the ledger"), ("store/index.sqlite", "the store"), ("store/objects/x.kvgb", "the store")],
+)
 def test_store_export_never_overwrites_the_ledger_or_the_store(site, target, what):
     """#24.6: `store export -o kvgraft-ledger.jsonl` replaced the ledger with the bundle, exit 0."""
     _refused(site, "store", "export", "-o", target, "--store", "store", match=what)
@@ -52,8 +56,18 @@ def test_store_export_into_a_missing_folder_is_one_line(site):
 @pytest.mark.parametrize("target", ["ledger.jsonl", "store/index.sqlite", "problems.jsonl"])
 def test_solve_force_never_overwrites_the_ledger_or_the_store(site, target):
     """#24.7: `solve --outputs kvgraft-ledger.jsonl --force` overwrote the ledger with the outputs."""
-    _refused(site, "solve", "problems.jsonl", "--outputs", target, "--force", "--no-library", "--store", "store",
-             match=target)
+    _refused(
+        site,
+        "solve",
+        "problems.jsonl",
+        "--outputs",
+        target,
+        "--force",
+        "--no-library",
+        "--store",
+        "store",
+        match=target,
+    )
 
 
 def test_score_records_never_overwrite_the_ledger(site):
@@ -81,12 +95,15 @@ def init_site(tmp_path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("model, target, match", [
-    ("model", "kvgraft-ledger.jsonl", "the ledger"),
-    ("model", "kvgraft-store/index.sqlite", "the store"),
-    ("model", "model/config.json", "inside the model folder"),
-    ("m.gguf", "m.gguf", "the model m.gguf"),
-])
+@pytest.mark.parametrize(
+    "model, target, match",
+    [
+        ("model", "kvgraft-ledger.jsonl", "the ledger"),
+        ("model", "kvgraft-store/index.sqlite", "the store"),
+        ("model", "model/config.json", "inside the model folder"),
+        ("m.gguf", "m.gguf", "the model m.gguf"),
+    ],
+)
 def test_manifest_init_never_overwrites_what_a_run_keeps_or_the_model(init_site, model, target, match):
     """`manifest init -o kvgraft-ledger.jsonl --force` wrote a manifest over the ledger its own runs would append to
     (and `-o MODEL/config.json --force` over the model it pins)."""

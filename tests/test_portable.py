@@ -26,19 +26,28 @@ SHIPPED = ["-m", str(REPO / "manifests" / "portable-cpu.yaml")]  # the named pro
 VARIANTS = {
     "plain": ({}, []),
     "two threads, shipped manifest file": ({"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}, SHIPPED),
-    "other shell flags": ({"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AUTO", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
-                           "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX", "OMP_NUM_THREADS": "2"}, []),
+    "other shell flags": (
+        {
+            "ATEN_CPU_CAPABILITY": "avx2",
+            "MKL_CBWR": "AUTO",
+            "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+            "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX",
+            "OMP_NUM_THREADS": "2",
+        },
+        [],
+    ),
 }
 
 
 def _run(tmp_path, manifest_args: list[str], env: dict) -> tuple[str, str]:
     """Deposit the first three examples in a fresh process: (hash over artifact ids, hash over last-logits hashes)."""
-    dep = run_cli("deposit", str(EXAMPLES), "--limit", "3", *manifest_args, "--json", cwd=tmp_path, env=env,
-                  check_rc=0)
+    dep = run_cli("deposit", str(EXAMPLES), "--limit", "3", *manifest_args, "--json", cwd=tmp_path, env=env, check_rc=0)
     results = [r for r in json.loads(dep.stdout)["results"] if r.get("artifact")]
     assert len(results) == 3
-    return (sha256_bytes("\n".join(r["artifact"] for r in results).encode()),
-            sha256_bytes("\n".join(r["logits_sha256"] for r in results).encode()))
+    return (
+        sha256_bytes("\n".join(r["artifact"] for r in results).encode()),
+        sha256_bytes("\n".join(r["logits_sha256"] for r in results).encode()),
+    )
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -59,8 +68,19 @@ def test_native_profile_hashes_depend_on_threads_and_kernels(tmp_path):
     results = {}
     for threads in (1, 2):
         m = tmp_path / f"native-{threads}.yaml"
-        run_cli("manifest", "init", str(data_dir() / "tiny-gemma4"), "--profile", "native", "--threads",
-                str(threads), "-o", str(m), cwd=tmp_path, check_rc=0)
+        run_cli(
+            "manifest",
+            "init",
+            str(data_dir() / "tiny-gemma4"),
+            "--profile",
+            "native",
+            "--threads",
+            str(threads),
+            "-o",
+            str(m),
+            cwd=tmp_path,
+            check_rc=0,
+        )
         d = tmp_path / f"t{threads}"
         d.mkdir()
         results[threads] = _run(d, ["-m", str(m)], {})

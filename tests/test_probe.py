@@ -9,13 +9,13 @@ import pytest
 from conftest import EXAMPLES, run_cli
 
 from kvgraft_cli.artifacts import format as kvg
-from kvgraft_cli.engine.zoo import tiny_manifest
 from kvgraft_cli.engine.engine import load_engine, tensor_sha256
+from kvgraft_cli.engine.zoo import tiny_manifest
 from kvgraft_cli.errors import InputError
-from kvgraft_cli.runs.graft import Loaded
-from kvgraft_cli.util.hashing import sha256_bytes
-from kvgraft_cli.runs.probe import LEARNED_NOTE, positions_kind, probe, rerotate
 from kvgraft_cli.runs.context import RunContext
+from kvgraft_cli.runs.graft import Loaded
+from kvgraft_cli.runs.probe import LEARNED_NOTE, positions_kind, probe, rerotate
+from kvgraft_cli.util.hashing import sha256_bytes
 
 PREFIX = "A prefix longer than the sixteen-token window of the sliding layers. " * 2
 
@@ -32,8 +32,10 @@ def _loaded(eng, text=PREFIX):
     return Loaded(sha256_bytes(payload), kvg.decode(payload), "memory")
 
 
-@pytest.mark.parametrize("arch,dtype", [("llama", "float32"), ("gemma2", "float32"), ("qwen3", "bfloat16"),
-                                        ("phi3", "float32"), ("gpt2", "float32")])
+@pytest.mark.parametrize(
+    "arch,dtype",
+    [("llama", "float32"), ("gemma2", "float32"), ("qwen3", "bfloat16"), ("phi3", "float32"), ("gpt2", "float32")],
+)
 def test_offset_zero_is_the_only_exact_point(tmp_path, zoo, arch, dtype):
     eng = load_engine(tiny_manifest(arch, zoo, dtype=dtype))
     ctx = RunContext.make(eng.manifest, tmp_path / "store", tmp_path / "ledger.jsonl")
@@ -113,10 +115,17 @@ def test_multimodal_gemma3_is_probed_through_its_text_decoder(tmp_path):
     from kvgraft_cli.engine.zoo import _COMMON
 
     text = dict(_COMMON, head_dim=8, sliding_window=16, layer_types=["sliding_attention", "full_attention"])
-    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=32,
-                  patch_size=16)
-    cfg = T.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, boi_token_index=3,
-                         eoi_token_index=3, image_token_index=3)
+    vision = dict(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=16
+    )
+    cfg = T.Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        boi_token_index=3,
+        eoi_token_index=3,
+        image_token_index=3,
+    )
     eng = _zoo_engine(tmp_path, "gemma3-mm", cfg)
     assert type(eng.model).__name__ == "Gemma3ForConditionalGeneration" and positions_kind(eng) == "rotary"
     ctx = RunContext.make(eng.manifest, tmp_path / "store", tmp_path / "ledger.jsonl")

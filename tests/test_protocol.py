@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from conftest import REPO, run_cli
+
 from kvgraft_cli.config.profiles import environ_without_pins
 
 
@@ -23,20 +24,42 @@ def test_protocol_script_end_to_end(tmp_path):
     overlay = tmp_path / "overlay.yaml"
     overlay.write_text('prompt:\n  query: "\\nQuestion: {query}\\nAnswer:"\ndecode:\n  stop: ["\\n"]\n')
     env = environ_without_pins()
-    env.update(DEVICE="cpu", DTYPE="float32", PROFILE="portable", K="2", MAX_NEW_TOKENS="24", ANSWER_TOKENS="24",
-               OVERLAY=str(overlay),
-               PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""))
+    env.update(
+        DEVICE="cpu",
+        DTYPE="float32",
+        PROFILE="portable",
+        K="2",
+        MAX_NEW_TOKENS="24",
+        ANSWER_TOKENS="24",
+        OVERLAY=str(overlay),
+        PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
+    )
     model = REPO / "kvgraft_cli" / "data" / "demo-gemma4"
-    p = subprocess.run(["bash", str(REPO / "scripts" / "protocol.sh"), str(model), str(lib), str(probs), "run"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        ["bash", str(REPO / "scripts" / "protocol.sh"), str(model), str(lib), str(probs), "run"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     run = tmp_path / "run"
-    for name in ("manifest.yaml", "prereg.yaml", "outputs.library.jsonl", "outputs.baseline.jsonl",
-                 "outputs.library.scores.jsonl", "outputs.baseline.scores.jsonl"):
+    for name in (
+        "manifest.yaml",
+        "prereg.yaml",
+        "outputs.library.jsonl",
+        "outputs.baseline.jsonl",
+        "outputs.library.scores.jsonl",
+        "outputs.baseline.scores.jsonl",
+    ):
         assert (run / name).is_file(), name
     kinds = [json.loads(line)["kind"] for line in (run / "kvgraft-ledger.jsonl").read_text().splitlines()]
-    scores = [json.loads(line) for line in (run / "kvgraft-ledger.jsonl").read_text().splitlines()
-              if json.loads(line)["kind"] == "score"]
+    scores = [
+        json.loads(line)
+        for line in (run / "kvgraft-ledger.jsonl").read_text().splitlines()
+        if json.loads(line)["kind"] == "score"
+    ]
     baseline, library = (int(e["outputs"]["result"]["correct"]) for e in scores)
     assert library > baseline  # the demo model reads the grafted solutions (the overlay's query template)
     assert kinds.count("solve-outputs") == 2 and kinds.count("score") == 2 and kinds[-1] == "register"

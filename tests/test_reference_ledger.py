@@ -7,8 +7,9 @@ import json
 import shutil
 
 from conftest import REPO, run_cli
-from kvgraft_cli.ledger import log as ledger
+
 from kvgraft_cli.audit.verify import verify_ledger
+from kvgraft_cli.ledger import log as ledger
 
 REFERENCE = REPO / "ledger" / "reference.jsonl"
 
@@ -32,8 +33,7 @@ def test_reference_prereg_replays_with_every_hash_equal(tmp_path):
     prereg, reg = _latest_prereg()
     led = tmp_path / "reference.jsonl"
     shutil.copy(REFERENCE, led)
-    p = run_cli("replay", str(prereg), "--ledger", str(led), "--store", str(tmp_path / "store"), "--json",
-                cwd=tmp_path)
+    p = run_cli("replay", str(prereg), "--ledger", str(led), "--store", str(tmp_path / "store"), "--json", cwd=tmp_path)
     report = json.loads(p.stdout) if p.stdout.strip() else {}
     bad = [c for c in report.get("comparisons", []) if not c["match"]]
     assert p.returncode == 0, f"{p.stderr}\nmismatches: {bad}"
@@ -46,6 +46,5 @@ def test_reference_prereg_replays_with_every_hash_equal(tmp_path):
 def test_unregistered_prereg_is_refused(tmp_path):
     prereg, _ = _latest_prereg()
     empty = tmp_path / "l.jsonl"
-    p = run_cli("replay", str(prereg), "--ledger", str(empty), "--store", str(tmp_path / "s"), cwd=tmp_path,
-                check_rc=2)
+    p = run_cli("replay", str(prereg), "--ledger", str(empty), "--store", str(tmp_path / "s"), cwd=tmp_path, check_rc=2)
     assert "not registered" in p.stderr and not (tmp_path / "s").exists()

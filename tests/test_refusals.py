@@ -6,20 +6,21 @@ import shutil
 
 import pytest
 
-from kvgraft_cli.engine.engine import load_engine
-from kvgraft_cli.errors import ModelMismatch, UnsupportedModel
-from kvgraft_cli.runs.graft import graft_check
 from kvgraft_cli.config.manifest import Manifest, data_dir, dump_yaml, load_manifest
 from kvgraft_cli.config.modelhash import hash_model_dir
-from kvgraft_cli.runs.context import RunContext
+from kvgraft_cli.engine.engine import load_engine
 from kvgraft_cli.engine.tinymodel import write_tiny_model
+from kvgraft_cli.errors import ModelMismatch, UnsupportedModel
+from kvgraft_cli.runs.context import RunContext
+from kvgraft_cli.runs.graft import graft_check
 
 
 def _manifest_for(model_dir, tmp_path, **model_fields) -> Manifest:
     data = load_manifest(None).data
     h = hash_model_dir(model_dir)
-    data["model"].update(path=str(model_dir), sha256=h.model_sha256, tokenizer_sha256=h.tokenizer_sha256,
-                         **model_fields)
+    data["model"].update(
+        path=str(model_dir), sha256=h.model_sha256, tokenizer_sha256=h.tokenizer_sha256, **model_fields
+    )
     path = tmp_path / "m.yaml"
     path.write_text(dump_yaml(data))
     return load_manifest(path)
@@ -40,7 +41,11 @@ def test_graft_with_another_tokenizer_is_refused(deposited, tmp_path):
     ctx, _ = deposited
     model = tmp_path / "tok"
     shutil.copytree(data_dir() / "tiny-gemma4", model)
-    cfg = (model / "tokenizer_config.json").read_text().replace('"model_max_length"', '"clean_up_tokenization_spaces": true, "model_max_length"')
+    cfg = (
+        (model / "tokenizer_config.json")
+        .read_text()
+        .replace('"model_max_length"', '"clean_up_tokenization_spaces": true, "model_max_length"')
+    )
     (model / "tokenizer_config.json").write_text(cfg)
     m = _manifest_for(model, tmp_path)
     eng = load_engine(m)
@@ -59,11 +64,23 @@ def test_graft_in_another_dtype_is_refused(deposited, tmp_path):
 def test_check_compatible_names_each_field():
     from kvgraft_cli.artifacts.format import check_compatible
 
-    base = {"model_sha256": "a" * 64, "tokenizer_sha256": "b" * 64, "dtype": "float32", "layer_types": '["full"]',
-            "sliding_windows": "[null]", "manifest_sha256": "c" * 64, "start_position": "0"}
+    base = {
+        "model_sha256": "a" * 64,
+        "tokenizer_sha256": "b" * 64,
+        "dtype": "float32",
+        "layer_types": '["full"]',
+        "sliding_windows": "[null]",
+        "manifest_sha256": "c" * 64,
+        "start_position": "0",
+    }
     check_compatible(base, dict(base), "x")
-    for key, label in [("dtype", "dtype"), ("layer_types", "layer layout"), ("sliding_windows", "sliding windows"),
-                       ("tokenizer_sha256", "tokenizer"), ("start_position", "start position")]:
+    for key, label in [
+        ("dtype", "dtype"),
+        ("layer_types", "layer layout"),
+        ("sliding_windows", "sliding windows"),
+        ("tokenizer_sha256", "tokenizer"),
+        ("start_position", "start position"),
+    ]:
         with pytest.raises(ModelMismatch, match=label):
             check_compatible({**base, key: "other"}, base, "x")
 

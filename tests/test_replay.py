@@ -6,10 +6,10 @@ import json
 import shutil
 
 import pytest
-
 from conftest import EXAMPLES, run_cli
-from kvgraft_cli.ledger import log as ledger
+
 from kvgraft_cli.errors import InputError
+from kvgraft_cli.ledger import log as ledger
 from kvgraft_cli.runs.replay import load_prereg, prereg_from_ledger, write_prereg
 
 
@@ -37,7 +37,13 @@ def test_prereg_from_run_lists_runs_and_expectations(finished_run):
     pr = load_prereg(finished_run / "prereg.yaml")
     assert [r["kind"] for r in pr.data["runs"]] == ["deposit", "graft-check", "score"]
     exp = pr.data["targets"]["cpu-portable"]
-    assert set(exp["deposit-1"]) == {"input_sha256", "artifact sum-1", "logits sum-1", "artifact frac-1", "logits frac-1"}
+    assert set(exp["deposit-1"]) == {
+        "input_sha256",
+        "artifact sum-1",
+        "logits sum-1",
+        "artifact frac-1",
+        "logits frac-1",
+    }
     assert exp["score-1"]["correct"] == 1 and exp["score-1"]["n"] == 8  # 6 problems without an output count as wrong
 
 
@@ -90,6 +96,15 @@ def test_prereg_paths_are_relative_to_the_prereg(finished_run, tmp_path):
 
 
 def test_prereg_make_writes_nothing_when_invalid(finished_run, tmp_path):
-    p = run_cli("prereg", "make", str(finished_run / "kvgraft-ledger.jsonl"), "--target", "CPU", "-o", "t.yaml",
-                cwd=tmp_path, check_rc=2)
+    p = run_cli(
+        "prereg",
+        "make",
+        str(finished_run / "kvgraft-ledger.jsonl"),
+        "--target",
+        "CPU",
+        "-o",
+        "t.yaml",
+        cwd=tmp_path,
+        check_rc=2,
+    )
     assert "targets" in p.stderr and not (tmp_path / "t.yaml").exists()

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import html
 import json
-from html.parser import HTMLParser
 import re
 import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 
 import pytest
-
 from conftest import run_cli, run_without_torch
 
 LEDGER = "kvgraft-ledger.jsonl"
@@ -78,8 +77,11 @@ def test_every_number_is_the_ledgers(page, report_ledger):
         assert f"{t['decode_tokens']:,}" in shown and f"{t['prefill_tokens']:,}" in shown
     # The per-problem decode tokens are the solve lines' own.
     comp = data["comparisons"][0]
-    solves = {(e["inputs"]["settings"]["library"], e["inputs"]["record"]["id"]): e["outputs"]["costs"]["decode_tokens"]
-              for e in entries if e["kind"] == "solve"}
+    solves = {
+        (e["inputs"]["settings"]["library"], e["inputs"]["record"]["id"]): e["outputs"]["costs"]["decode_tokens"]
+        for e in entries
+        if e["kind"] == "solve"
+    }
     for mode, flag in (("baseline", False), ("library", True)):
         got = {(flag, p["id"]): p["decode_tokens"] for p in comp[mode]["per_problem"]}
         assert got == {k: v for k, v in solves.items() if k[0] == flag} and len(got) == 4
@@ -116,8 +118,11 @@ def test_the_page_fetches_nothing(page):
     assert not re.search(r"@import|url\((?!#)|<script|<link|<iframe", text, flags=re.I)  # url(#clip): local
     assert _Tags(text).fetching() == []
     # The checker sees what it must.
-    assert _Tags('<p>x</p><img src="a.png"><a href="https://e.x/">e</a><svg><use href="#a"/></svg>').fetching() \
-        == ["img", ("img", "src", "a.png"), ("a", "href", "https://e.x/")]
+    assert _Tags('<p>x</p><img src="a.png"><a href="https://e.x/">e</a><svg><use href="#a"/></svg>').fetching() == [
+        "img",
+        ("img", "src", "a.png"),
+        ("a", "href", "https://e.x/"),
+    ]
 
 
 def _hostile_ledger(folder, source_ledger):
@@ -147,7 +152,9 @@ def _hostile_ledger(folder, source_ledger):
 def test_hostile_ledger_text_is_escaped(report_ledger, tmp_path):
     _hostile_ledger(tmp_path, report_ledger)
     p = run_cli("report", LEDGER, "-o", "r.html", "--no-files", cwd=tmp_path)
-    assert p.returncode == 1 and p.stderr.splitlines()[-1].startswith("Error: ")  # the chain is broken: written, and says so
+    assert p.returncode == 1 and p.stderr.splitlines()[-1].startswith(
+        "Error: "
+    )  # the chain is broken: written, and says so
     text = (tmp_path / "r.html").read_text()
     assert _Tags(text).fetching() == [] and "<script" not in text and "<img" not in text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text and "NOT VERIFIED" in _text(text)
@@ -155,14 +162,21 @@ def test_hostile_ledger_text_is_escaped(report_ledger, tmp_path):
 
 
 def test_tables_only_without_matplotlib(report_ledger, tmp_path):
-    block = ("import sys\nclass B:\n    def find_spec(self, name, path=None, target=None):\n"
-             "        if name == 'matplotlib' or name.startswith('matplotlib.'):\n"
-             "            raise ImportError(name + ' is blocked')\nsys.meta_path.insert(0, B())\n"
-             "import importlib.util\n_f = importlib.util.find_spec\n"
-             "importlib.util.find_spec = lambda n, *a: None if n.split('.')[0] == 'matplotlib' else _f(n, *a)\n"
-             "sys.argv = ['kvgraft'] + sys.argv[1:]\nfrom kvgraft_cli.cli.app import main\nmain()\n")
-    p = subprocess.run([sys.executable, "-c", block, "report", "-o", str(tmp_path / "r.html")], cwd=report_ledger,
-                       capture_output=True, text=True, timeout=300)
+    block = (
+        "import sys\nclass B:\n    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'matplotlib' or name.startswith('matplotlib.'):\n"
+        "            raise ImportError(name + ' is blocked')\nsys.meta_path.insert(0, B())\n"
+        "import importlib.util\n_f = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda n, *a: None if n.split('.')[0] == 'matplotlib' else _f(n, *a)\n"
+        "sys.argv = ['kvgraft'] + sys.argv[1:]\nfrom kvgraft_cli.cli.app import main\nmain()\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", block, "report", "-o", str(tmp_path / "r.html")],
+        cwd=report_ledger,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     text = (tmp_path / "r.html").read_text()
     assert "<svg" not in text and "pip install 'kvgraft[report]'" in html.unescape(text)
@@ -223,8 +237,9 @@ def test_checkpoint_is_shown(report_ledger, tmp_path):
     shutil.copytree(report_ledger, work)
     run_cli("ledger", "keygen", "lab", cwd=work, check_rc=0)
     run_cli("ledger", "checkpoint", "--key", "lab.key", "-o", "cp.txt", cwd=work, check_rc=0)
-    p = run_cli("report", "-o", "r.html", "--checkpoint", "cp.txt", "--key", "lab.pub", "--no-plots", cwd=work,
-                check_rc=0)
+    p = run_cli(
+        "report", "-o", "r.html", "--checkpoint", "cp.txt", "--key", "lab.pub", "--no-plots", cwd=work, check_rc=0
+    )
     n = len(_entries(work))
     assert f"kvgraft-ledger @ {n} lines, signed by lab" in _text((work / "r.html").read_text()), p.stderr
     refused = run_cli("report", "-o", "cp.txt", "--checkpoint", "cp.txt", cwd=work)
@@ -237,8 +252,20 @@ def test_the_reference_ledger_with_its_signed_checkpoint(tmp_path):
     from conftest import REPO
 
     ref = REPO / "ledger"
-    p = run_cli("report", str(ref / "reference.jsonl"), "-o", "r.html", "--checkpoint", str(ref / "checkpoint.txt"),
-                "--key", str(ref / "kvgraft.pub"), "--no-plots", "--json", cwd=tmp_path, check_rc=0)
+    p = run_cli(
+        "report",
+        str(ref / "reference.jsonl"),
+        "-o",
+        "r.html",
+        "--checkpoint",
+        str(ref / "checkpoint.txt"),
+        "--key",
+        str(ref / "kvgraft.pub"),
+        "--no-plots",
+        "--json",
+        cwd=tmp_path,
+        check_rc=0,
+    )
     data = json.loads(p.stdout)
     shown = _text((tmp_path / "r.html").read_text())
     cp = data["verification"]["checkpoint"]
@@ -260,26 +287,56 @@ def test_values_of_the_wrong_type_are_listed_not_fatal():
     pf = {"path": "p.jsonl", "sha256": "a" * 64}
     entries = [
         {"kind": "solve", "inputs": {"problems_file": 5}},
-        {"kind": "solve-outputs", "mode": "library", "inputs": {"problems_file": pf}, "outputs": {"totals": {
-            "accuracy": "inf", "wilson95_low": "nan", "wilson95_high": "-inf", "decode_tokens": 5, "correct": 1,
-            "scored": 2}}},
-        {"kind": "solve-outputs", "mode": "baseline", "inputs": {"problems_file": pf},
-         "outputs": {"totals": {"accuracy": "0.5", "decode_tokens": -3}}},
-        {"kind": "probe", "outputs": {"result": {"offsets": [{"offset": 0, "max_abs_diff": "inf"},
-                                                             {"offset": 3, "max_abs_diff": "nan"},
-                                                             {"offset": 8, "max_abs_diff": "1e-300"}]}}},
+        {
+            "kind": "solve-outputs",
+            "mode": "library",
+            "inputs": {"problems_file": pf},
+            "outputs": {
+                "totals": {
+                    "accuracy": "inf",
+                    "wilson95_low": "nan",
+                    "wilson95_high": "-inf",
+                    "decode_tokens": 5,
+                    "correct": 1,
+                    "scored": 2,
+                }
+            },
+        },
+        {
+            "kind": "solve-outputs",
+            "mode": "baseline",
+            "inputs": {"problems_file": pf},
+            "outputs": {"totals": {"accuracy": "0.5", "decode_tokens": -3}},
+        },
+        {
+            "kind": "probe",
+            "outputs": {
+                "result": {
+                    "offsets": [
+                        {"offset": 0, "max_abs_diff": "inf"},
+                        {"offset": 3, "max_abs_diff": "nan"},
+                        {"offset": 8, "max_abs_diff": "1e-300"},
+                    ]
+                }
+            },
+        },
         {"kind": "probe", "outputs": {"result": {"offsets": "x"}}},
         {"kind": "graft-check", "inputs": {"artifact": "str"}, "outputs": {"result": []}},
         {"kind": "deposit", "inputs": {"record": {"id": ["x"]}, "token_ids": {"count": True}}},
         {"kind": "score", "inputs": {"settings": {"rules": ["x"]}}, "outputs": {"result": {"accuracy": {}}}},
-        {"kind": 5}, [1, 2],
+        {"kind": 5},
+        [1, 2],
     ]
     data = "".join(json.dumps(e) + "\n" for e in entries).encode() + b"{torn"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         report = collect(Path("x.jsonl"), data, VerifyReport("x.jsonl").to_json())
         page = render(report, True)
-    assert [(s["line"], s["kind"]) for s in report.skipped] == [(5, "probe"), (6, "graft-check"), (7, "deposit"),
-                                                               (8, "score")]
+    assert [(s["line"], s["kind"]) for s in report.skipped] == [
+        (5, "probe"),
+        (6, "graft-check"),
+        (7, "deposit"),
+        (8, "score"),
+    ]
     assert report.unreadable == [10] and report.kinds["(no kind)"] == 1 and len(report.comparisons) == 1
     assert page.count("<svg") == 2 and "is not a count" in page and ">inf<" in page  # no per-problem lines: no plot

@@ -18,21 +18,36 @@ import struct
 import subprocess
 
 import pytest
-
 from conftest import run_cli
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = [pytest.mark.browser, pytest.mark.skipif(CHROMIUM is None, reason="needs the chromium binary "
-                                                      "(apt-get install chromium)")]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(CHROMIUM is None, reason="needs the chromium binary (apt-get install chromium)"),
+]
 # Chromium's log line for a console message (console.log/error, an uncaught exception, a failed resource load).
 CONSOLE = re.compile(r"CONSOLE|Uncaught", re.I)
 LIBRARY_RGB = (0x1F, 0x77, 0xB4)  # report/plots.py LIBRARY
 
 
 def _chromium(url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--enable-logging=stderr",
-                           "--v=0", "--host-resolver-rules=MAP * ~NOTFOUND", "--hide-scrollbars", *args, url],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "--hide-scrollbars",
+            *args,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _console(stderr: str) -> list[str]:

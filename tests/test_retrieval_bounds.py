@@ -12,8 +12,8 @@ import random
 import sqlite3
 
 import pytest
-
 from conftest import REPO
+
 from kvgraft_cli.library.variants import change_all_numbers
 from kvgraft_cli.store import search
 from kvgraft_cli.store.local import Store

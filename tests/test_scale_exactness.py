@@ -18,8 +18,25 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 
 def _run(*args: str) -> tuple[int, list[dict]]:
-    p = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--samples", "3", "--prefix-chars", "1", "60",
-                        "--json", *args], capture_output=True, text=True, timeout=300, cwd=REPO)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--device",
+            "cpu",
+            "--samples",
+            "3",
+            "--prefix-chars",
+            "1",
+            "60",
+            "--json",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert p.returncode in (0, 1), p.stderr[-2000:]
     return p.returncode, [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
 
@@ -63,8 +80,14 @@ def test_layers_cuts_the_depth_and_keeps_the_widths():
 
     full, cut = se.shape_config("gemma3-12b-dims"), se.shape_config("gemma3-12b-dims", layers=6)
     assert cut.num_hidden_layers == 6 and cut.layer_types == ["sliding_attention"] * 5 + ["full_attention"]
-    for field in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
-                  "sliding_window"):
+    for field in (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "sliding_window",
+    ):
         assert getattr(cut, field) == getattr(full, field), field
     # head_dim differs by layer kind (Gemma-4's global layers are wider): compare a sliding and the global layer
     for i_cut, i_full in ((0, 0), (5, 47)):
@@ -79,8 +102,9 @@ def test_random_engine_names_its_draw(tmp_path):
     from kvgraft_cli.engine.tinymodel import build_config
 
     def draw(seed, where):
-        eng = random_engine("tiny", build_config(), tmp_path / where, device="cpu", dtype="float32",
-                            profile="portable", seed=seed)  # the flags this test process runs under
+        eng = random_engine(
+            "tiny", build_config(), tmp_path / where, device="cpu", dtype="float32", profile="portable", seed=seed
+        )  # the flags this test process runs under
         logits = eng.forward(eng.new_cache(), eng.prefix_ids("the same prompt"))
         return eng, tensor_sha256(logits)
 
@@ -102,8 +126,13 @@ def test_refusals_are_one_error_line(tmp_path):
     if not torch.cuda.is_available():
         cases.append(["--shape", "tiny", "--device", "cuda"])
     for args in cases:
-        p = subprocess.run([sys.executable, str(SCRIPT), "--samples", "1", *args], capture_output=True, text=True,
-                           timeout=120, cwd=REPO)
+        p = subprocess.run(
+            [sys.executable, str(SCRIPT), "--samples", "1", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
         assert p.returncode == 2, (args, p.stderr[-500:])
         assert p.stderr.startswith("Error: ") and "Traceback" not in p.stderr, p.stderr[-500:]
         assert ("no CUDA GPU" in p.stderr) if "cuda" in args else (f"Error: {args[1]}: not a readable" in p.stderr)

@@ -12,9 +12,20 @@ from kvgraft_cli.config.profiles import environ_without_pins
 
 
 def test_schedule_diff_names_the_first_differing_module():
-    p = subprocess.run([sys.executable, str(REPO / "scripts" / "schedule_diff.py"), "--prefix-tokens", "179",
-                        "--suffix-tokens", "121"], capture_output=True, text=True, env=environ_without_pins(),
-                       timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "schedule_diff.py"),
+            "--prefix-tokens",
+            "179",
+            "--suffix-tokens",
+            "121",
+        ],
+        capture_output=True,
+        text=True,
+        env=environ_without_pins(),
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     first = [line for line in lines if line.startswith("FIRST DIFFERENCE: ")]

@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from conftest import EXAMPLES
+from test_scoring import DEFAULT_MAP, _backdate, _entry, _outputs
+
 from kvgraft_cli.audit.verify import verify_ledger
 from kvgraft_cli.eval import scoring
 from kvgraft_cli.eval.scoring import ScoreResult, ScoreSettings, score, write_records
 from kvgraft_cli.ledger import log as ledger
-from test_scoring import DEFAULT_MAP, _backdate, _entry, _outputs
 
 
 def _forged(res: ScoreResult, settings: ScoreSettings, flip: bool = True) -> ScoreResult:
@@ -41,8 +41,14 @@ def _ledger_with(tmp_path, *results: tuple[ScoreResult, dict], out=None):
 
 @pytest.fixture
 def outs(tmp_path):
-    return _outputs(tmp_path, [{"id": "sum-1", "output": "\\boxed{42}"}, {"id": "lin-1", "output": "\\boxed{4}"},
-                               {"id": "frac-1", "output": "\\boxed{3/4}"}])
+    return _outputs(
+        tmp_path,
+        [
+            {"id": "sum-1", "output": "\\boxed{42}"},
+            {"id": "lin-1", "output": "\\boxed{4}"},
+            {"id": "frac-1", "output": "\\boxed{3/4}"},
+        ],
+    )
 
 
 def _findings(led) -> list[tuple[int, str]]:
@@ -124,8 +130,12 @@ def test_replay_of_an_old_run_records_its_rules(tmp_path, outs):
 def test_grader_libs_are_compared_member_for_member(tmp_path, outs, monkeypatch):
     """#24.3: the spec says the recomputed aggregate equals the recorded one member for member; verify skipped
     grader_libs, so editing the sympy version there passed."""
-    libs = {"math-verify": scoring.MATH_VERIFY_PIN, "latex2sympy2_extended": "1.0.6",
-            "antlr4-python3-runtime": "4.13.2", "sympy": "1.13.3"}
+    libs = {
+        "math-verify": scoring.MATH_VERIFY_PIN,
+        "latex2sympy2_extended": "1.0.6",
+        "antlr4-python3-runtime": "4.13.2",
+        "sympy": "1.13.3",
+    }
     monkeypatch.setattr(scoring, "math_verify_versions", lambda: dict(libs))
     monkeypatch.setattr(scoring, "_math_verify_equal", lambda a, b: a.replace(" ", "") == b.replace(" ", ""))
     mv = ScoreSettings.current(grader="math-verify")

@@ -9,21 +9,28 @@ import random
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLES, MATH500, REPO, run_cli, run_without_torch
-from kvgraft_cli.ledger import log as ledger
+
+from kvgraft_cli.audit.verify import verify_ledger
 from kvgraft_cli.errors import InputError, ProblemFileError
 from kvgraft_cli.eval import scoring
 from kvgraft_cli.eval.scoring import ScoreSettings, score, wilson_interval, write_records
-from kvgraft_cli.audit.verify import verify_ledger
+from kvgraft_cli.ledger import log as ledger
 from kvgraft_cli.util.hashing import sha256_bytes
 
-DEFAULT_MAP = {"id": "id", "problem": "problem", "solution": "solution", "answer": "answer", "answer_extract": "verbatim"}
+DEFAULT_MAP = {
+    "id": "id",
+    "problem": "problem",
+    "solution": "solution",
+    "answer": "answer",
+    "answer_extract": "verbatim",
+}
 MATH_MAP = {"id": None, "problem": "question", "solution": "answer", "answer": "answer", "answer_extract": "trailer"}
 
 
-@pytest.mark.parametrize("k,n,lo,hi", [(3, 4, 0.3006, 0.9544), (0, 10, 0.0, 0.2775), (10, 10, 0.7225, 1.0),
-                                       (50, 100, 0.4038, 0.5962)])
+@pytest.mark.parametrize(
+    "k,n,lo,hi", [(3, 4, 0.3006, 0.9544), (0, 10, 0.0, 0.2775), (10, 10, 0.7225, 1.0), (50, 100, 0.4038, 0.5962)]
+)
 def test_wilson_known_values(k, n, lo, hi):
     a, b = wilson_interval(k, n)
     assert (round(a, 4), round(b, 4)) == (lo, hi)
@@ -37,8 +44,9 @@ def test_wilson_edges_are_exact():
 def test_records_file_may_not_overwrite_an_input(tmp_path):
     out = _outputs(tmp_path, [{"id": "sum-1", "output": "\\boxed{42}"}])
     before = out.read_bytes()
-    p = run_cli("score", "outputs.jsonl", "--answers", str(EXAMPLES), "--records", "outputs.jsonl", cwd=tmp_path,
-                check_rc=2)
+    p = run_cli(
+        "score", "outputs.jsonl", "--answers", str(EXAMPLES), "--records", "outputs.jsonl", cwd=tmp_path, check_rc=2
+    )
     assert "would be overwritten" in p.stderr and out.read_bytes() == before
 
 
@@ -78,10 +86,17 @@ def test_unknown_id_and_bad_lines(tmp_path):
 
 
 def test_cli_score_and_verify_recomputes(tmp_path):
-    _outputs(tmp_path, [{"id": "sum-1", "output": "so \\boxed{42}"}, {"id": "lin-1", "output": "x = 6"},
-                              {"id": "gcd-1", "output": "The answer is: 42"}])
-    r = json.loads(run_cli("score", "outputs.jsonl", "--answers", str(EXAMPLES), "--json", cwd=tmp_path,
-                           check_rc=0).stdout)
+    _outputs(
+        tmp_path,
+        [
+            {"id": "sum-1", "output": "so \\boxed{42}"},
+            {"id": "lin-1", "output": "x = 6"},
+            {"id": "gcd-1", "output": "The answer is: 42"},
+        ],
+    )
+    r = json.loads(
+        run_cli("score", "outputs.jsonl", "--answers", str(EXAMPLES), "--json", cwd=tmp_path, check_rc=0).stdout
+    )
     # 8 problems have a reference answer; the 5 without an output count as incorrect.
     assert (r["n"], r["correct"], r["answered"], r["unanswered"], r["no_reference"]) == (8, 2, 3, 5, 1)
     assert (tmp_path / r["records"]).is_file()
@@ -92,8 +107,14 @@ def test_cli_score_and_verify_recomputes(tmp_path):
 
 def test_unanswered_problems_count_as_incorrect(tmp_path):
     """Issue 11: 3 missing outputs must not turn 16/30 into 16/27. Here: 2 right of 8 problems with a reference."""
-    out = _outputs(tmp_path, [{"id": "sum-1", "output": "\\boxed{42}"}, {"id": "lin-1", "output": "\\boxed{5}"},
-                              {"id": "gcd-1", "output": "\\boxed{0}"}])
+    out = _outputs(
+        tmp_path,
+        [
+            {"id": "sum-1", "output": "\\boxed{42}"},
+            {"id": "lin-1", "output": "\\boxed{5}"},
+            {"id": "gcd-1", "output": "\\boxed{0}"},
+        ],
+    )
     r = score(out, EXAMPLES, DEFAULT_MAP)
     s = r.summary()
     assert (s["n"], s["correct"], s["answered"], s["unanswered"], s["no_reference"]) == (8, 2, 3, 5, 1)
@@ -130,7 +151,7 @@ def test_answered_only_is_recorded_and_recomputed(tmp_path):
     ledger.append(led, "score", entry)
     v = verify_ledger(led)
     assert [(f.line, f.check) for f in v.findings] == [(2, "score")]
-    assert 'n recorded 2, recomputed 8' in v.findings[0].message
+    assert "n recorded 2, recomputed 8" in v.findings[0].message
 
 
 def test_default_records_file_is_in_the_store_named_by_content(tmp_path):
@@ -140,8 +161,9 @@ def test_default_records_file_is_in_the_store_named_by_content(tmp_path):
     _outputs(src, [{"id": "sum-1", "output": "\\boxed{42}"}])
     work = tmp_path / "work"
     work.mkdir()
-    r = json.loads(run_cli("score", str(src / "outputs.jsonl"), "--answers", str(EXAMPLES), "--json", cwd=work,
-                           check_rc=0).stdout)
+    r = json.loads(
+        run_cli("score", str(src / "outputs.jsonl"), "--answers", str(EXAMPLES), "--json", cwd=work, check_rc=0).stdout
+    )
     assert list(src.iterdir()) == [src / "outputs.jsonl"]
     rec = Path(r["records"])
     assert rec == Path("kvgraft-store") / "scores" / f"outputs-{r['records_sha256'][:12]}.scores.jsonl"
@@ -153,11 +175,16 @@ def test_default_records_file_is_in_the_store_named_by_content(tmp_path):
 def test_score_does_not_need_a_solution_field(tmp_path):
     """Answers files without solutions (a benchmark's id/problem/answer) score; the solution is never read."""
     ans = tmp_path / "answers.jsonl"
-    ans.write_text(json.dumps({"id": "a", "problem": "1+1?", "answer": "2"}) + "\n"
-                   + json.dumps({"id": "b", "problem": "2+2?", "answer": "4"}) + "\n")
+    ans.write_text(
+        json.dumps({"id": "a", "problem": "1+1?", "answer": "2"})
+        + "\n"
+        + json.dumps({"id": "b", "problem": "2+2?", "answer": "4"})
+        + "\n"
+    )
     _outputs(tmp_path, [{"id": "a", "output": "\\boxed{2}"}])
-    r = json.loads(run_cli("score", "outputs.jsonl", "--answers", "answers.jsonl", "--json", cwd=tmp_path,
-                           check_rc=0).stdout)
+    r = json.loads(
+        run_cli("score", "outputs.jsonl", "--answers", "answers.jsonl", "--json", cwd=tmp_path, check_rc=0).stdout
+    )
     assert (r["n"], r["correct"], r["unanswered"]) == (2, 1, 1)
 
 
@@ -182,10 +209,14 @@ def _backdate(led, line: int, time: str = OLD_TIME) -> None:
 def _entry(out, rec_sha, result, settings=None, rec_path="rec.jsonl"):
     """A score ledger entry over the examples, as `kvgraft score` writes one (settings: the current ones)."""
     extra = ScoreSettings().to_settings() if settings is None else settings
-    return {"inputs": {"outputs": {"path": out.name, "sha256": sha256_bytes(out.read_bytes())},
-                       "answers": {"path": str(EXAMPLES), "sha256": sha256_bytes(EXAMPLES.read_bytes())},
-                       "settings": {"mapping": DEFAULT_MAP, "id_field": "id", "output_field": "output", **extra}},
-            "outputs": {"records": {"path": rec_path, "sha256": rec_sha}, "result": result}}
+    return {
+        "inputs": {
+            "outputs": {"path": out.name, "sha256": sha256_bytes(out.read_bytes())},
+            "answers": {"path": str(EXAMPLES), "sha256": sha256_bytes(EXAMPLES.read_bytes())},
+            "settings": {"mapping": DEFAULT_MAP, "id_field": "id", "output_field": "output", **extra},
+        },
+        "outputs": {"records": {"path": rec_path, "sha256": rec_sha}, "result": result},
+    }
 
 
 def test_verify_catches_a_misreported_score(tmp_path):
@@ -201,8 +232,14 @@ def test_verify_catches_a_misreported_score(tmp_path):
     assert not v.passed and v.scores_checked == 2
     assert [(f.line, f.check) for f in v.findings] == [(2, "score")]
     # A forged entry whose result is not an object is a finding, not a crash.
-    ledger.append(led, "score", {**_entry(out, rec_sha, res.summary()),
-                                 "outputs": {"records": {"path": "rec.jsonl", "sha256": rec_sha}, "result": "all correct"}})
+    ledger.append(
+        led,
+        "score",
+        {
+            **_entry(out, rec_sha, res.summary()),
+            "outputs": {"records": {"path": "rec.jsonl", "sha256": rec_sha}, "result": "all correct"},
+        },
+    )
     v = verify_ledger(led)
     assert [(f.line, f.check) for f in v.findings] == [(2, "score"), (3, "score")]
     lines = led.read_bytes().split(b"\n")
@@ -262,8 +299,9 @@ def test_scores_from_another_extractor_version_are_recomputed_from_records(tmp_p
     led = tmp_path / "l.jsonl"
     later = dict(ScoreSettings().to_settings(), extractor_version="4")
     ledger.append(led, "score", _entry(out, sha256_bytes(data), dict(res.summary(), extractor_version="4"), later))
-    ledger.append(led, "score", _entry(out, sha256_bytes(data), dict(res.summary(), extractor_version="4", correct=2),
-                                       later))
+    ledger.append(
+        led, "score", _entry(out, sha256_bytes(data), dict(res.summary(), extractor_version="4", correct=2), later)
+    )
     v = verify_ledger(led)
     assert v.scores_checked == 2
     assert [(f.line, f.check) for f in v.findings] == [(2, "score")]
@@ -281,8 +319,13 @@ def test_unrecomputable_score_is_counted_with_its_reason(tmp_path):
     _backdate(led, 1)
     v = verify_ledger(led)
     assert v.passed and v.scores_checked == 0
-    assert v.scores_not_recomputable == [{"line": 1, "reason": "extractor version 1 is not in this kvgraft (it has "
-                                          "2, 3), and its records file gone.jsonl is missing"}]
+    assert v.scores_not_recomputable == [
+        {
+            "line": 1,
+            "reason": "extractor version 1 is not in this kvgraft (it has "
+            "2, 3), and its records file gone.jsonl is missing",
+        }
+    ]
     assert v.to_json()["scores_not_recomputable"] == v.scores_not_recomputable
     p = run_without_torch("verify", str(led), cwd=tmp_path)
     assert p.returncode == 0, p.stderr
@@ -303,18 +346,37 @@ def test_reference_ledger_scores(tmp_path):
 def test_prereg_settings_replay_the_recorded_rules():
     """A prereg run copies the entry's settings; without score keys (older preregs) replay uses rules 1 and
     extractor 2, which is what ledger/prereg-v3.yaml expects."""
-    assert ScoreSettings.from_recorded({"mapping": DEFAULT_MAP, "id_field": "id", "output_field": "output"}) == \
-        ScoreSettings("1", "2", False, "exact", None)
+    assert ScoreSettings.from_recorded(
+        {"mapping": DEFAULT_MAP, "id_field": "id", "output_field": "output"}
+    ) == ScoreSettings("1", "2", False, "exact", None)
     cur = ScoreSettings.current(answered_only=True)
     assert ScoreSettings.from_recorded({"mapping": DEFAULT_MAP, **cur.to_settings()}) == cur
     from kvgraft_cli.runs.replay import check_prereg
 
-    run = {"id": "score-1", "kind": "score", "outputs": "o.jsonl", "outputs_sha256": "0" * 64,
-           "answers": "a.jsonl", "answers_sha256": "0" * 64,
-           "settings": {"mapping": DEFAULT_MAP, "id_field": "id", "output_field": "output",
-                        **ScoreSettings.current(grader="math-verify").to_settings()}}
-    check_prereg({"kvgraft_prereg": 1, "name": "x", "manifest": {"path": "builtin:default.yaml", "sha256": "0" * 64},
-                  "runs": [run], "targets": {"t": {}}}, "p.yaml")
+    run = {
+        "id": "score-1",
+        "kind": "score",
+        "outputs": "o.jsonl",
+        "outputs_sha256": "0" * 64,
+        "answers": "a.jsonl",
+        "answers_sha256": "0" * 64,
+        "settings": {
+            "mapping": DEFAULT_MAP,
+            "id_field": "id",
+            "output_field": "output",
+            **ScoreSettings.current(grader="math-verify").to_settings(),
+        },
+    }
+    check_prereg(
+        {
+            "kvgraft_prereg": 1,
+            "name": "x",
+            "manifest": {"path": "builtin:default.yaml", "sha256": "0" * 64},
+            "runs": [run],
+            "targets": {"t": {}},
+        },
+        "p.yaml",
+    )
 
 
 def test_prereg_replays_a_score_with_its_recorded_settings(tmp_path):
@@ -356,11 +418,14 @@ def test_math_verify_not_installed(tmp_path, monkeypatch):
     v = verify_ledger(led)
     assert v.passed
     assert v.scores_from_records == [{"line": 1, "reason": "math-verify 0.9.0 not installed"}]
-    assert v.scores_not_recomputable == [{"line": 2, "reason": "math-verify 0.9.0 not installed, and its records "
-                                          "file gone.jsonl is missing"}]
+    assert v.scores_not_recomputable == [
+        {"line": 2, "reason": "math-verify 0.9.0 not installed, and its records file gone.jsonl is missing"}
+    ]
     monkeypatch.setattr(scoring, "math_verify_versions", lambda: {"math-verify": "0.8.0"})
-    assert ScoreSettings.current(grader="math-verify").unavailable() == \
-        "math-verify 0.9.0 not installed (math-verify 0.8.0 is)"
+    assert (
+        ScoreSettings.current(grader="math-verify").unavailable()
+        == "math-verify 0.9.0 not installed (math-verify 0.8.0 is)"
+    )
 
 
 def test_math_verify_time_out_is_an_error_not_a_verdict(monkeypatch):
@@ -385,15 +450,28 @@ def test_math_verify_time_out_is_an_error_not_a_verdict(monkeypatch):
 
 # (reference, candidate, equal, what the exact grader says): math-verify adds the equivalents exact misses and
 # refuses what kvgraft's policy refuses (decimals to 10 places, equation vs value, percent vs number).
-MV_CASES = [("\\frac{1}{2}", "0.5", True, False), ("\\{1,2\\}", "\\{2,1\\}", True, False),
-            ("1,2,3", "3, 2, 1", True, False), ("2\\sqrt{2}", "\\sqrt{8}", True, False),
-            ("\\dfrac{3}{4}", "\\frac34", True, False), ("25", "025", True, True), ("[2,5)", "[2, 5)", True, True),
-            ("[2,5)", "(2,5)", False, False), ("\\{1,2\\}", "\\{1,3\\}", False, False),
-            ("(1,2)", "(2,1)", False, False), ("\\frac{1}{3}", "0.333333", False, False),
-            ("10", "10\\%", False, False), ("x=3", "3", False, False), ("5", "x=5", False, False),
-            ("\\frac{1}{2}", "\\frac{2}{1}", False, False), ("-7", "7", False, False),
-            ("(-\\infty, 0]", "[-\\infty, 0]", False, False), ("(-\\infty, 0]", "(-\\infty,0]", True, True),
-            ("[1, \\infty)", "[1,\\infty)", True, True), ("(1,\\infty)", "(1, \\infty]", False, False)]
+MV_CASES = [
+    ("\\frac{1}{2}", "0.5", True, False),
+    ("\\{1,2\\}", "\\{2,1\\}", True, False),
+    ("1,2,3", "3, 2, 1", True, False),
+    ("2\\sqrt{2}", "\\sqrt{8}", True, False),
+    ("\\dfrac{3}{4}", "\\frac34", True, False),
+    ("25", "025", True, True),
+    ("[2,5)", "[2, 5)", True, True),
+    ("[2,5)", "(2,5)", False, False),
+    ("\\{1,2\\}", "\\{1,3\\}", False, False),
+    ("(1,2)", "(2,1)", False, False),
+    ("\\frac{1}{3}", "0.333333", False, False),
+    ("10", "10\\%", False, False),
+    ("x=3", "3", False, False),
+    ("5", "x=5", False, False),
+    ("\\frac{1}{2}", "\\frac{2}{1}", False, False),
+    ("-7", "7", False, False),
+    ("(-\\infty, 0]", "[-\\infty, 0]", False, False),
+    ("(-\\infty, 0]", "(-\\infty,0]", True, True),
+    ("[1, \\infty)", "[1,\\infty)", True, True),
+    ("(1,\\infty)", "(1, \\infty]", False, False),
+]
 
 
 @pytest.mark.parametrize("reference,candidate,equal,exact", MV_CASES)
@@ -405,16 +483,34 @@ def test_math_verify_grader(reference, candidate, equal, exact):
 
 def test_cli_math_verify_score_is_recorded_and_verified_without_torch(tmp_path):
     pytest.importorskip("math_verify")
-    _outputs(tmp_path, [{"id": "frac-1", "output": "\\boxed{0.75}"}, {"id": "sum-1", "output": "\\boxed{42.0}"},
-                        {"id": "lin-1", "output": "\\boxed{x=5}"}])
-    r = json.loads(run_cli("score", "outputs.jsonl", "--answers", str(EXAMPLES), "--grader", "math-verify", "--json",
-                           cwd=tmp_path, check_rc=0).stdout)
+    _outputs(
+        tmp_path,
+        [
+            {"id": "frac-1", "output": "\\boxed{0.75}"},
+            {"id": "sum-1", "output": "\\boxed{42.0}"},
+            {"id": "lin-1", "output": "\\boxed{x=5}"},
+        ],
+    )
+    r = json.loads(
+        run_cli(
+            "score",
+            "outputs.jsonl",
+            "--answers",
+            str(EXAMPLES),
+            "--grader",
+            "math-verify",
+            "--json",
+            cwd=tmp_path,
+            check_rc=0,
+        ).stdout
+    )
     assert (r["n"], r["correct"], r["grader"]) == (8, 2, "math-verify")
     assert r["grader_libs"]["math-verify"] == scoring.MATH_VERIFY_PIN and r["grader_libs"]["sympy"]
     e = ledger.read(tmp_path / "kvgraft-ledger.jsonl")[0]
     assert e["inputs"]["settings"]["grader_version"] == scoring.MATH_VERIFY_PIN
-    exact = json.loads(run_cli("score", "outputs.jsonl", "--answers", str(EXAMPLES), "--json", cwd=tmp_path,
-                               check_rc=0).stdout)
+    exact = json.loads(
+        run_cli("score", "outputs.jsonl", "--answers", str(EXAMPLES), "--json", cwd=tmp_path, check_rc=0).stdout
+    )
     assert exact["correct"] == 0
     p = run_without_torch("verify", "kvgraft-ledger.jsonl", "--json", cwd=tmp_path)
     v = json.loads(p.stdout)

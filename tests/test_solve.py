@@ -9,8 +9,8 @@ import json
 import shutil
 
 import pytest
-
 from conftest import EXAMPLES, run_cli
+
 from kvgraft_cli.audit.verify import verify_ledger
 from kvgraft_cli.config.manifest import with_overrides
 from kvgraft_cli.errors import InputError
@@ -47,13 +47,20 @@ def test_hits_budgets_and_ledger(lib_ctx, engine, tmp_path):
         assert by[i].hit == "related" and len(by[i].chain) == 2 and by[i].budget == 16
         assert by[i].grafted_tokens + by[i].prefill_tokens > by[i].grafted_tokens
     assert all(r.grafted_tokens > 0 for r in run.records)
-    assert by["sum-1"].prefill_tokens == len(engine.encode(lib_ctx.manifest.data["prompt"]["query"].format(
-        query=json.loads(EXAMPLES.read_text().splitlines()[0])["problem"])))  # the query alone
+    assert by["sum-1"].prefill_tokens == len(
+        engine.encode(
+            lib_ctx.manifest.data["prompt"]["query"].format(
+                query=json.loads(EXAMPLES.read_text().splitlines()[0])["problem"]
+            )
+        )
+    )  # the query alone
     solves = _entries(lib_ctx, "solve")
     assert [e["inputs"]["record"]["id"] for e in solves] == [r.id for r in run.records]
     assert solves[0]["inputs"]["library"]["hit"] == "exact"
-    assert solves[0]["outputs"]["output"]["sha256"] == __import__("hashlib").sha256(
-        by["sum-1"].output.encode()).hexdigest()
+    assert (
+        solves[0]["outputs"]["output"]["sha256"]
+        == __import__("hashlib").sha256(by["sum-1"].output.encode()).hexdigest()
+    )
     (summary,) = _entries(lib_ctx, "solve-outputs")
     assert summary["outputs"]["outputs"]["sha256"] == run.outputs_sha256
     report = verify_ledger(lib_ctx.ledger)
@@ -97,12 +104,14 @@ def test_deposit_verified_grows_the_library(lib_ctx, engine, tmp_path):
     # New problem texts (not in the library); first learn what the model answers to each with nothing grafted.
     problems = tmp_path / "mine.jsonl"
     texts = [f"Again: {json.loads(line)['problem']}" for line in EXAMPLES.read_text().splitlines()[:4]]
-    problems.write_text("".join(json.dumps({"id": f"new-{i}", "problem": t, "answer": "?"}) + "\n"
-                                for i, t in enumerate(texts)))
+    problems.write_text(
+        "".join(json.dumps({"id": f"new-{i}", "problem": t, "answer": "?"}) + "\n" for i, t in enumerate(texts))
+    )
     probe = solve(lib_ctx, problems, tmp_path / "probe.jsonl", use_library=False, engine=engine)
-    recs = [{"id": f"new-{i}", "problem": t,
-             "answer": r.extracted if i % 2 == 0 else "a reference the model never writes"}
-            for i, (t, r) in enumerate(zip(texts, probe.records))]
+    recs = [
+        {"id": f"new-{i}", "problem": t, "answer": r.extracted if i % 2 == 0 else "a reference the model never writes"}
+        for i, (t, r) in enumerate(zip(texts, probe.records))
+    ]
     problems = tmp_path / "mine-with-references.jsonl"  # a new file: the probe's ledger entries name the first
     problems.write_text("".join(json.dumps(x) + "\n" for x in recs))
     with Store(lib_ctx.store) as s:
@@ -142,8 +151,12 @@ def test_refusals_write_nothing(lib_ctx, engine, tmp_path):
         solve(lib_ctx, EXAMPLES, tmp_path / "exists.jsonl", engine=engine)
     assert (tmp_path / "exists.jsonl").read_text() == "keep me\n"
     long = tmp_path / "long.jsonl"
-    long.write_text(json.dumps({"id": "ok", "problem": "short", "answer": "1"}) + "\n"
-                    + json.dumps({"id": "huge", "problem": "x" * 40000, "answer": "1"}) + "\n")
+    long.write_text(
+        json.dumps({"id": "ok", "problem": "short", "answer": "1"})
+        + "\n"
+        + json.dumps({"id": "huge", "problem": "x" * 40000, "answer": "1"})
+        + "\n"
+    )
     with pytest.raises(InputError, match=r"long.jsonl:2.*huge.*positions"):
         solve(lib_ctx, long, tmp_path / "y.jsonl", engine=engine)
     assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "y.jsonl").exists()
@@ -206,9 +219,12 @@ def test_greedy_stops_where_the_stop_string_first_appears(engine):
     cache, last = engine.prefill(ids)
     free, _ = engine.greedy(cache, last, 60)
     text_of = lambda toks: engine.decode_text(toks)  # noqa: E731
-    i = next(i for i in range(25, 59) if (s := text_of(free[i - 1:i + 1])) and "\ufffd" not in s
-             and s not in text_of(free[:i]))
-    stop = text_of(free[i - 1:i + 1])
+    i = next(
+        i
+        for i in range(25, 59)
+        if (s := text_of(free[i - 1 : i + 1])) and "\ufffd" not in s and s not in text_of(free[:i])
+    )
+    stop = text_of(free[i - 1 : i + 1])
     cache, last = engine.prefill(ids)
     got, _ = engine.greedy(cache, last, 60, stop=[stop])
-    assert got == free[:i + 1] and stop in text_of(got) and stop not in text_of(got[:-1])
+    assert got == free[: i + 1] and stop in text_of(got) and stop not in text_of(got[:-1])

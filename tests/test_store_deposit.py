@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from conftest import EXAMPLES, MATH500
-from kvgraft_cli.ledger import log as ledger
-from kvgraft_cli.runs.deposit import deposit
-from kvgraft_cli.util.hashing import sha256_bytes
+
 from kvgraft_cli.config.manifest import load_manifest, with_overrides
+from kvgraft_cli.ledger import log as ledger
 from kvgraft_cli.runs.context import RunContext
+from kvgraft_cli.runs.deposit import deposit
 from kvgraft_cli.store.local import Store
+from kvgraft_cli.util.hashing import sha256_bytes
 
 
 def _objects(store):
@@ -77,8 +78,10 @@ def test_math500_deposits_with_field_mapping(tmp_path, engine):
     assert [r.status for r in rep.results] == ["deposited"] * 5
     assert all(r.id.startswith("p-") for r in rep.results)
     # The same mapping given as overrides (what --field does) gives the same artifacts.
-    m2 = with_overrides(load_manifest(None), {"input.id": None, "input.problem": "question",
-                                              "input.solution": "answer", "input.answer_extract": "trailer"})
+    m2 = with_overrides(
+        load_manifest(None),
+        {"input.id": None, "input.problem": "question", "input.solution": "answer", "input.answer_extract": "trailer"},
+    )
     rep2 = deposit(RunContext.make(m2, tmp_path / "s2", tmp_path / "l2.jsonl"), MATH500, limit=5, engine=engine)
     assert [r.artifact for r in rep.results] == [r.artifact for r in rep2.results]
 

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLES, REPO, run_cli
+
 from kvgraft_cli.config.profiles import environ_without_pins
 
 # Process A of the race: deposits, then (with its object and index rows in the store) signals and waits in the
@@ -56,8 +56,15 @@ main()
 
 
 def _python(script: str, *args: str, cwd: Path, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", script, *args], cwd=cwd, env=environ_without_pins(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        cwd=cwd,
+        env=environ_without_pins(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def _one_problem(folder: Path) -> Path:
@@ -75,16 +82,25 @@ def test_failed_append_never_deletes_what_a_concurrent_deposit_recorded(tmp_path
     B's ledger line names must still be there (the old rollback deleted it, and verify still passed)."""
     _one_problem(tmp_path)
     stored, b_done = tmp_path / "a-stored", tmp_path / "b-done"
-    a = _python(FAILING_APPEND, str(stored), str(b_done), "deposit", "one.jsonl", "--store", "s",
-                "--ledger", "a.jsonl", cwd=tmp_path)
+    a = _python(
+        FAILING_APPEND,
+        str(stored),
+        str(b_done),
+        "deposit",
+        "one.jsonl",
+        "--store",
+        "s",
+        "--ledger",
+        "a.jsonl",
+        cwd=tmp_path,
+    )
     try:
         deadline = time.time() + 300
         while not stored.exists():
             assert a.poll() is None, a.communicate()
             assert time.time() < deadline
             time.sleep(0.1)
-        r = run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "b.jsonl", "--json", cwd=tmp_path,
-                    check_rc=0)
+        r = run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "b.jsonl", "--json", cwd=tmp_path, check_rc=0)
         (result,) = json.loads(r.stdout)["results"]
         # B wrote no object, but its line is the first to record the artifact: "deposited".
         assert result["status"] == "deposited"
@@ -159,12 +175,35 @@ def test_store_gc_deletes_only_what_nothing_names(tmp_path):
         _old(p)
     # Another ledger names `named` (e.g. a ledger line whose index row was lost): it must stay.
     (tmp_path / "other.jsonl").write_text(json.dumps({"outputs": {"artifact": {"sha256": named.stem}}}) + "\n")
-    r = run_cli("store", "gc", "--store", "s", "--ledger", "l.jsonl", "--ledger", "other.jsonl", "--dry-run",
-                "--json", cwd=tmp_path, check_rc=0)
+    r = run_cli(
+        "store",
+        "gc",
+        "--store",
+        "s",
+        "--ledger",
+        "l.jsonl",
+        "--ledger",
+        "other.jsonl",
+        "--dry-run",
+        "--json",
+        cwd=tmp_path,
+        check_rc=0,
+    )
     dry = json.loads(r.stdout)
     assert dry["deleted"] is False and orphan.exists() and stale_tmp.exists()
-    r = run_cli("store", "gc", "--store", "s", "--ledger", "l.jsonl", "--ledger", "other.jsonl", "--json",
-                cwd=tmp_path, check_rc=0)
+    r = run_cli(
+        "store",
+        "gc",
+        "--store",
+        "s",
+        "--ledger",
+        "l.jsonl",
+        "--ledger",
+        "other.jsonl",
+        "--json",
+        cwd=tmp_path,
+        check_rc=0,
+    )
     got = json.loads(r.stdout)
     assert got["temporary"] == dry["temporary"] == [str(Path("s") / "objects" / "ab" / stale_tmp.name)]
     assert got["unindexed"] == [str(Path("s") / "objects" / "ab" / orphan.name)]
@@ -192,9 +231,15 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (70_000, 70_000))
 
     env = environ_without_pins()
-    p = subprocess.run([sys.executable, "-m", "kvgraft_cli", "deposit", "two.jsonl", "--store", "s", "--ledger",
-                        "l.jsonl"], cwd=tmp_path, env=env, capture_output=True, text=True, preexec_fn=limit,
-                       timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "kvgraft_cli", "deposit", "two.jsonl", "--store", "s", "--ledger", "l.jsonl"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+        timeout=600,
+    )
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("Error: cannot write to store s: File too large"), p.stderr
     assert "Traceback" not in p.stderr and "internal error" not in p.stderr
@@ -230,9 +275,15 @@ def test_a_read_only_store_serves_reads_and_refuses_writes_in_one_line(tmp_path)
             p.chmod(0o555 if p.is_dir() else 0o444)
 
         def run(*args):
-            return subprocess.run([sys.executable, "-m", "kvgraft_cli", *args], cwd=tmp_path,
-                                  env=environ_without_pins(), capture_output=True, text=True,
-                                  preexec_fn=_without_root_powers, timeout=600)
+            return subprocess.run(
+                [sys.executable, "-m", "kvgraft_cli", *args],
+                cwd=tmp_path,
+                env=environ_without_pins(),
+                capture_output=True,
+                text=True,
+                preexec_fn=_without_root_powers,
+                timeout=600,
+            )
 
         w = run("deposit", "two.jsonl", "--store", "s", "--ledger", "l.jsonl")
         assert w.returncode == 2 and w.stderr.startswith("Error: cannot "), w.stderr
@@ -271,8 +322,8 @@ def test_verify_warns_loudly_about_missing_files(tmp_path):
 
 def _gate_verify_command() -> list[str]:
     text = (REPO / "docs" / "ci-ledger-gate.yml").read_text()
-    block = text[text.index("kvgraft verify ledger/reference.jsonl"):]
-    block = block[:block.index("\n      - name:")]
+    block = text[text.index("kvgraft verify ledger/reference.jsonl") :]
+    block = block[: block.index("\n      - name:")]
     return block.replace("\\\n", " ").split()[1:]
 
 
@@ -288,7 +339,15 @@ def test_the_docs_ci_gate_passes_on_this_repositorys_own_ledger(tmp_path):
 def test_verify_origin_pins_the_checkpoints_log(tmp_path):
     shutil.copy(REPO / "ledger" / "reference.jsonl", tmp_path / "l.jsonl")
     shutil.copy(REPO / "ledger" / "checkpoint.txt", tmp_path / "cp.txt")
-    common = ("verify", "l.jsonl", "--no-files", "--checkpoint", "cp.txt", "--key", str(REPO / "ledger" / "kvgraft.pub"))
+    common = (
+        "verify",
+        "l.jsonl",
+        "--no-files",
+        "--checkpoint",
+        "cp.txt",
+        "--key",
+        str(REPO / "ledger" / "kvgraft.pub"),
+    )
     run_cli(*common, "--origin", "kvgraft.example/reference-ledger", cwd=tmp_path, check_rc=0)
     r = run_cli(*common, "--origin", "kvgraft.example/other-ledger", cwd=tmp_path, check_rc=1)
     assert "names the log 'kvgraft.example/reference-ledger', not 'kvgraft.example/other-ledger'" in r.stderr
@@ -302,12 +361,25 @@ def test_an_artifact_no_ledger_line_recorded_is_not_served_until_one_does(tmp_pa
     assert a.returncode == 137
     r = run_cli("store", "stats", "--store", "s", "--json", cwd=tmp_path, check_rc=0)
     assert json.loads(r.stdout)["unrecorded"] == 1
-    r = run_cli("solve", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", "-o", "o.jsonl", "--json",
-                cwd=tmp_path, check_rc=0)
+    r = run_cli(
+        "solve", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", "-o", "o.jsonl", "--json", cwd=tmp_path, check_rc=0
+    )
     assert json.loads(r.stdout)["library"]["records"][0]["hit"] != "exact"
     run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path, check_rc=0)
-    r = run_cli("solve", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", "-o", "o.jsonl", "--force", "--json",
-                cwd=tmp_path, check_rc=0)
+    r = run_cli(
+        "solve",
+        "one.jsonl",
+        "--store",
+        "s",
+        "--ledger",
+        "l.jsonl",
+        "-o",
+        "o.jsonl",
+        "--force",
+        "--json",
+        cwd=tmp_path,
+        check_rc=0,
+    )
     assert json.loads(r.stdout)["library"]["records"][0]["hit"] == "exact"
     assert json.loads(run_cli("store", "stats", "--store", "s", "--json", cwd=tmp_path).stdout)["unrecorded"] == 0
 
@@ -341,6 +413,16 @@ def test_hostile_json_in_ledgers_outputs_and_records_is_a_finding_or_input_error
     assert "line 4 is not a ledger entry" in r.stderr
     (tmp_path / "out.jsonl").write_text(deep + "\n")
     (tmp_path / "answers.jsonl").write_text('{"id": "a", "problem": "p", "answer": "1"}\n')
-    r = run_cli("score", "out.jsonl", "--answers", "answers.jsonl", "--ledger", "l.jsonl", "--records", "r.jsonl",
-                cwd=tmp_path, check_rc=2)
+    r = run_cli(
+        "score",
+        "out.jsonl",
+        "--answers",
+        "answers.jsonl",
+        "--ledger",
+        "l.jsonl",
+        "--records",
+        "r.jsonl",
+        cwd=tmp_path,
+        check_rc=2,
+    )
     assert "out.jsonl:1: malformed JSON (JSON nested too deeply)" in r.stderr

@@ -9,14 +9,14 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import run_cli, run_without_torch
+
 from kvgraft_cli.artifacts import payload
 from kvgraft_cli.audit import hashcache as filehash
+from kvgraft_cli.audit.verify import verify_ledger
 from kvgraft_cli.ledger import log as ledger
 from kvgraft_cli.ledger import merkle
 from kvgraft_cli.ledger.checkpoint import Checkpoint, generate_key, sign
-from kvgraft_cli.audit.verify import verify_ledger
 
 
 def _synthetic(path, n=8):
@@ -63,7 +63,11 @@ TAMPER = {
     "delete a line": (lambda ls: ls[:3] + ls[4:], 4, "sequence"),
     "swap two lines": (lambda ls: ls[:2] + [ls[3], ls[2]] + ls[4:], 3, "sequence"),
     "duplicate a line": (lambda ls: ls[:3] + [ls[2]] + ls[3:], 4, "sequence"),
-    "insert a foreign line": (lambda ls: ls[:1] + [b'{"kind":"test","prev":null,"seq":1,"time":"2026-01-01T00:00:00+00:00"}'] + ls[1:], 2, "chain"),
+    "insert a foreign line": (
+        lambda ls: ls[:1] + [b'{"kind":"test","prev":null,"seq":1,"time":"2026-01-01T00:00:00+00:00"}'] + ls[1:],
+        2,
+        "chain",
+    ),
     "not JSON": (lambda ls: ls[:5] + [b"{oops"] + ls[6:], 6, "json"),
     "a float sneaks in": (lambda ls: ls[:6] + [ls[6].replace(b'"kl":"3.0"', b'"kl":3.5')] + ls[7:], 7, "values"),
 }
@@ -112,7 +116,7 @@ def test_repair_names_a_half_written_line_in_the_middle(tmp_path):
     removed first."""
     p = _synthetic(tmp_path / "l.jsonl", 5)
     lines = _lines(p)
-    _write(p, lines[:1] + [lines[1][:len(lines[1]) // 2]] + lines[2:])
+    _write(p, lines[:1] + [lines[1][: len(lines[1]) // 2]] + lines[2:])
     damaged = p.read_bytes()
     r = run_cli("ledger", "repair", "l.jsonl", cwd=tmp_path)
     assert r.returncode == 1 and p.read_bytes() == damaged, r
@@ -217,16 +221,19 @@ def test_verify_says_how_many_files_it_took_from_the_cache_unread(copy):
     cwd = copy.parent
 
     def run(*extra):
-        return json.loads(run_cli("verify", "ledger.jsonl", "--cache", "c.json", "--json", *extra, cwd=cwd,
-                                  check_rc=0).stdout)
+        return json.loads(
+            run_cli("verify", "ledger.jsonl", "--cache", "c.json", "--json", *extra, cwd=cwd, check_rc=0).stdout
+        )
 
     first = run()
     assert first["files"]["from_cache"] == 0 and not any("cache" in w for w in first["warnings"])
     second = run()
     n = second["files"]["checked"]
     assert second["files"]["from_cache"] == n > 0, second["files"]
-    assert any(f"{n} of {n} referenced files were taken from the verify cache unread" in w and "--full" in w
-               for w in second["warnings"]), second["warnings"]
+    assert any(
+        f"{n} of {n} referenced files were taken from the verify cache unread" in w and "--full" in w
+        for w in second["warnings"]
+    ), second["warnings"]
     human = run_cli("verify", "ledger.jsonl", "--cache", "c.json", cwd=cwd, check_rc=0).stdout
     assert "taken from the verify cache unread" in " ".join(human.split()), human
     assert run("--full")["files"]["from_cache"] == 0
@@ -243,8 +250,10 @@ def test_payload_hash_matches_artifact_identity(copy):
 def test_concurrent_appends_8_by_200(tmp_path):
     """8 processes x 200 appends at once: nothing lost, chain valid (verified with the full verifier)."""
     p = tmp_path / "l.jsonl"
-    code = ("import sys; from kvgraft_cli.ledger import log as ledger\n"
-            "for i in range(200): ledger.append(sys.argv[1], 'test', {'w': int(sys.argv[2]), 'i': i})")
+    code = (
+        "import sys; from kvgraft_cli.ledger import log as ledger\n"
+        "for i in range(200): ledger.append(sys.argv[1], 'test', {'w': int(sys.argv[2]), 'i': i})"
+    )
     procs = [subprocess.Popen([sys.executable, "-c", code, str(p), str(k)]) for k in range(8)]
     assert [pr.wait(timeout=300) for pr in procs] == [0] * 8
     r = verify_ledger(p)
@@ -354,8 +363,7 @@ def test_ledger_prove_gives_an_inclusion_proof_that_verifies(tmp_path):
     import base64
 
     p = _synthetic(tmp_path / "l.jsonl", 9)
-    r = json.loads(run_cli("ledger", "prove", "4", "l.jsonl", "--size", "7", "--json", cwd=tmp_path,
-                           check_rc=0).stdout)
+    r = json.loads(run_cli("ledger", "prove", "4", "l.jsonl", "--size", "7", "--json", cwd=tmp_path, check_rc=0).stdout)
     b = base64.b64decode
     assert r["leafHash"] == base64.b64encode(merkle.leaf_hash(_lines(p)[3])).decode()
     assert b(r["root"]) == merkle.root([merkle.leaf_hash(x) for x in _lines(p)[:7]])

@@ -11,9 +11,22 @@ from kvgraft_cli.runs.workers.local import error_from_record, error_record, run_
 def test_worker_error_comes_back_as_the_same_class_with_message_and_hint():
     seen = []
     with pytest.raises(InputError) as exc:
-        run_job("matrix-profile", {"profile": "portable", "workdir": "unused", "archs": ["mamba"],
-                                   "dtypes": ["float32"], "samples": 1, "device": "cpu", "attn": "eager",
-                                   "sdpa_backend": None, "threads": None}, seen.append, where="test worker")
+        run_job(
+            "matrix-profile",
+            {
+                "profile": "portable",
+                "workdir": "unused",
+                "archs": ["mamba"],
+                "dtypes": ["float32"],
+                "samples": 1,
+                "device": "cpu",
+                "attn": "eager",
+                "sdpa_backend": None,
+                "threads": None,
+            },
+            seen.append,
+            where="test worker",
+        )
     assert type(exc.value) is InputError and exc.value.exit_code == 2
     assert exc.value.message.startswith("test worker: unknown architecture, dtype or profile: mamba")
     assert "architectures:" in exc.value.hint
@@ -22,9 +35,22 @@ def test_worker_error_comes_back_as_the_same_class_with_message_and_hint():
 
 def test_worker_records_arrive_as_dicts(tmp_path):
     seen = []
-    records = run_job("matrix-profile", {"profile": "portable", "workdir": str(tmp_path), "archs": ["llama"],
-                                         "dtypes": ["float32"], "samples": 1, "device": "cpu", "attn": "eager",
-                                         "sdpa_backend": None, "threads": None}, seen.append, where="test worker")
+    records = run_job(
+        "matrix-profile",
+        {
+            "profile": "portable",
+            "workdir": str(tmp_path),
+            "archs": ["llama"],
+            "dtypes": ["float32"],
+            "samples": 1,
+            "device": "cpu",
+            "attn": "eager",
+            "sdpa_backend": None,
+            "threads": None,
+        },
+        seen.append,
+        where="test worker",
+    )
     assert records == seen and len(records) == 1
     assert records[0]["arch"] == "llama" and records[0]["sha_equal"] == 1 and records[0]["exact"] is True
 

@@ -37,15 +37,15 @@ import struct
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from ..errors import ArtifactError, InputError, IntegrityError
 from .identity import PayloadHasher
-from .payload_rules import (MAX_HEADER, REFETCH as _REFETCH, described_size, identity_mismatch, max_frame_bytes,
-                            too_large)
+from .payload_rules import MAX_HEADER, described_size, identity_mismatch, max_frame_bytes, too_large
+from .payload_rules import REFETCH as _REFETCH
 
 MAGIC = b"\x89KVG\r\n\x1a\n"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -116,11 +116,14 @@ def _container(meta: dict) -> bytes:
 
 def raw_file(payload: bytes) -> bytes:
     """The bytes of a v2 file holding ``payload`` raw."""
-    return _container({"codec": "raw", "payload_bytes": len(payload), "payload_offset": PAYLOAD_OFFSET,
-                       "version": 2}) + payload
+    return (
+        _container({"codec": "raw", "payload_bytes": len(payload), "payload_offset": PAYLOAD_OFFSET, "version": 2})
+        + payload
+    )
 
 
 # --- the byte-plane shuffle (bytes slicing with a step, a C loop; numpy only where it is already loaded) ---
+
 
 def shuffle(chunk: bytes, size: int) -> bytes:
     """Byte planes of ``chunk`` taken as ``size``-byte elements: byte 0 of every element, then byte 1, ...; a tail
@@ -138,7 +141,7 @@ def unshuffle_into(dst: bytearray, pos: int, planes: bytes, size: int) -> None:
     m = len(planes) // size
     whole = m * size
     if size == 1 or not whole:
-        dst[pos:pos + len(planes)] = planes
+        dst[pos : pos + len(planes)] = planes
         return
     np = sys.modules.get("numpy")
     if np is not None:
@@ -149,8 +152,8 @@ def unshuffle_into(dst: bytearray, pos: int, planes: bytes, size: int) -> None:
     else:
         view = memoryview(planes)
         for i in range(size):
-            dst[pos + i:pos + whole:size] = view[i * m:(i + 1) * m]
-    dst[pos + whole:pos + len(planes)] = memoryview(planes)[whole:]
+            dst[pos + i : pos + whole : size] = view[i * m : (i + 1) * m]
+    dst[pos + whole : pos + len(planes)] = memoryview(planes)[whole:]
 
 
 _local = threading.local()  # one zstd context per thread (they are not thread-safe; creating one costs a few MB)
@@ -161,8 +164,10 @@ def _compressor(level: int):
 
     c = getattr(_local, "c", None)
     if c is None or _local.level != level:
-        _local.c, _local.level = zstandard.ZstdCompressor(level=level, write_content_size=True,
-                                                          write_checksum=True), level
+        _local.c, _local.level = (
+            zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True),
+            level,
+        )
     return _local.c
 
 
@@ -182,23 +187,34 @@ def _workers() -> int:
 def shuffle_zstd_file(payload: bytes, element: int, level: int = 3, chunk_bytes: int = SHUFFLE_CHUNK) -> bytes:
     """The bytes of a v2 file holding ``payload`` as shuffle-zstd: ``chunk_bytes`` chunks, each shuffled in
     ``element``-byte elements and compressed as its own zstd frame (in a few threads: zstd releases the GIL)."""
-    if element not in (1, 2, 4, 8) or chunk_bytes % element or not (
-            MIN_SHUFFLE_CHUNK <= chunk_bytes <= MAX_SHUFFLE_CHUNK):
+    if (
+        element not in (1, 2, 4, 8)
+        or chunk_bytes % element
+        or not (MIN_SHUFFLE_CHUNK <= chunk_bytes <= MAX_SHUFFLE_CHUNK)
+    ):
         raise ValueError(f"shuffle-zstd: element {element}, chunk {chunk_bytes}")
     view = memoryview(payload)
 
     def one(pos: int) -> tuple[bytes, str]:
-        frame = _compressor(level).compress(shuffle(view[pos:pos + chunk_bytes].tobytes(), element))
+        frame = _compressor(level).compress(shuffle(view[pos : pos + chunk_bytes].tobytes(), element))
         return frame, hashlib.sha256(frame).hexdigest()
 
     with ThreadPoolExecutor(_workers()) as pool:
         frames = list(pool.map(one, range(0, len(payload), chunk_bytes)))
-    meta = {"chunk_bytes": chunk_bytes, "chunks": [[len(b), sha] for b, sha in frames], "codec": "shuffle-zstd",
-            "element_bytes": element, "payload_bytes": len(payload), "payload_offset": 0, "version": 2}
+    meta = {
+        "chunk_bytes": chunk_bytes,
+        "chunks": [[len(b), sha] for b, sha in frames],
+        "codec": "shuffle-zstd",
+        "element_bytes": element,
+        "payload_bytes": len(payload),
+        "payload_offset": 0,
+        "version": 2,
+    }
     return b"".join([_container(meta), *(b for b, _ in frames)])
 
 
 # --- reading a container ---
+
 
 @dataclass(frozen=True)
 class Container:
@@ -249,8 +265,11 @@ def parse_container(f, file_size: int, source: str, cap: int) -> Container:
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise _corrupt(source, str(e)[:80]) from None
     if not isinstance(meta, dict) or meta.get("version") != 2:
-        raise ArtifactError(f"{source}: .kvg container version {meta.get('version') if isinstance(meta, dict) else '?'!r}"
-                            "; this kvgraft reads 2", "upgrade kvgraft")
+        raise ArtifactError(
+            f"{source}: .kvg container version {meta.get('version') if isinstance(meta, dict) else '?'!r}"
+            "; this kvgraft reads 2",
+            "upgrade kvgraft",
+        )
     codec = meta.get("codec")
     if codec not in CONTAINER_CODECS:
         raise ArtifactError(f"{source}: unknown .kvg codec {str(codec)[:40]!r}", "upgrade kvgraft")
@@ -271,26 +290,41 @@ def parse_container(f, file_size: int, source: str, cap: int) -> Container:
         stored = sum(s for s, _ in c.chunks)
     if file_size != offset + stored:
         what = "truncated" if file_size < offset + stored else "bytes after the payload in"
-        raise IntegrityError(f"{source}: {what} .kvg container ({file_size:,} bytes, header says "
-                             f"{offset + stored:,})", _REFETCH)
+        raise IntegrityError(
+            f"{source}: {what} .kvg container ({file_size:,} bytes, header says {offset + stored:,})", _REFETCH
+        )
     return c
 
 
 def _chunk_table(meta: dict, n: int, offset: int, source: str) -> Container:
     size, element, chunks = meta.get("chunk_bytes"), meta.get("element_bytes"), meta.get("chunks")
-    if not (type(size) is int and MIN_SHUFFLE_CHUNK <= size <= MAX_SHUFFLE_CHUNK and element in (1, 2, 4, 8)
-            and type(element) is int and size % element == 0):
+    if not (
+        type(size) is int
+        and MIN_SHUFFLE_CHUNK <= size <= MAX_SHUFFLE_CHUNK
+        and element in (1, 2, 4, 8)
+        and type(element) is int
+        and size % element == 0
+    ):
         raise _corrupt(source, f"chunk_bytes {str(size)[:40]}, element_bytes {str(element)[:40]}")
     count = -(-n // size)
     if not isinstance(chunks, list) or len(chunks) != count:
-        raise _corrupt(source, f"the chunk table has {len(chunks) if isinstance(chunks, list) else 'no'} entries, "
-                               f"a payload of {n:,} bytes in chunks of {size:,} needs {count:,}")
+        raise _corrupt(
+            source,
+            f"the chunk table has {len(chunks) if isinstance(chunks, list) else 'no'} entries, "
+            f"a payload of {n:,} bytes in chunks of {size:,} needs {count:,}",
+        )
     table = []
     for i, entry in enumerate(chunks):
         length = min(size, n - i * size)
-        if not (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int
-                and 1 <= entry[0] <= max_frame_bytes(length) and isinstance(entry[1], str) and len(entry[1]) == 64
-                and all(ch in "0123456789abcdef" for ch in entry[1])):
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and type(entry[0]) is int
+            and 1 <= entry[0] <= max_frame_bytes(length)
+            and isinstance(entry[1], str)
+            and len(entry[1]) == 64
+            and all(ch in "0123456789abcdef" for ch in entry[1])
+        ):
             raise _corrupt(source, f"chunk {i}: {str(entry)[:100]}")
         table.append((entry[0], entry[1]))
     return Container("shuffle-zstd", offset, n, size, element, tuple(table))
@@ -301,8 +335,10 @@ def check_container(f, file_size: int, source: str, cap: int) -> tuple[int, int]
     another container codec is refused here: read it with :func:`read_container` or :func:`open_payload`."""
     c = parse_container(f, file_size, source, cap)
     if c.codec != "raw":
-        raise ArtifactError(f"{source}: a {c.codec} .kvg file is not stored in place (a reader of raw files was "
-                            "handed it)", "report this as a kvgraft bug")
+        raise ArtifactError(
+            f"{source}: a {c.codec} .kvg file is not stored in place (a reader of raw files was handed it)",
+            "report this as a kvgraft bug",
+        )
     return c.offset, c.payload_bytes
 
 
@@ -321,23 +357,24 @@ def read_payload_header(f, n: int, source: str) -> tuple[bytes, dict]:
         raise IntegrityError(f"{source}: truncated payload header", _REFETCH)
     described = described_size(head[8:], source)  # parses it: valid JSON, an object
     if described != n:
-        raise IntegrityError(f"{source}: container declares {n:,} bytes, its payload's header describes "
-                             f"{described:,}", _REFETCH)
+        raise IntegrityError(
+            f"{source}: container declares {n:,} bytes, its payload's header describes {described:,}", _REFETCH
+        )
     header = json.loads(head[8:])
     layout.check_header(header, source)
     return head, header
 
 
-def read_hashed(f, view: memoryview, hasher: "PayloadHasher | None", source: str) -> None:
+def read_hashed(f, view: memoryview, hasher: PayloadHasher | None, source: str) -> None:
     """Fill ``view`` from ``f`` in CHUNK reads, handing each chunk to ``hasher`` as soon as it is in memory: the
     bytes hashed are the bytes kept, never a second read of the file."""
     pos = 0
     while pos < len(view):
-        got = f.readinto(view[pos:pos + CHUNK])
+        got = f.readinto(view[pos : pos + CHUNK])
         if not got:
             raise IntegrityError(f"{source}: truncated .kvg container", _REFETCH)
         if hasher is not None:
-            hasher.add(view[pos:pos + got])
+            hasher.add(view[pos : pos + got])
         pos += got
 
 
@@ -356,12 +393,12 @@ def _read_raw(f, c: Container, source: str, expected_sha256: str | None) -> byte
     head, _ = read_payload_header(f, n, source)  # consistent before the payload's size is allocated
     buf = bytearray(n)  # at most the file's own size: a raw file cannot declare more than it holds
     view = memoryview(buf)
-    view[:len(head)] = head
+    view[: len(head)] = head
     hasher = PayloadHasher(source) if expected_sha256 is not None else None
     if hasher is not None:
-        hasher.add(view[:len(head)])
+        hasher.add(view[: len(head)])
     try:
-        read_hashed(f, view[len(head):], hasher, source)
+        read_hashed(f, view[len(head) :], hasher, source)
     finally:
         digest = hasher.digest() if hasher is not None else None
     if expected_sha256 is not None and digest != expected_sha256:
@@ -376,16 +413,18 @@ def _inflate(frame: bytes, index: int, sha: str, length: int, source: str) -> by
     import zstandard
 
     if hashlib.sha256(frame).hexdigest() != sha:
-        raise IntegrityError(f"{source}: chunk {index} is damaged (its SHA-256 is not the one in the .kvg chunk "
-                             "table)", _REFETCH)
+        raise IntegrityError(
+            f"{source}: chunk {index} is damaged (its SHA-256 is not the one in the .kvg chunk table)", _REFETCH
+        )
     try:
         declared = zstandard.get_frame_parameters(frame).content_size
     except zstandard.ZstdError as e:
         raise IntegrityError(f"{source}: chunk {index}: corrupt zstd frame ({e})", _REFETCH) from None
     if declared != length:
         shown = "no size" if declared == zstandard.CONTENTSIZE_UNKNOWN else f"{declared:,} bytes"
-        raise IntegrityError(f"{source}: chunk {index}: its zstd frame declares {shown}, the chunk holds "
-                             f"{length:,}", _REFETCH)
+        raise IntegrityError(
+            f"{source}: chunk {index}: its zstd frame declares {shown}, the chunk holds {length:,}", _REFETCH
+        )
     try:
         out = _decompressor().decompress(frame, allow_extra_data=False)
     except zstandard.ZstdError as e:
@@ -460,7 +499,7 @@ class _ChunkReader:
 
 
 def _iter_shuffled_serial(f, c: Container, source: str) -> Iterator[bytearray]:
-    for i, frame, sha, pos, length in _frames(f, c, source):
+    for i, frame, sha, _pos, length in _frames(f, c, source):
         out = bytearray(length)
         unshuffle_into(out, 0, _inflate(frame, i, sha, length, source), c.element_bytes)
         yield out
@@ -489,9 +528,9 @@ def _read_shuffled(f, c: Container, file_size: int, source: str, expected_sha256
     try:
         pos = 0
         for d in reader.decoded:  # the first chunk(s), decompressed for the header check
-            view[pos:pos + len(d)] = d
+            view[pos : pos + len(d)] = d
             if hasher is not None:
-                hasher.add(view[pos:pos + len(d)])
+                hasher.add(view[pos : pos + len(d)])
             pos += len(d)
         reader.decoded.clear()
 
@@ -501,7 +540,7 @@ def _read_shuffled(f, c: Container, file_size: int, source: str, expected_sha256
 
         for pos, length in _in_order(_frames(f, c, source, first), work):
             if hasher is not None:
-                hasher.add(view[pos:pos + length])
+                hasher.add(view[pos : pos + length])
     finally:
         digest = hasher.digest() if hasher is not None else None
     if expected_sha256 is not None and digest != expected_sha256:

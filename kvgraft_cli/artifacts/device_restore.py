@@ -34,8 +34,9 @@ _STAGING: dict[tuple[int, int, bool], list] = {}
 _STAGING_LOCK = threading.Lock()
 
 
-def open_file_on_device(path, device, expected_sha256: str | None = None, *, chunk_bytes: int = CHUNK_BYTES,
-                        ring: int = RING) -> tuple[str, _format.Artifact]:
+def open_file_on_device(
+    path, device, expected_sha256: str | None = None, *, chunk_bytes: int = CHUNK_BYTES, ring: int = RING
+) -> tuple[str, _format.Artifact]:
     """(identity, artifact) of a ``.kvg`` file with every tensor on ``device`` ("cuda", "cuda:1", "cpu", a
     torch.device), re-hashed against ``expected_sha256`` when given, exactly as :func:`format.open_file` checks it
     (same refusals, same exception types).
@@ -78,11 +79,16 @@ def _device(torch, device):
         raise InputError(f"unknown device {str(device)[:40]!r} ({str(e)[:120]})", "use cpu, cuda or cuda:N") from None
     if dev.type != "cuda":
         return dev
-    hint = ("restore on the CPU (a manifest with runtime.device: cpu), or install a CUDA build of torch "
-            "(scripts/gpu_wheels.sh) on a machine whose GPU nvidia-smi lists and CUDA_VISIBLE_DEVICES does not hide")
+    hint = (
+        "restore on the CPU (a manifest with runtime.device: cpu), or install a CUDA build of torch "
+        "(scripts/gpu_wheels.sh) on a machine whose GPU nvidia-smi lists and CUDA_VISIBLE_DEVICES does not hide"
+    )
     if not torch.cuda.is_available():
-        why = (f"torch {torch.__version__} built without CUDA" if torch.version.cuda is None else
-               f"torch {torch.__version__} (CUDA {torch.version.cuda}): no GPU visible")
+        why = (
+            f"torch {torch.__version__} built without CUDA"
+            if torch.version.cuda is None
+            else f"torch {torch.__version__} (CUDA {torch.version.cuda}): no GPU visible"
+        )
         raise DeviceError(f"no CUDA device: {device} was asked for ({why})", hint)
     count = torch.cuda.device_count()
     index = torch.cuda.current_device() if dev.index is None else dev.index
@@ -153,10 +159,10 @@ def _pump(torch, f, dst, staging: list, hasher, stream, base: int, source: str) 
         _read_exact(f, view[:take], source)
         hasher.add(view[:take])
         if stream is None:
-            host[pos:pos + take] = buf.numpy()[:take]
+            host[pos : pos + take] = buf.numpy()[:take]
         else:
             with torch.cuda.stream(stream):
-                dst[pos:pos + take].copy_(buf[:take], non_blocking=True)
+                dst[pos : pos + take].copy_(buf[:take], non_blocking=True)
                 events[slot].record(stream)
         pos += take
         k += 1
@@ -197,6 +203,12 @@ def _moved(art: _format.Artifact, device) -> _format.Artifact:
     """``art`` with its tensors copied to ``device`` (the artifact itself when they are there already)."""
     if device.type == "cpu":
         return art
-    layers = [dataclasses.replace(l, keys=None if l.keys is None else l.keys.to(device),
-                                  values=None if l.values is None else l.values.to(device)) for l in art.layers]
+    layers = [
+        dataclasses.replace(
+            l,
+            keys=None if l.keys is None else l.keys.to(device),
+            values=None if l.values is None else l.values.to(device),
+        )
+        for l in art.layers
+    ]
     return dataclasses.replace(art, layers=layers)

@@ -21,9 +21,9 @@ from ..errors import ArtifactError, IntegrityError, ModelMismatch, engine_not_in
 from ..util.fsio import atomic_write_bytes
 from . import container, layout
 from . import payload as _payload
+from .identity import SCHEMES, PayloadHasher, payload_identity
 from .layout import FORMAT, FORMAT_VERSION, LAYER_KINDS, REQUIRED_META  # noqa: F401  (defined in layout.py)
 from .payload import compress, decompress, read_payload  # noqa: F401  (the frame rules live in payload.py)
-from .identity import SCHEMES, PayloadHasher, payload_identity
 
 MAX_HEADER = _payload.MAX_HEADER  # the largest safetensors header a reader accepts (payload.py, docs/FORMAT.md)
 
@@ -86,8 +86,11 @@ def canonical_safetensors(tensors: dict, metadata: dict[str, str]) -> bytes:
     for name in order:
         t = tensors[name].detach().to("cpu").contiguous()
         blob = t.reshape(-1).view(torch.uint8).numpy().tobytes()
-        header[name] = {"dtype": ST_DTYPES[str(t.dtype).removeprefix("torch.")], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(blob)]}
+        header[name] = {
+            "dtype": ST_DTYPES[str(t.dtype).removeprefix("torch.")],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + len(blob)],
+        }
         blobs.append(blob)
         offset += len(blob)
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode()
@@ -133,7 +136,7 @@ def with_scheme(payload: bytes, scheme: str) -> bytes:
     header["__metadata__"] = {k: meta[k] for k in sorted(meta)}
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode()
     text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text + bytes(payload[8 + n:])
+    return struct.pack("<Q", len(text)) + text + bytes(payload[8 + n :])
 
 
 def same_cache(payload: bytes, identity: str) -> bool:
@@ -150,7 +153,9 @@ def read_header(payload: bytes, source: str = "artifact") -> dict[str, Any]:
         raise IntegrityError(f"{source}: truncated payload ({len(payload)} bytes)", "re-fetch or re-deposit it")
     (n,) = struct.unpack("<Q", payload[:8])
     if n > MAX_HEADER or 8 + n > len(payload):
-        raise IntegrityError(f"{source}: truncated or corrupt safetensors header (length {n})", "re-fetch or re-deposit it")
+        raise IntegrityError(
+            f"{source}: truncated or corrupt safetensors header (length {n})", "re-fetch or re-deposit it"
+        )
     try:
         header = json.loads(payload[8 : 8 + n])
     except (UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: nested 100,000 deep
@@ -217,8 +222,11 @@ def _views(buf: bytearray, header: dict) -> dict:
         count = math.prod(shape)
         if not 0 <= begin <= stop <= end - base or stop - begin != count * dtype.itemsize:
             raise ValueError(f"tensor {name[:60]!r}: offsets disagree with dtype, shape or the payload's size")
-        flat = torch.frombuffer(buf, dtype=dtype, count=count, offset=base + begin) if count else \
-            torch.empty(0, dtype=dtype)
+        flat = (
+            torch.frombuffer(buf, dtype=dtype, count=count, offset=base + begin)
+            if count
+            else torch.empty(0, dtype=dtype)
+        )
         out[name] = flat.view(shape)
     return out
 
@@ -351,13 +359,17 @@ def _open_raw(path: Path, expected_sha256: str | None, room: int = 0) -> tuple[s
         hasher.add(head)
         tensors, rooms = {}, {}
         # A chain link's layers are joined with its parents' into new buffers (engine.restore_chain): no room.
-        grows = _full_layers(header["__metadata__"]) if room > 0 and "parent_sha256" not in header["__metadata__"] \
+        grows = (
+            _full_layers(header["__metadata__"])
+            if room > 0 and "parent_sha256" not in header["__metadata__"]
             else set()
+        )
         try:
             # Data order is offset order and has no gaps (described_size checked it): read each tensor straight
             # into memory of its own, and hand it to the hasher while the next one is read.
-            for name, t in sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
-                                  key=lambda kv: kv[1]["data_offsets"][0]):
+            for name, t in sorted(
+                ((k, v) for k, v in header.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0]
+            ):
                 begin, end = t["data_offsets"]
                 if name in grows and end > begin:  # room at most the layer's own tokens: at most 2x address space
                     own, rooms[name] = _read_with_room(f, t, min(room, t["shape"][2]), hasher, source)
@@ -366,8 +378,11 @@ def _open_raw(path: Path, expected_sha256: str | None, room: int = 0) -> tuple[s
                 # Not torch.empty: under deterministic algorithms (every pinned manifest) it fills new memory with
                 # a torch kernel first. A bytearray is zeroed by one memset, cheap on heap memory a previous restore
                 # gave back; fresh anonymous maps (util.memory) measured 1.06-2.3x slower over repeated restores.
-                own = torch.frombuffer(bytearray(end - begin), dtype=torch.uint8) if end > begin else \
-                    torch.empty(0, dtype=torch.uint8)
+                own = (
+                    torch.frombuffer(bytearray(end - begin), dtype=torch.uint8)
+                    if end > begin
+                    else torch.empty(0, dtype=torch.uint8)
+                )
                 container.read_hashed(f, memoryview(own.numpy()), hasher, source)
                 tensors[name] = (own, t)
         finally:
@@ -376,8 +391,10 @@ def _open_raw(path: Path, expected_sha256: str | None, room: int = 0) -> tuple[s
         raise _payload.identity_mismatch(source, digest, expected_sha256)
     meta = header["__metadata__"]
     try:
-        typed = {name: own.view(getattr(torch, _TORCH_DTYPES[t["dtype"]])).view(t["shape"])
-                 for name, (own, t) in tensors.items()}
+        typed = {
+            name: own.view(getattr(torch, _TORCH_DTYPES[t["dtype"]])).view(t["shape"])
+            for name, (own, t) in tensors.items()
+        }
         grown = {name: buf.view(getattr(torch, _TORCH_DTYPES[header[name]["dtype"]])) for name, buf in rooms.items()}
     except (KeyError, RuntimeError) as e:
         raise ArtifactError(f"{source}: unreadable tensors ({str(e)[:200]})") from None

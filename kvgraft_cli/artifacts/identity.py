@@ -45,8 +45,10 @@ def scheme_of_meta(meta: dict[str, Any], source: str = "artifact") -> str:
     """The identity scheme an artifact's metadata names ("sha256" when it names none)."""
     scheme = meta.get("identity", DEFAULT_SCHEME)
     if scheme not in SCHEMES:
-        raise ArtifactError(f"{source}: unknown identity scheme {str(scheme)[:40]!r}; this kvgraft knows "
-                            f"{', '.join(SCHEMES)}", "upgrade kvgraft")
+        raise ArtifactError(
+            f"{source}: unknown identity scheme {str(scheme)[:40]!r}; this kvgraft knows {', '.join(SCHEMES)}",
+            "upgrade kvgraft",
+        )
     return scheme
 
 
@@ -62,7 +64,7 @@ def scheme_of_head(head: bytes | bytearray | memoryview, source: str = "artifact
     if len(head) < 8 + n:
         return None
     try:
-        meta = json.loads(bytes(head[8:8 + n])).get("__metadata__")
+        meta = json.loads(bytes(head[8 : 8 + n])).get("__metadata__")
     except (ValueError, UnicodeDecodeError, RecursionError, AttributeError):
         return DEFAULT_SCHEME
     return scheme_of_meta(meta, source) if isinstance(meta, dict) else DEFAULT_SCHEME
@@ -78,7 +80,7 @@ def payload_identity(payload: bytes | bytearray | memoryview, source: str = "art
     view = memoryview(payload).cast("B")
     if scheme_of_head(view[:_MAX_HEAD], source) != "sha256-tree":
         return hashlib.sha256(view).hexdigest()
-    leaves = [view[i:i + LEAF] for i in range(0, len(view), LEAF)]
+    leaves = [view[i : i + LEAF] for i in range(0, len(view), LEAF)]
     return tree_root(list(_pool().map(_leaf, leaves)), len(view))
 
 
@@ -165,7 +167,7 @@ class _Tree:
         pos = 0
         while pos < len(chunk):
             take = min(LEAF - self.filled, len(chunk) - pos)
-            self.parts.append(chunk[pos:pos + take])
+            self.parts.append(chunk[pos : pos + take])
             self.filled += take
             pos += take
             if self.filled == LEAF:
@@ -184,7 +186,7 @@ class _Tree:
         last = (upto - 1) // LEAF  # the leaf holding byte upto-1
         if last >= len(self.futures):  # not whole yet: only later bytes (or digest, at the end) complete it
             raise RuntimeError(f"wait_hashed({upto}): leaf {last} is not whole yet; hand over the bytes after it first")
-        for f in self.futures[self.waited: last + 1]:
+        for f in self.futures[self.waited : last + 1]:
             f.result()
         self.waited = max(self.waited, last + 1)
 

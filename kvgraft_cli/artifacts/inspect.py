@@ -93,9 +93,10 @@ def _frame_size(head: bytes, source: str) -> int:
     import zstandard
 
     if head[:4] != ZSTD_MAGIC:
-        raise ArtifactError(f"{source}: not a .kvg artifact (neither the raw container nor a zstd frame)",
-                            "a .kvg file is a kvgraft payload in the raw container or in one zstd frame "
-                            "(docs/FORMAT.md)")
+        raise ArtifactError(
+            f"{source}: not a .kvg artifact (neither the raw container nor a zstd frame)",
+            "a .kvg file is a kvgraft payload in the raw container or in one zstd frame (docs/FORMAT.md)",
+        )
     try:
         params = zstandard.get_frame_parameters(head)
     except zstandard.ZstdError as e:
@@ -153,8 +154,9 @@ def read_info(path: Path) -> ArtifactInfo:
             raise IntegrityError(f"{source}: payload of {size} bytes is too short for a safetensors header", _REFETCH)
         (n,) = struct.unpack("<Q", _read_exact(reader, 8, source, "payload's header length"))
         if n > min(MAX_HEADER, size - 8):
-            raise IntegrityError(f"{source}: damaged header: it declares {n} header bytes in a payload of {size}",
-                                 _REFETCH)
+            raise IntegrityError(
+                f"{source}: damaged header: it declares {n} header bytes in a payload of {size}", _REFETCH
+            )
         raw = _read_exact(reader, n, source, "payload's header")
     try:
         header = json.loads(raw)
@@ -194,12 +196,25 @@ def _info(path: Path, header: dict, meta: dict, file_bytes: int, size: int, n: i
         prefill = meta["prefill"]
     known = set(REQUIRED_META) | {"parent_sha256", "device"}
     return ArtifactInfo(
-        path=str(path), file_bytes=file_bytes, payload_bytes=size, codec=codec, header_bytes=n,
-        format_version=meta["format_version"], num_tokens=int(meta["num_tokens"]), num_layers=num_layers,
-        start_position=int(meta["start_position"]), parent_sha256=meta.get("parent_sha256"), dtype=meta["dtype"],
-        device=meta.get("device"), prefill=prefill, model_sha256=meta.get("model_sha256"),
-        tokenizer_sha256=meta.get("tokenizer_sha256"), compute_sha256=meta.get("manifest_sha256"),
-        logits_sha256=meta.get("logits_sha256"), logits_dtype=meta.get("logits_dtype"), layers=layers,
+        path=str(path),
+        file_bytes=file_bytes,
+        payload_bytes=size,
+        codec=codec,
+        header_bytes=n,
+        format_version=meta["format_version"],
+        num_tokens=int(meta["num_tokens"]),
+        num_layers=num_layers,
+        start_position=int(meta["start_position"]),
+        parent_sha256=meta.get("parent_sha256"),
+        dtype=meta["dtype"],
+        device=meta.get("device"),
+        prefill=prefill,
+        model_sha256=meta.get("model_sha256"),
+        tokenizer_sha256=meta.get("tokenizer_sha256"),
+        compute_sha256=meta.get("manifest_sha256"),
+        logits_sha256=meta.get("logits_sha256"),
+        logits_dtype=meta.get("logits_dtype"),
+        layers=layers,
         other_metadata={k: v for k, v in sorted(meta.items()) if k not in known and k not in ("format",)},
     )
 

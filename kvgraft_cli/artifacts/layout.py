@@ -18,8 +18,20 @@ FORMAT_VERSION = "1"
 LAYER_KINDS = ("full", "sliding", "empty")
 # Metadata keys every v1 artifact has (values are strings; lists and objects are compact JSON).
 REQUIRED_META = (
-    "cumulative_lengths", "dtype", "format", "format_version", "layer_types", "logits_dtype", "logits_sha256",
-    "manifest_sha256", "model_sha256", "num_layers", "num_tokens", "prefill", "sliding_windows", "start_position",
+    "cumulative_lengths",
+    "dtype",
+    "format",
+    "format_version",
+    "layer_types",
+    "logits_dtype",
+    "logits_sha256",
+    "manifest_sha256",
+    "model_sha256",
+    "num_layers",
+    "num_tokens",
+    "prefill",
+    "sliding_windows",
+    "start_position",
     "tokenizer_sha256",
 )
 KV_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
@@ -32,8 +44,11 @@ def check_meta(meta: Any, source: str) -> None:
     if meta.get("format") != FORMAT:
         raise ArtifactError(f"{source}: not a kvgraft artifact (format={str(meta.get('format'))[:40]!r})")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(f"{source}: artifact format version {str(meta.get('format_version'))[:20]!r}; this "
-                            f"kvgraft reads {FORMAT_VERSION}", "upgrade kvgraft")
+        raise ArtifactError(
+            f"{source}: artifact format version {str(meta.get('format_version'))[:20]!r}; this "
+            f"kvgraft reads {FORMAT_VERSION}",
+            "upgrade kvgraft",
+        )
     missing = [k for k in REQUIRED_META if k not in meta]
     if missing:
         raise ArtifactError(f"{source}: metadata lacks {', '.join(missing)}")
@@ -84,14 +99,24 @@ def _check(header: dict, meta: dict) -> None:
             continue
         k, v = header.get(f"layers.{i:03d}.keys"), header.get(f"layers.{i:03d}.values")
         expected |= {f"layers.{i:03d}.keys", f"layers.{i:03d}.values"}
-        if not (isinstance(k, dict) and isinstance(v, dict) and k.get("dtype") == v.get("dtype") == want
-                and isinstance(k.get("shape"), list) and len(k["shape"]) == 4 and isinstance(v.get("shape"), list)
-                and len(v["shape"]) == 4 and k["shape"][:3] == v["shape"][:3] and k["shape"][0] == 1):
+        if not (
+            isinstance(k, dict)
+            and isinstance(v, dict)
+            and k.get("dtype") == v.get("dtype") == want
+            and isinstance(k.get("shape"), list)
+            and len(k["shape"]) == 4
+            and isinstance(v.get("shape"), list)
+            and len(v["shape"]) == 4
+            and k["shape"][:3] == v["shape"][:3]
+            and k["shape"][0] == 1
+        ):
             raise ValueError(f"layer {i}: keys/values have the wrong dtype or shape")
         kept = k["shape"][2]
         if kind == "full" and kept != n_tok:
             raise ValueError(f"layer {i}: full layer keeps {kept} tokens, expected {n_tok}")
-        if kind == "sliding" and (not isinstance(win, int) or cum != start + n_tok or kept != min(start + n_tok, win - 1)):
+        if kind == "sliding" and (
+            not isinstance(win, int) or cum != start + n_tok or kept != min(start + n_tok, win - 1)
+        ):
             raise ValueError(f"layer {i}: sliding layer state (kept {kept}, seen {cum}, window {win}) is inconsistent")
     extra = set(header) - expected
     if extra:

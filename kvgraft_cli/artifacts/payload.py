@@ -29,17 +29,27 @@ import os
 import queue
 import struct
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from ..errors import ArtifactError, IntegrityError, PayloadTooLarge
+from ..util.limits import size_setting  # noqa: F401  re-exported: readers and tests name it here
 from . import container, layout
 from .identity import PayloadHasher
-from ..util.limits import size_setting  # noqa: F401  re-exported: readers and tests name it here
+
 # The rules every reader shares (the v2 container too); re-exported, since readers and tests name them here.
-from .payload_rules import (DEFAULT_MAX_PAYLOAD, ENV_MAX_PAYLOAD, MAX_HEADER, REFETCH as _REFETCH,  # noqa: F401
-                            ST_SIZES, described_size, identity_mismatch, max_frame_bytes as _max_frame_bytes,
-                            max_payload, too_large)
+from .payload_rules import (  # noqa: F401
+    DEFAULT_MAX_PAYLOAD,
+    ENV_MAX_PAYLOAD,
+    MAX_HEADER,
+    ST_SIZES,
+    described_size,
+    identity_mismatch,
+    max_payload,
+    too_large,
+)
+from .payload_rules import REFETCH as _REFETCH
+from .payload_rules import max_frame_bytes as _max_frame_bytes
 
 CHUNK = 1 << 22
 EAGER = 256 << 20  # read_payload re-hashes a larger payload in a streamed pass before it allocates it
@@ -95,8 +105,9 @@ def _frame_size(read_at: Callable[[int, int], bytes], file_size: int, source: st
     if size > cap:
         raise too_large(source, "zstd frame", size, cap)
     if file_size > _max_frame_bytes(size):
-        raise IntegrityError(f"{source}: {file_size:,} bytes is more than any zstd frame of {size:,} bytes takes",
-                             _REFETCH)
+        raise IntegrityError(
+            f"{source}: {file_size:,} bytes is more than any zstd frame of {size:,} bytes takes", _REFETCH
+        )
     while True:  # the blocks: 3-byte headers (last flag, type, size), then their bytes
         b = read_at(pos, 3)
         if len(b) < 3:
@@ -126,8 +137,9 @@ def _checked(chunks: Iterator[bytes], size: int, source: str, strict: bool) -> I
     for out in chunks:
         produced += len(out)
         if produced > size:
-            raise IntegrityError(f"{source}: zstd frame decompresses to more than the {size:,} bytes it declares",
-                                 _REFETCH)
+            raise IntegrityError(
+                f"{source}: zstd frame decompresses to more than the {size:,} bytes it declares", _REFETCH
+            )
         if head is not None:
             head += out
             if need is None and len(head) >= 8:
@@ -150,8 +162,10 @@ def _checked(chunks: Iterator[bytes], size: int, source: str, strict: bool) -> I
                         raise
                     described = size
                 if described != size:
-                    raise IntegrityError(f"{source}: zstd frame declares {size:,} bytes, its payload's header "
-                                         f"describes {described:,}", _REFETCH)
+                    raise IntegrityError(
+                        f"{source}: zstd frame declares {size:,} bytes, its payload's header describes {described:,}",
+                        _REFETCH,
+                    )
             out, head = bytes(head), None
         yield out
     if produced != size:
@@ -198,7 +212,7 @@ def decompress(data: bytes, source: str, max_size: int | None = None, strict: bo
     cap = max_payload() if max_size is None else max_size
     if container.is_container(data[:8]):
         return bytes(container.read_container(io.BytesIO(data), len(data), source, cap, None))
-    size = _frame_size(lambda o, n: data[o:o + n], len(data), source, cap)
+    size = _frame_size(lambda o, n: data[o : o + n], len(data), source, cap)
     _check_header_only(_checked(_stream(io.BytesIO(data), source), size, source, strict))
     return _one_shot(data, size, source)
 
@@ -249,9 +263,9 @@ def read_payload(path: Path, expected_sha256: str | None = None, max_size: int |
                 if buf is None:  # the first chunk comes once the payload's header matches the declared size
                     buf = bytearray(size)
                     view = memoryview(buf)
-                view[pos:pos + len(chunk)] = chunk
+                view[pos : pos + len(chunk)] = chunk
                 if hasher is not None:
-                    hasher.add(view[pos:pos + len(chunk)])
+                    hasher.add(view[pos : pos + len(chunk)])
                 pos += len(chunk)
         finally:
             digest = hasher.digest() if hasher is not None else None

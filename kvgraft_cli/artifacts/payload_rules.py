@@ -16,8 +16,23 @@ ENV_MAX_PAYLOAD = "KVGRAFT_MAX_PAYLOAD"
 DEFAULT_MAX_PAYLOAD = 32 << 30
 REFETCH = "re-fetch or re-deposit it"
 # Bytes per element of every safetensors dtype (a .kvg uses I64, F32, BF16 and F16; the others only get a size).
-ST_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-            "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+ST_SIZES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 
 
 def max_payload() -> int:
@@ -34,13 +49,16 @@ def max_frame_bytes(n: int) -> int:
 
 def too_large(source: str, what: str, size: int, cap: int) -> PayloadTooLarge:
     """The error for a payload declared larger than the reader's limit (bad input, exit 2; never a mismatch)."""
-    return PayloadTooLarge(f"{source}: {what} declares a payload of {size:,} bytes, more than this reader's limit of "
-                           f"{cap:,} bytes", f"if the artifact is genuine, raise {ENV_MAX_PAYLOAD} (bytes, or e.g. 64G)")
+    return PayloadTooLarge(
+        f"{source}: {what} declares a payload of {size:,} bytes, more than this reader's limit of {cap:,} bytes",
+        f"if the artifact is genuine, raise {ENV_MAX_PAYLOAD} (bytes, or e.g. 64G)",
+    )
 
 
 def described_size(header: bytes, source: str) -> int:
     """The payload length a safetensors header (the ``N`` JSON bytes after the 8-byte length) describes:
     ``8 + N`` plus its tensors' bytes, which must be contiguous from offset 0. IntegrityError if it describes none."""
+
     def corrupt(why: str) -> IntegrityError:
         return IntegrityError(f"{source}: corrupt safetensors header ({why})", REFETCH)
 
@@ -55,9 +73,15 @@ def described_size(header: bytes, source: str) -> int:
         if name == "__metadata__":
             continue
         shape, offsets = (t.get("shape"), t.get("data_offsets")) if isinstance(t, dict) else (None, None)
-        if not (isinstance(t, dict) and t.get("dtype") in ST_SIZES and isinstance(shape, list)
-                and all(type(d) is int and d >= 0 for d in shape) and isinstance(offsets, list) and len(offsets) == 2
-                and all(type(o) is int and o >= 0 for o in offsets)):
+        if not (
+            isinstance(t, dict)
+            and t.get("dtype") in ST_SIZES
+            and isinstance(shape, list)
+            and all(type(d) is int and d >= 0 for d in shape)
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(o) is int and o >= 0 for o in offsets)
+        ):
             raise corrupt(f"tensor {name[:60]!r} lacks a dtype, shape or offsets")
         if offsets[1] - offsets[0] != math.prod(shape) * ST_SIZES[t["dtype"]]:
             raise corrupt(f"tensor {name[:60]!r}: offsets disagree with dtype and shape")

@@ -25,7 +25,9 @@ from ..errors import ArtifactError, PayloadTooLarge
 from ..util.fsio import atomic_write_bytes, user_cache_dir
 from ..util.hashing import sha256_file
 
-CACHE_NAME = ".kvgraft-verify-cache.json"  # where earlier versions kept it, beside the ledger: no longer read or written
+CACHE_NAME = (
+    ".kvgraft-verify-cache.json"  # where earlier versions kept it, beside the ledger: no longer read or written
+)
 
 
 def default_cache_path(ledger: Path) -> Path | None:
@@ -65,11 +67,12 @@ class HashCache:
                 loaded = None
             # A damaged cache is only a lost speed-up: keep the well-formed rows, drop the rest.
             if isinstance(loaded, dict):
-                self.entries = {k: v for k, v in loaded.items()
-                                if isinstance(v, list) and len(v) == 4 and isinstance(v[3], str)}
+                self.entries = {
+                    k: v for k, v in loaded.items() if isinstance(v, list) and len(v) == 4 and isinstance(v[3], str)
+                }
 
     @classmethod
-    def for_ledger(cls, ledger: Path, enabled: bool = True) -> "HashCache":
+    def for_ledger(cls, ledger: Path, enabled: bool = True) -> HashCache:
         """The cache of a ledger in the user's cache directory (never in the ledger's folder)."""
         return cls(default_cache_path(ledger), enabled)
 

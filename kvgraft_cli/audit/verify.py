@@ -19,9 +19,9 @@ from typing import Any
 
 import fastjsonschema
 
+from ..errors import InputError
 from ..ledger import merkle
 from ..ledger.proofs import LedgerTree
-from ..errors import InputError
 from ..util import jsonio
 from .hashcache import HashCache, digest_of
 
@@ -92,17 +92,23 @@ class VerifyReport:
         and objects of remote stores (never fetched by verify: `kvgraft store pull` brings them here)."""
         found = []
         if self.files_from_cache:
-            found.append(f"{self.files_from_cache} of {len(self.files)} referenced files were taken from the verify "
-                         "cache unread (their size, mtime and inode are unchanged since they were hashed; a change "
-                         "that keeps all three is not seen): `kvgraft verify --full` re-reads every file, the check "
-                         "for a third party")
+            found.append(
+                f"{self.files_from_cache} of {len(self.files)} referenced files were taken from the verify "
+                "cache unread (their size, mtime and inode are unchanged since they were hashed; a change "
+                "that keeps all three is not seen): `kvgraft verify --full` re-reads every file, the check "
+                "for a third party"
+            )
         if self.missing and not self.require_files:
-            found.append(f"{len(self.missing)} of {len(self.files)} referenced files are missing here, so their "
-                         "hashes were not checked (--require-files makes this a failure)")
+            found.append(
+                f"{len(self.missing)} of {len(self.files)} referenced files are missing here, so their "
+                "hashes were not checked (--require-files makes this a failure)"
+            )
         if self.remote:
-            found.append(f"{len(self.remote)} of {len(self.files)} referenced files are in a remote store "
-                         f"({self.remote[0].path.split('/objects/')[0]}...), not checked: remote (verify reads no "
-                         "network; `kvgraft store pull URL` and re-deposit or graft re-hashes them)")
+            found.append(
+                f"{len(self.remote)} of {len(self.files)} referenced files are in a remote store "
+                f"({self.remote[0].path.split('/objects/')[0]}...), not checked: remote (verify reads no "
+                "network; `kvgraft store pull URL` and re-deposit or graft re-hashes them)"
+            )
         return found
 
     def first_problem(self) -> str | None:
@@ -120,15 +126,26 @@ class VerifyReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "ledger": self.ledger, "entries": self.entries, "root": self.root, "passed": self.passed,
-            "first_problem": self.first_problem(), "warnings": self.warnings(),
+            "ledger": self.ledger,
+            "entries": self.entries,
+            "root": self.root,
+            "passed": self.passed,
+            "first_problem": self.first_problem(),
+            "warnings": self.warnings(),
             "findings": [asdict(f) for f in self.findings],
-            "files": {"checked": len(self.files), "ok": sum(f.status == "ok" for f in self.files),
-                      "from_cache": self.files_from_cache,
-                      "missing": [asdict(f) for f in self.missing], "mismatched": [asdict(f) for f in self.mismatched],
-                      "remote": [asdict(f) for f in self.remote]},
-            "checkpoint": self.checkpoint, "since": self.since, "scores_checked": self.scores_checked,
-            "scores_from_records": self.scores_from_records, "scores_not_recomputable": self.scores_not_recomputable,
+            "files": {
+                "checked": len(self.files),
+                "ok": sum(f.status == "ok" for f in self.files),
+                "from_cache": self.files_from_cache,
+                "missing": [asdict(f) for f in self.missing],
+                "mismatched": [asdict(f) for f in self.mismatched],
+                "remote": [asdict(f) for f in self.remote],
+            },
+            "checkpoint": self.checkpoint,
+            "since": self.since,
+            "scores_checked": self.scores_checked,
+            "scores_from_records": self.scores_from_records,
+            "scores_not_recomputable": self.scores_not_recomputable,
         }
 
 
@@ -175,8 +192,11 @@ def _find_outside(value: Any) -> tuple[list, str] | None:
     if t is str or t is bool or value is None:
         return None
     if t is int:
-        return None if -MAX_SAFE_INT <= value <= MAX_SAFE_INT else (
-            [], "an integer beyond +-(2**53 - 1), which RFC 8785 (I-JSON) cannot represent")
+        return (
+            None
+            if -MAX_SAFE_INT <= value <= MAX_SAFE_INT
+            else ([], "an integer beyond +-(2**53 - 1), which RFC 8785 (I-JSON) cannot represent")
+        )
     if t is dict:
         for k, v in value.items():
             if not (k.isascii() and k.isprintable()):
@@ -225,11 +245,21 @@ def check_line(raw: bytes, index: int, prev_line: bytes | None) -> tuple[dict | 
         msg = "entry" + msg[4:] if msg.startswith("data") else msg  # fastjsonschema names the root "data"
         out.append(Finding(n, "schema", msg[:200]))
     if entry.get("seq") != index:
-        out.append(Finding(n, "sequence", f"seq is {entry.get('seq')!r}, expected {index} (lines deleted, inserted or reordered?)"))
+        out.append(
+            Finding(
+                n, "sequence", f"seq is {entry.get('seq')!r}, expected {index} (lines deleted, inserted or reordered?)"
+            )
+        )
     want_prev = hashlib.sha256(prev_line).hexdigest() if prev_line is not None else None
     if entry.get("prev") != want_prev:
-        out.append(Finding(n, "chain", "prev does not match the SHA-256 of the line before "
-                                       "(the line before was edited, or lines were removed or reordered)"))
+        out.append(
+            Finding(
+                n,
+                "chain",
+                "prev does not match the SHA-256 of the line before "
+                "(the line before was edited, or lines were removed or reordered)",
+            )
+        )
     return entry, out
 
 
@@ -259,10 +289,18 @@ def read_ledger_bytes(path: Path) -> bytes:
         raise InputError(f"cannot read ledger {path}: {e.strerror or e}") from None
 
 
-def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str] | None = None,
-                  since: Path | None = None, rehash: bool = True, full: bool = False,
-                  require_files: bool = False, cache: Path | bool | None = None,
-                  origin: str | None = None) -> VerifyReport:
+def verify_ledger(
+    path: Path,
+    *,
+    checkpoint: Path | None = None,
+    keys: list[str] | None = None,
+    since: Path | None = None,
+    rehash: bool = True,
+    full: bool = False,
+    require_files: bool = False,
+    cache: Path | bool | None = None,
+    origin: str | None = None,
+) -> VerifyReport:
     """Verify a ledger file; see the module docstring. Raises InputError only for unusable input files.
 
     ``cache``: where the verified-file cache lives. None: the user's cache directory (hashcache.default_cache_path),
@@ -281,8 +319,14 @@ def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str]
         entries.append(entry)
         prev = raw
     if tail:
-        report.findings.append(Finding(len(lines) + 1, "torn", f"torn last line: {len(tail)} bytes without a "
-                                       "newline (a writer was interrupted); `kvgraft ledger repair` removes it"))
+        report.findings.append(
+            Finding(
+                len(lines) + 1,
+                "torn",
+                f"torn last line: {len(tail)} bytes without a "
+                "newline (a writer was interrupted); `kvgraft ledger repair` removes it",
+            )
+        )
     report.entries = len(lines)
     report.root = tree.root().hex()
     if checkpoint is not None:
@@ -296,15 +340,22 @@ def verify_ledger(path: Path, *, checkpoint: Path | None = None, keys: list[str]
         for i, entry in enumerate(entries):
             if entry is not None and entry.get("kind") == "score":
                 _check_score(report, i + 1, entry, path.parent, verified, with_rules)
-                settings = (entry.get("inputs") or {}).get("settings") if isinstance(entry.get("inputs"), dict) \
-                    else None
+                settings = (
+                    (entry.get("inputs") or {}).get("settings") if isinstance(entry.get("inputs"), dict) else None
+                )
                 if with_rules is None and isinstance(settings, dict) and "rules" in settings:
                     with_rules = i + 1
     return report
 
 
-def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
-                 verified: set[tuple[int, str]], with_rules: int | None = None) -> None:
+def _check_score(
+    report: VerifyReport,
+    line: int,
+    entry: dict,
+    base_dir: Path,
+    verified: set[tuple[int, str]],
+    with_rules: int | None = None,
+) -> None:
     """Recompute a recorded score by the score rules, extractor version and grader it records (eval.scoring): from
     its outputs and answers files when present (records and aggregate must come out the same, member for member),
     else from its records file alone (the aggregate must; counted in ``scores_from_records`` with the reason). A
@@ -325,7 +376,8 @@ def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
             return f"it records no {what} file"
         state = next((f.status for f in report.files if f.line == line and f.path == path), None)
         return f"its {what} file {path} " + {"missing": "is missing", "mismatch": "does not match its sha256"}.get(
-            state, "was not checked")
+            state, "was not checked"
+        )
 
     ins, outs = entry.get("inputs") or {}, entry.get("outputs") or {}
     if not isinstance(ins, dict) or not isinstance(outs, dict) or not isinstance(outs.get("result"), dict):
@@ -335,31 +387,46 @@ def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
     settings = ins.get("settings") if isinstance(ins.get("settings"), dict) else {}
     downgrade = scoring.written_by_no_kvgraft(settings, recorded, entry.get("time"))
     if downgrade is None and "rules" not in settings and with_rules is not None:
-        downgrade = (f"it records no score rules (read as rules 1), after line {with_rules}, whose score records "
-                     "them: an older kvgraft's entry cannot follow a newer one's in one ledger")
+        downgrade = (
+            f"it records no score rules (read as rules 1), after line {with_rules}, whose score records "
+            "them: an older kvgraft's entry cannot follow a newer one's in one ledger"
+        )
     if downgrade is not None:  # its own check name: the spec's verifier applies it too (no scorer needed)
-        report.findings.append(Finding(line, "score-settings", f"{downgrade}; not recomputed (settings no kvgraft "
-                                       "wrote)"))
+        report.findings.append(
+            Finding(line, "score-settings", f"{downgrade}; not recomputed (settings no kvgraft wrote)")
+        )
         return
     how = scoring.ScoreSettings.from_recorded(settings, recorded)
     outputs_path, answers_path = present(ins.get("outputs")), present(ins.get("answers"))
     if not outputs_path or not answers_path:
-        why = " and ".join(absent(w, ins.get(w)) for w, p in (("outputs", outputs_path), ("answers", answers_path))
-                           if not p)
+        why = " and ".join(
+            absent(w, ins.get(w)) for w, p in (("outputs", outputs_path), ("answers", answers_path)) if not p
+        )
     elif "mapping" not in settings:
         why = "its settings record no input mapping"
     else:
         why = how.unavailable()
     if why is None:
         try:
-            result = scoring.score(outputs_path, answers_path, settings["mapping"], settings.get("id_field", "id"),
-                                   settings.get("output_field", "output"), how)
+            result = scoring.score(
+                outputs_path,
+                answers_path,
+                settings["mapping"],
+                settings.get("id_field", "id"),
+                settings.get("output_field", "output"),
+                how,
+            )
         except InputError as e:
             report.findings.append(Finding(line, "score", f"cannot recompute the score: {e.message}"))
             return
         except (TypeError, KeyError, ValueError, AttributeError) as e:  # settings that are not what score writes
-            report.findings.append(Finding(line, "score", "cannot recompute the score: its settings are malformed "
-                                           f"({type(e).__name__}: {str(e)[:120]})"))
+            report.findings.append(
+                Finding(
+                    line,
+                    "score",
+                    f"cannot recompute the score: its settings are malformed ({type(e).__name__}: {str(e)[:120]})",
+                )
+            )
             return
         rec_sha = hashlib.sha256(result.records_bytes()).hexdigest()
         # Member for member, grader_libs included (docs/LEDGER.md): the library versions math-verify's verdicts
@@ -367,16 +434,29 @@ def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
         got = result.summary()
         libs = (recorded.get("grader_libs"), got.get("grader_libs"))
         if rec_sha != (outs.get("records") or {}).get("sha256"):
-            why = (f"; graded with {json.dumps(libs[0], sort_keys=True)}, recomputed with "
-                   f"{json.dumps(libs[1], sort_keys=True)}" if libs[0] != libs[1] else "")
-            report.findings.append(Finding(line, "score", "recomputed per-sample records differ from the recorded "
-                                           f"ones (recomputed sha256 {rec_sha}{why})"))
+            why = (
+                f"; graded with {json.dumps(libs[0], sort_keys=True)}, recomputed with "
+                f"{json.dumps(libs[1], sort_keys=True)}"
+                if libs[0] != libs[1]
+                else ""
+            )
+            report.findings.append(
+                Finding(
+                    line,
+                    "score",
+                    f"recomputed per-sample records differ from the recorded ones (recomputed sha256 {rec_sha}{why})",
+                )
+            )
         diff = _score_differences(recorded, got)
         if diff:
-            only_libs = " (the verdicts agree: install the recorded library versions to confirm them)" if \
-                _score_differences(dict(recorded, grader_libs=None), dict(got, grader_libs=None)) == "" else ""
-            report.findings.append(Finding(line, "score", "the recomputed score differs from the recorded one: "
-                                           f"{diff}{only_libs}"))
+            only_libs = (
+                " (the verdicts agree: install the recorded library versions to confirm them)"
+                if _score_differences(dict(recorded, grader_libs=None), dict(got, grader_libs=None)) == ""
+                else ""
+            )
+            report.findings.append(
+                Finding(line, "score", f"the recomputed score differs from the recorded one: {diff}{only_libs}")
+            )
         report.scores_checked += 1
         return
     records_path = present(outs.get("records"))
@@ -388,16 +468,22 @@ def _check_score(report: VerifyReport, line: int, entry: dict, base_dir: Path,
             return
         diff = _score_differences({k: v for k, v in recorded.items() if k not in scoring.NOT_FROM_RECORDS}, got)
         if diff:
-            report.findings.append(Finding(line, "score", "the score recomputed from the records file differs from "
-                                           f"the recorded one: {diff}"))
+            report.findings.append(
+                Finding(
+                    line, "score", f"the score recomputed from the records file differs from the recorded one: {diff}"
+                )
+            )
         report.scores_checked += 1
         report.scores_from_records.append({"line": line, "reason": why})
         return
-    report.scores_not_recomputable.append({"line": line, "reason": f"{why}, and {absent('records', outs.get('records'))}"})
+    report.scores_not_recomputable.append(
+        {"line": line, "reason": f"{why}, and {absent('records', outs.get('records'))}"}
+    )
 
 
 def _score_differences(recorded: dict, recomputed: dict) -> str:
     """What differs between a recorded and a recomputed score, the recorded values verbatim (JSON)."""
+
     def show(d: dict, k: str) -> str:
         return json.dumps(d[k], ensure_ascii=False) if k in d else "absent"
 
@@ -405,24 +491,47 @@ def _score_differences(recorded: dict, recomputed: dict) -> str:
     return "; ".join(f"{k} recorded {show(recorded, k)}, recomputed {show(recomputed, k)}" for k in keys)
 
 
-def _check_checkpoint(report: VerifyReport, cp_path: Path, tree: LedgerTree, keys: list[str],
-                      origin: str | None = None) -> dict:
-    from ..ledger.checkpoint import Checkpoint, load_key, read_checkpoint, verify_note
+def _check_checkpoint(
+    report: VerifyReport, cp_path: Path, tree: LedgerTree, keys: list[str], origin: str | None = None
+) -> dict:
     from ..errors import CheckFailed
+    from ..ledger.checkpoint import Checkpoint, load_key, read_checkpoint, verify_note
 
     text = read_checkpoint(cp_path)
     cp = Checkpoint.parse(text)
-    out: dict[str, Any] = {"path": str(cp_path), "origin": cp.origin, "size": cp.size, "root": cp.root.hex(),
-                           "root_matches": False, "signed_by": []}
+    out: dict[str, Any] = {
+        "path": str(cp_path),
+        "origin": cp.origin,
+        "size": cp.size,
+        "root": cp.root.hex(),
+        "root_matches": False,
+        "signed_by": [],
+    }
     if origin is not None and cp.origin != origin:
-        report.findings.append(Finding(None, "checkpoint", f"the checkpoint names the log {cp.origin!r}, not "
-                                       f"{origin!r} (a checkpoint of another log)"))
+        report.findings.append(
+            Finding(
+                None,
+                "checkpoint",
+                f"the checkpoint names the log {cp.origin!r}, not {origin!r} (a checkpoint of another log)",
+            )
+        )
     if cp.size > tree.size:
-        report.findings.append(Finding(None, "checkpoint", f"checkpoint covers {cp.size} lines, the ledger has "
-                                       f"only {tree.size} (lines were removed)"))
+        report.findings.append(
+            Finding(
+                None,
+                "checkpoint",
+                f"checkpoint covers {cp.size} lines, the ledger has only {tree.size} (lines were removed)",
+            )
+        )
     elif tree.root(cp.size) != cp.root:
-        report.findings.append(Finding(None, "checkpoint", f"the ledger's first {cp.size} lines do not hash to the "
-                                       "checkpoint's root (a line within them was changed)"))
+        report.findings.append(
+            Finding(
+                None,
+                "checkpoint",
+                f"the ledger's first {cp.size} lines do not hash to the "
+                "checkpoint's root (a line within them was changed)",
+            )
+        )
     else:
         out["root_matches"] = True
     if keys:
@@ -455,8 +564,9 @@ def _check_since(report: VerifyReport, base: Path, tree: LedgerTree) -> dict:
         size, root = cp.size, cp.root
         out: dict[str, Any] = {"base": str(base), "kind": "checkpoint", "size": size}
         if size == 0 and root != merkle.EMPTY_ROOT:
-            report.findings.append(Finding(None, "append-only", f"{base}: size 0 with a root other than the "
-                                           "empty tree's"))
+            report.findings.append(
+                Finding(None, "append-only", f"{base}: size 0 with a root other than the empty tree's")
+            )
             out["consistent"] = False
             return out
     else:
@@ -466,13 +576,23 @@ def _check_since(report: VerifyReport, base: Path, tree: LedgerTree) -> dict:
         # Pinpoint the first rewritten line: plain byte comparison of the common prefix.
         for i, (a, b) in enumerate(zip(base_lines, lines)):
             if a != b:
-                report.findings.append(Finding(i + 1, "append-only", f"line {i + 1} differs from {base}: the ledger "
-                                               "was rewritten, not appended to"))
+                report.findings.append(
+                    Finding(
+                        i + 1,
+                        "append-only",
+                        f"line {i + 1} differs from {base}: the ledger was rewritten, not appended to",
+                    )
+                )
                 break
     out["root"] = root.hex()
     if size > len(lines):
-        report.findings.append(Finding(None, "append-only", f"the ledger has {len(lines)} lines, fewer than the "
-                                       f"{size} of {base}: it was truncated"))
+        report.findings.append(
+            Finding(
+                None,
+                "append-only",
+                f"the ledger has {len(lines)} lines, fewer than the {size} of {base}: it was truncated",
+            )
+        )
         out["consistent"] = False
         return out
     if size == 0:  # every ledger extends the empty one; RFC 6962 has no proof for it
@@ -483,8 +603,14 @@ def _check_since(report: VerifyReport, base: Path, tree: LedgerTree) -> dict:
     out["consistent"] = tree.consistent_with(size, root)
     if not out["consistent"]:
         if not any(f.check == "append-only" for f in report.findings):
-            report.findings.append(Finding(None, "append-only", f"the first {size} lines no longer hash to the root "
-                                           f"of {base}: the ledger was rewritten, not appended to"))
+            report.findings.append(
+                Finding(
+                    None,
+                    "append-only",
+                    f"the first {size} lines no longer hash to the root "
+                    f"of {base}: the ledger was rewritten, not appended to",
+                )
+            )
     out["appended"] = len(lines) - size
     return out
 
@@ -499,8 +625,7 @@ def _open_cache(ledger: Path, cache: Path | bool | None, full: bool) -> HashCach
     return HashCache(Path(cache), enabled=not full)
 
 
-def _rehash(report: VerifyReport, entries: list[dict | None], base_dir: Path, full: bool,
-            cache: HashCache) -> None:
+def _rehash(report: VerifyReport, entries: list[dict | None], base_dir: Path, full: bool, cache: HashCache) -> None:
     this_run: dict[Path, str] = {}  # a file many entries name (the problems file) is hashed once per run
     unread: set[Path] = set()  # files whose digest came from the cache
     for i, entry in enumerate(entries):

@@ -31,30 +31,54 @@ Codec = _choices("Codec", ("auto", "raw", "zstd", "shuffle-zstd"))  # artifacts.
 
 MANIFEST_OPT = typer.Option(None, "--manifest", "-m", help="Run-manifest YAML (default: the embedded tiny Gemma-4).")
 # A store is a folder or an s3:// URL: typed str, since a Path would fold "s3://b/p" into "s3:/b/p".
-STORE_OPT = typer.Option(None, "--store", help="Store directory, or s3://BUCKET/PREFIX for a remote store "
-                         "(default: the manifest's paths.store).")
+STORE_OPT = typer.Option(
+    None,
+    "--store",
+    help="Store directory, or s3://BUCKET/PREFIX for a remote store (default: the manifest's paths.store).",
+)
 LEDGER_OPT = typer.Option(None, "--ledger", help="Ledger file (default: the manifest's paths.ledger).")
-DRIFT_OPT = typer.Option(False, "--allow-drift", help="Proceed when the environment differs from the pin; the ledger records it.")
+DRIFT_OPT = typer.Option(
+    False, "--allow-drift", help="Proceed when the environment differs from the pin; the ledger records it."
+)
 # The largest count an option takes: what a ledger line's JSON holds exactly (I-JSON, 2**53 - 1); threads as the
 # manifest caps them.
 MAX_COUNT = 2**53 - 1
 MAX_THREADS = 65536
 
 
-def at_most_max_count(value: Optional[int]) -> Optional[int]:
+def at_most_max_count(value: int | None) -> int | None:
     """Option callback: refuse a count past MAX_COUNT as a usage error (a range in the help would read badly)."""
     if value is not None and value > MAX_COUNT:
-        raise typer.BadParameter(f"{value} is more than {MAX_COUNT} (2**53 - 1, the largest count a ledger line "
-                                 "holds exactly)")
+        raise typer.BadParameter(
+            f"{value} is more than {MAX_COUNT} (2**53 - 1, the largest count a ledger line holds exactly)"
+        )
     return value
+
+
 JSON_OPT = typer.Option(False, "--json", help="Print a machine-readable JSON result on stdout.")
 # The options every engine command takes, in this order (see engine_options).
-ENGINE_OPTIONS = {"manifest": (Optional[Path], MANIFEST_OPT), "store": (Optional[str], STORE_OPT),
-                  "ledger": (Optional[Path], LEDGER_OPT), "allow_drift": (bool, DRIFT_OPT), "as_json": (bool, JSON_OPT)}
-ARTIFACT_ARG = typer.Argument(None, metavar="REF", help="Artifact hash or a unique prefix of it (at least 6 hex "
-                              "characters), problem id, or .kvg path; default: the latest deposit.")
-def context(manifest: Optional[Path], store: Optional[str | Path], ledger: Optional[Path], allow_drift: bool,
-            overrides: dict[str, Any] | None = None):
+ENGINE_OPTIONS = {
+    "manifest": (Optional[Path], MANIFEST_OPT),  # noqa: UP045  (typer reads these at run time)
+    "store": (Optional[str], STORE_OPT),  # noqa: UP045
+    "ledger": (Optional[Path], LEDGER_OPT),  # noqa: UP045
+    "allow_drift": (bool, DRIFT_OPT),
+    "as_json": (bool, JSON_OPT),
+}
+ARTIFACT_ARG = typer.Argument(
+    None,
+    metavar="REF",
+    help="Artifact hash or a unique prefix of it (at least 6 hex "
+    "characters), problem id, or .kvg path; default: the latest deposit.",
+)
+
+
+def context(
+    manifest: Path | None,
+    store: str | Path | None,
+    ledger: Path | None,
+    allow_drift: bool,
+    overrides: dict[str, Any] | None = None,
+):
     """The RunContext of a command: the manifest (with command-line overrides) and the store (a folder or an
     s3:// URL) and ledger paths."""
     from ..config.manifest import load_manifest, with_overrides
@@ -64,15 +88,17 @@ def context(manifest: Optional[Path], store: Optional[str | Path], ledger: Optio
     return RunContext.make(m, store, ledger, allow_drift)
 
 
-def field_overrides(fields: list[str], answer_extract: Optional[str]) -> dict[str, Any]:
+def field_overrides(fields: list[str], answer_extract: str | None) -> dict[str, Any]:
     """``--field ROLE=NAME`` and ``--answer-extract`` as manifest overrides (``input.ROLE``)."""
     allowed = ("id", "problem", "solution", "answer")
     result: dict[str, Any] = {}
     for f in fields:
         role, sep, name = f.partition("=")
         if not sep or role not in allowed:
-            raise InputError(f"--field {f!r}: expected ROLE=NAME with ROLE one of {', '.join(allowed)}",
-                             "e.g. --field problem=question --field solution=answer")
+            raise InputError(
+                f"--field {f!r}: expected ROLE=NAME with ROLE one of {', '.join(allowed)}",
+                "e.g. --field problem=question --field solution=answer",
+            )
         if not name and role in ("problem", "solution"):
             raise InputError(f"--field {f!r}: the {role} field needs a name")
         result[f"input.{role}"] = name or None
@@ -97,8 +123,9 @@ def engine_start():
         gc.enable()
 
 
-def artifact_and_engine(manifest: Optional[Path], store: Optional[str | Path], ledger: Optional[Path], allow_drift: bool,
-                        artifact: Optional[str]):
+def artifact_and_engine(
+    manifest: Path | None, store: str | Path | None, ledger: Path | None, allow_drift: bool, artifact: str | None
+):
     """What graft and probe start with: (RunContext, the opened artifact, the loaded engine), in the safe order."""
     from ..engine.engine import load_engine, pin_environment
     from ..runs.graft import open_artifact
@@ -110,7 +137,7 @@ def artifact_and_engine(manifest: Optional[Path], store: Optional[str | Path], l
         return ctx, loaded, load_engine(ctx.manifest, ctx.allow_drift, drift)
 
 
-def ledger_path(ledger: Optional[Path], manifest: Optional[Path]) -> Path:
+def ledger_path(ledger: Path | None, manifest: Path | None) -> Path:
     """The ledger a torch-free command reads: the argument, else the manifest's paths.ledger."""
     if ledger is not None:
         return ledger
@@ -127,8 +154,10 @@ def engine_options(fn):
     if missing:
         raise TypeError(f"{fn.__name__} lacks the engine option parameters {sorted(missing)}")
     params = [p for p in sig.parameters.values() if p.name not in ENGINE_OPTIONS]
-    params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
-               for name, (kind, option) in ENGINE_OPTIONS.items()]
+    params += [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+        for name, (kind, option) in ENGINE_OPTIONS.items()
+    ]
     fn.__signature__ = sig.replace(parameters=params)
     fn.__annotations__ = {**fn.__annotations__, **{name: kind for name, (kind, _) in ENGINE_OPTIONS.items()}}
     return fn
@@ -136,12 +165,27 @@ def engine_options(fn):
 
 # `deposit` and `solve` on Ray workers (runs.workers.ray). typer has no option with an optional value, hence
 # --ray (a local instance) and --ray-address ADDRESS (a cluster; implies --ray).
-RAY_OPT = typer.Option(False, "--ray", help="Run the problems in shards on Ray workers, one engine each (a local Ray instance unless --ray-address); the ledger is the one a single process writes. Needs `pip install 'kvgraft[ray]'`.")
-RAY_ADDRESS_OPT = typer.Option(None, "--ray-address", metavar="ADDRESS", help="Join this Ray cluster (auto, HOST:PORT, ray://HOST:10001); implies --ray. The store must be one every node reaches: s3://, or a path mounted at the same place on every node.")
-WORKERS_OPT = typer.Option(None, "--workers", min=1, max=MAX_THREADS, help="How many Ray workers (default: as many as the cluster's CPUs hold, runtime.threads each; at least 1).")
+RAY_OPT = typer.Option(
+    False,
+    "--ray",
+    help="Run the problems in shards on Ray workers, one engine each (a local Ray instance unless --ray-address); the ledger is the one a single process writes. Needs `pip install 'kvgraft[ray]'`.",
+)
+RAY_ADDRESS_OPT = typer.Option(
+    None,
+    "--ray-address",
+    metavar="ADDRESS",
+    help="Join this Ray cluster (auto, HOST:PORT, ray://HOST:10001); implies --ray. The store must be one every node reaches: s3://, or a path mounted at the same place on every node.",
+)
+WORKERS_OPT = typer.Option(
+    None,
+    "--workers",
+    min=1,
+    max=MAX_THREADS,
+    help="How many Ray workers (default: as many as the cluster's CPUs hold, runtime.threads each; at least 1).",
+)
 
 
-def ray_pool(ctx, ray: bool, address: Optional[str], workers: Optional[int]):
+def ray_pool(ctx, ray: bool, address: str | None, workers: int | None):
     """The workers --ray / --ray-address / --workers ask for (a runs.workers.ray.RayPool, a context manager that
     starts nothing until the run needs it), else None in a null context."""
     from contextlib import nullcontext

@@ -12,6 +12,7 @@ import sys
 import traceback
 
 import typer
+
 # Typer (since 0.26) vendors Click as ``typer._click`` and re-exports only some of its exceptions; these two it does
 # not. pyproject pins typer to the vendoring releases, and tests/test_cli_errors.py fails loudly if they move.
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
@@ -51,9 +52,16 @@ def render(exc: BaseException) -> int:
         _say(f"Error: {where}: {msg}. Hint: see `{where} --help`.")
         return 2
     if isinstance(exc, (KeyboardInterrupt, typer.Abort)):
-        _say(_line("interrupted", "every ledger line written before it is whole and kept; re-run the same command "
-                   "to resume (`kvgraft verify` checks the ledger)"))
+        _say(
+            _line(
+                "interrupted",
+                "every ledger line written before it is whole and kept; re-run the same command "
+                "to resume (`kvgraft verify` checks the ledger)",
+            )
+        )
         return 130
-    _say(f"Error: internal error: {type(exc).__name__}: {exc}. Hint: re-run with KVGRAFT_DEBUG=1 for the traceback "
-         "and report it.")
+    _say(
+        f"Error: internal error: {type(exc).__name__}: {exc}. Hint: re-run with KVGRAFT_DEBUG=1 for the traceback "
+        "and report it."
+    )
     return 1

@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import sys
 import unicodedata
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from rich.console import Console
 

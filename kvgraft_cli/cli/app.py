@@ -12,13 +12,33 @@ import sys
 
 import typer
 
-from . import (deposit, graft, inspect, ledger, manifest, matrix, model_hash, prereg, probe, replay, report, score,
-               solve, store, verify)
+from . import (
+    deposit,
+    graft,
+    inspect,
+    ledger,
+    manifest,
+    matrix,
+    model_hash,
+    prereg,
+    probe,
+    replay,
+    report,
+    score,
+    solve,
+    store,
+    verify,
+)
 from ._errors import render
 from ._help import Command, Group
 
-app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Deposit a frozen model's KV cache as byte-exact artifacts, graft them back, keep a ledger.")
+app = typer.Typer(
+    cls=Group,
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Deposit a frozen model's KV cache as byte-exact artifacts, graft them back, keep a ledger.",
+)
 
 COMMANDS = {
     "deposit": deposit.deposit,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -14,12 +13,20 @@ from ._output import cell, human_bytes, out, print_json, printable, table
 
 
 def inspect(
-    ref: str = typer.Argument(..., metavar="REF", help="A .kvg file, or an artifact in the store: its hash, a unique "
-                              "prefix of it (at least 6 hex characters) or a problem id."),
-    store: Optional[str] = STORE_OPT,
-    manifest: Optional[Path] = MANIFEST_OPT,
-    rehash: bool = typer.Option(False, "--hash", help="Also re-hash the whole payload (streamed) and check it "
-                                "against the artifact's identity; exit 1 if it differs."),
+    ref: str = typer.Argument(
+        ...,
+        metavar="REF",
+        help="A .kvg file, or an artifact in the store: its hash, a unique "
+        "prefix of it (at least 6 hex characters) or a problem id.",
+    ),
+    store: str | None = STORE_OPT,
+    manifest: Path | None = MANIFEST_OPT,
+    rehash: bool = typer.Option(
+        False,
+        "--hash",
+        help="Also re-hash the whole payload (streamed) and check it "
+        "against the artifact's identity; exit 1 if it differs.",
+    ),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Show an artifact's header without decoding its tensors: layers and their kinds (full, sliding with its
@@ -33,8 +40,10 @@ def inspect(
     if rehash:
         got = payload_sha256(path)
         if named and got != named:
-            raise IntegrityError(f"{path}: content hash {got} does not match its identity {named} (tampered or "
-                                 "corrupt)", "delete it and re-deposit, or re-import it from a good copy")
+            raise IntegrityError(
+                f"{path}: content hash {got} does not match its identity {named} (tampered or corrupt)",
+                "delete it and re-deposit, or re-import it from a good copy",
+            )
         info.sha256 = got
     if as_json:
         print_json({**info.to_json(), "identity_checked": rehash})
@@ -42,7 +51,7 @@ def inspect(
     _render(info, rehash, named)
 
 
-def _locate(ref: str, store: Optional[str], manifest: Optional[Path]) -> tuple[Path, str | None]:
+def _locate(ref: str, store: str | None, manifest: Path | None) -> tuple[Path, str | None]:
     """(the .kvg file, the identity its name or the store gives it, if any)."""
     p = Path(ref)
     if ref.endswith(".kvg") or p.is_file() or "/" in ref or "\\" in ref:
@@ -62,7 +71,9 @@ def _render(info, rehash: bool, named: str | None) -> None:
 
     line("artifact", info.path)
     if rehash:
-        line("identity", f"{info.sha256} (payload re-hashed: matches)" if named else f"{info.sha256} (payload re-hashed)")
+        line(
+            "identity", f"{info.sha256} (payload re-hashed: matches)" if named else f"{info.sha256} (payload re-hashed)"
+        )
     elif named:
         line("identity", f"{named} (its file name; not re-hashed: --hash checks it)")
     else:
@@ -80,20 +91,36 @@ def _render(info, rehash: bool, named: str | None) -> None:
     line("compute", f"{info.compute_sha256} (the manifest's compute pin)")
     line("logits", f"{info.logits_sha256} ({info.logits_dtype}, last prefix position)")
     ratio = f"{info.compression_ratio:.2f}x" if info.compression_ratio else "n/a"
-    line("sizes", f"file {human_bytes(info.file_bytes)} ({info.file_bytes:,} B), payload "
-                  f"{human_bytes(info.payload_bytes)} ({info.payload_bytes:,} B; header {info.header_bytes:,} B), "
-                  f"compression {ratio} (codec {info.codec})")
+    line(
+        "sizes",
+        f"file {human_bytes(info.file_bytes)} ({info.file_bytes:,} B), payload "
+        f"{human_bytes(info.payload_bytes)} ({info.payload_bytes:,} B; header {info.header_bytes:,} B), "
+        f"compression {ratio} (codec {info.codec})",
+    )
     counts = {k: sum(l.kind == k for l in info.layers) for k in ("full", "sliding", "empty")}
     windows = sorted({str(l.window) for l in info.layers if l.kind == "sliding" and l.window is not None})
     win = f" (window {', '.join(windows)})" if windows else ""
-    line("layers", f"{info.num_layers}: {counts['full']} full, {counts['sliding']} sliding{win}, {counts['empty']} empty")
+    line(
+        "layers", f"{info.num_layers}: {counts['full']} full, {counts['sliding']} sliding{win}, {counts['empty']} empty"
+    )
     for k, v in info.other_metadata.items():
         line(k, v)
-    t = table(None, ("layer", "kind", "window", "seen", "kv heads", "kept", "head dim", "bytes"),
-              right=("layer", "window", "seen", "kv heads", "kept", "head dim", "bytes"))
+    t = table(
+        None,
+        ("layer", "kind", "window", "seen", "kv heads", "kept", "head dim", "bytes"),
+        right=("layer", "window", "seen", "kv heads", "kept", "head dim", "bytes"),
+    )
     for l in info.layers:
-        t.add_row(str(l.index), cell(l.kind), _n(l.window), _n(l.seen), _n(l.kv_heads), _n(l.kept), _n(l.head_dim),
-                  human_bytes(l.tensor_bytes) if l.tensor_bytes else "")
+        t.add_row(
+            str(l.index),
+            cell(l.kind),
+            _n(l.window),
+            _n(l.seen),
+            _n(l.kv_heads),
+            _n(l.kept),
+            _n(l.head_dim),
+            human_bytes(l.tensor_bytes) if l.tensor_bytes else "",
+        )
     out.print(t)
 
 

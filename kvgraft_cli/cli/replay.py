@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -13,23 +12,27 @@ from ._output import cell, err, out, print_json, printable, short, table
 
 
 def replay(
-    prereg: Path = typer.Argument(..., help="Pre-registration YAML. It names its manifest and pins that file's "
-                                  "hash, so replay takes no --manifest: the prereg's manifest is the one it runs."),
-    register: bool = typer.Option(False, "--register", help="Only register the prereg (append its hash to the ledger)."),
-    target: Optional[str] = typer.Option(None, "--target", help="Which target's expected hashes to compare with."),
-    store: Optional[str] = STORE_OPT,
-    ledger: Optional[Path] = LEDGER_OPT,
+    prereg: Path = typer.Argument(
+        ...,
+        help="Pre-registration YAML. It names its manifest and pins that file's "
+        "hash, so replay takes no --manifest: the prereg's manifest is the one it runs.",
+    ),
+    register: bool = typer.Option(
+        False, "--register", help="Only register the prereg (append its hash to the ledger)."
+    ),
+    target: str | None = typer.Option(None, "--target", help="Which target's expected hashes to compare with."),
+    store: str | None = STORE_OPT,
+    ledger: Path | None = LEDGER_OPT,
     allow_drift: bool = DRIFT_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Register a prereg, or replay a registered one and compare every hash (exit 1 on any mismatch). The manifest
     is the one the prereg names (its hash pinned), so there is no --manifest; --store and --ledger default to that
     manifest's paths."""
-    from ..runs.context import RunContext
-    from ..runs.replay import find_registration, load_prereg, prereg_manifest
-    from ..runs.replay import register as do_register
     from ..library.solve import replay_solve
-    from ..runs.replay import RUNNERS
+    from ..runs.context import RunContext
+    from ..runs.replay import RUNNERS, find_registration, load_prereg, prereg_manifest
+    from ..runs.replay import register as do_register
     from ..runs.replay import replay as do_replay
 
     pr = load_prereg(prereg)
@@ -37,15 +40,23 @@ def replay(
     if register:
         found = find_registration(ctx.ledger, pr.sha256)
         if found:
-            err.print(printable(f"{prereg} is already registered in {ctx.ledger} (line {found[0] + 1}); nothing "
-                                "appended", False), markup=False, soft_wrap=True)
+            err.print(
+                printable(
+                    f"{prereg} is already registered in {ctx.ledger} (line {found[0] + 1}); nothing appended", False
+                ),
+                markup=False,
+                soft_wrap=True,
+            )
             return
         e = do_register(ctx, pr)
         if as_json:
             print_json({"registered": str(prereg), "sha256": pr.sha256, "ledger_seq": e["seq"]})
         else:
-            out.print(printable(f"registered {prereg} (sha256 {pr.sha256}) in {ctx.ledger} at line {e['seq'] + 1}",
-                                False), markup=False, soft_wrap=True)
+            out.print(
+                printable(f"registered {prereg} (sha256 {pr.sha256}) in {ctx.ledger} at line {e['seq'] + 1}", False),
+                markup=False,
+                soft_wrap=True,
+            )
         return
     with err.status("replaying") as status:
         # The runner table: this layer's runs, plus the library's solve (runs.replay never imports the library).
@@ -54,17 +65,31 @@ def replay(
     if as_json:
         print_json(report.to_json())
     else:
-        t = table(f"replay {prereg} (target {report.target}, registered at line {report.registration_seq + 1})",
-                  ("run", "what", "expected", "actual", "match"))
+
+        def value(v):
+            return short(v) if isinstance(v, str) and len(v) == 64 else cell(v)
+
+        t = table(
+            f"replay {prereg} (target {report.target}, registered at line {report.registration_seq + 1})",
+            ("run", "what", "expected", "actual", "match"),
+        )
         for c in report.comparisons:
-            value = (lambda v: short(v) if isinstance(v, str) and len(v) == 64 else cell(v))
-            t.add_row(cell(c.run), cell(c.what), value(c.expected), value(c.actual),
-                      "[green]yes[/]" if c.match else "[red]NO[/]")
+            t.add_row(
+                cell(c.run),
+                cell(c.what),
+                value(c.expected),
+                value(c.actual),
+                "[green]yes[/]" if c.match else "[red]NO[/]",
+            )
         out.print(t)
         n_bad = sum(not c.match for c in report.comparisons)
-        out.print(f"{'[green]PASS[/]' if report.passed else '[red]FAIL[/]'}  {len(report.comparisons) - n_bad} "
-                  f"matched, {n_bad} mismatched; ledger line {report.ledger_seq + 1}")
+        out.print(
+            f"{'[green]PASS[/]' if report.passed else '[red]FAIL[/]'}  {len(report.comparisons) - n_bad} "
+            f"matched, {n_bad} mismatched; ledger line {report.ledger_seq + 1}"
+        )
     if not report.passed:
         bad = next(c for c in report.comparisons if not c.match)
-        raise CheckFailed(f"replay of {prereg} differs from target {report.target}: {bad.run} {bad.what}",
-                          "every hash must match; see the table (or --json)")
+        raise CheckFailed(
+            f"replay of {prereg} differs from target {report.target}: {bad.run} {bad.what}",
+            "every hash must match; see the table (or --json)",
+        )

@@ -3,32 +3,73 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from ._common import (RAY_ADDRESS_OPT, RAY_OPT, WORKERS_OPT, at_most_max_count, context, engine_options,
-                      engine_start, field_overrides, ray_pool)
+from ._common import (
+    RAY_ADDRESS_OPT,
+    RAY_OPT,
+    WORKERS_OPT,
+    at_most_max_count,
+    context,
+    engine_options,
+    engine_start,
+    field_overrides,
+    ray_pool,
+)
 from ._output import cell, err, out, print_json, table
 
 
 @engine_options
 def solve(
-    problems: Path = typer.Argument(..., help="JSON Lines file, one problem per line (same mapping as deposit; a solution field is not needed)."),
-    k: int = typer.Option(1, "--k", min=1, callback=at_most_max_count, help="How many related solutions to graft (as one chain) when there is no exact hit."),
-    min_score: Optional[float] = typer.Option(None, "--min-score", help="Graft related solutions only when their relevance (bm25 x (1 + shared word sequences), docs/RETRIEVAL.md) is at least this; off by default (measured there)."),
-    no_library: bool = typer.Option(False, "--no-library", help="The baseline: the same problems with nothing grafted."),
-    compare: bool = typer.Option(False, "--compare", help="Run the baseline and the library run, and print both with the ratios."),
-    deposit_verified: bool = typer.Option(False, "--deposit-verified", help="Deposit each answer that matches the reference as a verified library entry."),
-    outputs: Optional[Path] = typer.Option(None, "--outputs", "-o", help="Outputs JSONL (default: PROBLEMS stem + .solve.jsonl, or .baseline.jsonl, in the current folder)."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, callback=at_most_max_count, help="Solve only the first N problems."),
+    problems: Path = typer.Argument(
+        ..., help="JSON Lines file, one problem per line (same mapping as deposit; a solution field is not needed)."
+    ),
+    k: int = typer.Option(
+        1,
+        "--k",
+        min=1,
+        callback=at_most_max_count,
+        help="How many related solutions to graft (as one chain) when there is no exact hit.",
+    ),
+    min_score: float | None = typer.Option(
+        None,
+        "--min-score",
+        help="Graft related solutions only when their relevance (bm25 x (1 + shared word sequences), docs/RETRIEVAL.md) is at least this; off by default (measured there).",
+    ),
+    no_library: bool = typer.Option(
+        False, "--no-library", help="The baseline: the same problems with nothing grafted."
+    ),
+    compare: bool = typer.Option(
+        False, "--compare", help="Run the baseline and the library run, and print both with the ratios."
+    ),
+    deposit_verified: bool = typer.Option(
+        False, "--deposit-verified", help="Deposit each answer that matches the reference as a verified library entry."
+    ),
+    outputs: Path | None = typer.Option(
+        None,
+        "--outputs",
+        "-o",
+        help="Outputs JSONL (default: PROBLEMS stem + .solve.jsonl, or .baseline.jsonl, in the current folder).",
+    ),
+    limit: int | None = typer.Option(
+        None, "--limit", min=1, callback=at_most_max_count, help="Solve only the first N problems."
+    ),
     force: bool = typer.Option(False, "--force", help="Overwrite existing outputs files."),
-    field: list[str] = typer.Option([], "--field", help="Map a role to a field name: ROLE=NAME (id, problem, answer); 'id=' derives ids."),
-    answer_extract: Optional[str] = typer.Option(None, "--answer-extract", help="Read the reference answer: verbatim, boxed or trailer."),
+    field: list[str] = typer.Option(
+        [], "--field", help="Map a role to a field name: ROLE=NAME (id, problem, answer); 'id=' derives ids."
+    ),
+    answer_extract: str | None = typer.Option(
+        None, "--answer-extract", help="Read the reference answer: verbatim, boxed or trailer."
+    ),
     ray: bool = RAY_OPT,
-    ray_address: Optional[str] = RAY_ADDRESS_OPT,
-    workers: Optional[int] = WORKERS_OPT,
-    manifest=None, store=None, ledger=None, allow_drift=False, as_json=False,  # engine_options
+    ray_address: str | None = RAY_ADDRESS_OPT,
+    workers: int | None = WORKERS_OPT,
+    manifest=None,
+    store=None,
+    ledger=None,
+    allow_drift=False,
+    as_json=False,  # engine_options
 ) -> None:
     """Answer each problem from the library: an exact hit in a handful of decode tokens, else the top-k related
     solutions grafted as one chain; --no-library for the baseline, --compare for both side by side."""
@@ -49,14 +90,24 @@ def solve(
     if "library" in modes:
         check_library(ctx)
     runs = {}
-    progress = Progress(TextColumn("{task.fields[mode]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TextColumn("{task.description}"), console=err, transient=True,
-                        disable=as_json or not err.is_terminal)
+    progress = Progress(
+        TextColumn("{task.fields[mode]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=err,
+        transient=True,
+        disable=as_json or not err.is_terminal,
+    )
     with ray_pool(ctx, ray, ray_address, workers) as pool, progress:
         if pool is not None:
             check_sharded(deposit_verified)  # before any worker starts
-        task = progress.add_task("starting Ray workers, loading models" if pool else "loading model, checking hashes",
-                                 total=None, mode="solve")
+        task = progress.add_task(
+            "starting Ray workers, loading models" if pool else "loading model, checking hashes",
+            total=None,
+            mode="solve",
+        )
         if pool is not None:
             pool.start()  # one set of workers for both runs of --compare
             engine = None
@@ -67,11 +118,20 @@ def solve(
         for mode in modes:
             task = progress.add_task("", total=None, mode=mode)
             runs[mode] = run_solve(
-                ctx, problems, targets[mode], k=k, min_score=min_score, force=force,
-                use_library=mode == "library", deposit_verified=deposit_verified and (mode == "library" or not compare),
-                limit=limit, engine=engine, pool=pool,
+                ctx,
+                problems,
+                targets[mode],
+                k=k,
+                min_score=min_score,
+                force=force,
+                use_library=mode == "library",
+                deposit_verified=deposit_verified and (mode == "library" or not compare),
+                limit=limit,
+                engine=engine,
+                pool=pool,
                 on_start=lambda n, t=task: progress.update(t, total=n, completed=0),
-                on_progress=lambda r, t=task: progress.update(t, advance=1, description=f"{r.id} ({r.hit})"))
+                on_progress=lambda r, t=task: progress.update(t, advance=1, description=f"{r.id} ({r.hit})"),
+            )
     runs = {m: runs[m] for m in ("baseline", "library") if m in runs}
     result = {m: r.to_json() for m, r in runs.items()}
     if compare:
@@ -82,7 +142,7 @@ def solve(
     _render(runs, result.get("ratios"))
 
 
-def _outputs_path(problems: Path, outputs: Optional[Path], mode: str, several: bool) -> Path:
+def _outputs_path(problems: Path, outputs: Path | None, mode: str, several: bool) -> Path:
     """Where a run's outputs go: --outputs (with .library/.baseline before the suffix when both run), else
     PROBLEMS stem + .solve.jsonl / .baseline.jsonl in the current folder."""
     if outputs is not None:
@@ -92,14 +152,25 @@ def _outputs_path(problems: Path, outputs: Optional[Path], mode: str, several: b
 
 def _render(runs: dict, ratios: dict | None) -> None:
     for mode, run in runs.items():
-        t = table(f"solve {run.problems} ({mode}) -> {run.outputs}",
-                  ("id", "hit", "grafted", "prefill", "decode", "answer", "reference", "ok", "s"),
-                  right=("grafted", "prefill", "decode", "s"))
+        t = table(
+            f"solve {run.problems} ({mode}) -> {run.outputs}",
+            ("id", "hit", "grafted", "prefill", "decode", "answer", "reference", "ok", "s"),
+            right=("grafted", "prefill", "decode", "s"),
+        )
         for r in run.records[:50]:
             ok = "" if r.correct is None else ("[green]yes[/]" if r.correct else "[red]no[/]")
             # The answer is the model's text: escaped (control characters, rich markup) by cell().
-            t.add_row(cell(r.id), r.hit, str(r.grafted_tokens), str(r.prefill_tokens), str(r.decode_tokens),
-                      cell((r.extracted or "")[:40]), cell((r.reference or "")[:40]), ok, f"{r.wall_s:.2f}")
+            t.add_row(
+                cell(r.id),
+                r.hit,
+                str(r.grafted_tokens),
+                str(r.prefill_tokens),
+                str(r.decode_tokens),
+                cell((r.extracted or "")[:40]),
+                cell((r.reference or "")[:40]),
+                ok,
+                f"{r.wall_s:.2f}",
+            )
         if len(run.records) > 50:
             t.caption = f"(first 50 of {len(run.records)} problems; --json for all)"
         out.print(t)
@@ -112,15 +183,17 @@ def _render(runs: dict, ratios: dict | None) -> None:
             return "n/a"
         return f"{t['correct']}/{t['scored']} = {100 * t['accuracy']:.1f}% [{100 * t['wilson95_low']:.1f}, {100 * t['wilson95_high']:.1f}]"
 
-    rows = [("accuracy (Wilson 95%)", acc, None),
-            ("exact / related hits", lambda t: f"{t['exact_hits']} / {t['related_hits']}", None),
-            ("decode tokens", lambda t: f"{t['decode_tokens']:,}", "decode_tokens"),
-            ("prefill tokens computed", lambda t: f"{t['prefill_tokens']:,}", "prefill_tokens"),
-            ("tokens grafted from the store", lambda t: f"{t['grafted_tokens']:,}", None),
-            ("wall time (s)", lambda t: f"{t['wall_s']:.2f}", "wall_s"),
-            ("CPU time (s)", lambda t: f"{t['cpu_s']:.2f}", "cpu_s"),
-            ("GPU energy (J)", lambda t: "n/a" if t["energy_j"] is None else f"{t['energy_j']:.1f}", "energy_j"),
-            ("verified answers deposited", lambda t: str(t["deposited"]), None)]
+    rows = [
+        ("accuracy (Wilson 95%)", acc, None),
+        ("exact / related hits", lambda t: f"{t['exact_hits']} / {t['related_hits']}", None),
+        ("decode tokens", lambda t: f"{t['decode_tokens']:,}", "decode_tokens"),
+        ("prefill tokens computed", lambda t: f"{t['prefill_tokens']:,}", "prefill_tokens"),
+        ("tokens grafted from the store", lambda t: f"{t['grafted_tokens']:,}", None),
+        ("wall time (s)", lambda t: f"{t['wall_s']:.2f}", "wall_s"),
+        ("CPU time (s)", lambda t: f"{t['cpu_s']:.2f}", "cpu_s"),
+        ("GPU energy (J)", lambda t: "n/a" if t["energy_j"] is None else f"{t['energy_j']:.1f}", "energy_j"),
+        ("verified answers deposited", lambda t: str(t["deposited"]), None),
+    ]
     for label, fmt, key in rows:
         cells = [fmt(tot[m]) for m in runs]
         if ratios:

@@ -4,7 +4,6 @@ one, move artifacts between machines as a bundle."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -17,9 +16,11 @@ app = typer.Typer(cls=Group, no_args_is_help=True, help="Look into an artifact s
 
 @app.command("list", cls=Command)
 def list_entries(
-    store: Optional[str] = STORE_OPT,
-    manifest: Optional[Path] = MANIFEST_OPT,
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, callback=at_most_max_count, help="Show only the first N entries (default: all)."),
+    store: str | None = STORE_OPT,
+    manifest: Path | None = MANIFEST_OPT,
+    limit: int | None = typer.Option(
+        None, "--limit", min=1, callback=at_most_max_count, help="Show only the first N entries (default: all)."
+    ),
     as_json: bool = JSON_OPT,
 ) -> None:
     """List the store's index: problem id, artifact, tokens, size, verified. Artifact hashes are in full when the
@@ -32,20 +33,34 @@ def list_entries(
     if as_json:
         print_json({"stats": stats, "entries": [e.__dict__ for e in entries], **notes})
         return
-    t = table(f"store {ctx.store_name}: {stats['objects']} objects, {stats['entries']} entries, "
-              f"{human_bytes(stats['file_bytes'])}", ("problem id", "artifact", "tokens", "bytes", "verified"),
-              right=("tokens", "bytes"))
+    t = table(
+        f"store {ctx.store_name}: {stats['objects']} objects, {stats['entries']} entries, "
+        f"{human_bytes(stats['file_bytes'])}",
+        ("problem id", "artifact", "tokens", "bytes", "verified"),
+        right=("tokens", "bytes"),
+    )
     for e in entries:
-        t.add_row(cell(e.problem_id), short(e.artifact), str(e.num_tokens), human_bytes(e.file_bytes),
-                  "yes" if e.verified else "no")
+        t.add_row(
+            cell(e.problem_id),
+            short(e.artifact),
+            str(e.num_tokens),
+            human_bytes(e.file_bytes),
+            "yes" if e.verified else "no",
+        )
     out.print(t)
 
 
 @app.command("stats", cls=Command)
 def stats(
-    store: Optional[str] = STORE_OPT,
-    manifest: Optional[Path] = MANIFEST_OPT,
-    window: Optional[int] = typer.Option(None, "--window", min=1, callback=at_most_max_count, help="Context window to compare with (default: the manifest model's position limit)."),
+    store: str | None = STORE_OPT,
+    manifest: Path | None = MANIFEST_OPT,
+    window: int | None = typer.Option(
+        None,
+        "--window",
+        min=1,
+        callback=at_most_max_count,
+        help="Context window to compare with (default: the manifest model's position limit).",
+    ),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Entries, verified entries, library size, stored tokens and bytes, and stored tokens as a multiple of the
@@ -66,8 +81,10 @@ def stats(
     t.add_row("library entries (their tokens)", f"{st['library_entries']} ({st['library_tokens']:,})")
     t.add_row("objects", str(st["objects"]))
     if st["unrecorded"]:
-        t.add_row("unrecorded (a failed ledger append; not served by solve until a deposit records them)",
-                  str(st["unrecorded"]))
+        t.add_row(
+            "unrecorded (a failed ledger append; not served by solve until a deposit records them)",
+            str(st["unrecorded"]),
+        )
     t.add_row("stored tokens", f"{st['tokens']:,}")
     t.add_row("bytes on disk", human_bytes(st["file_bytes"]))
     if win:
@@ -85,8 +102,11 @@ def _remote_warnings(s) -> dict:
 
     notes = {"skipped_batches": s.skipped_batches, "conflicting_rows": s.conflicts}
     lines = [f"warning: index batch {x['batch']} skipped (not merged): {x['reason']}" for x in notes["skipped_batches"]]
-    lines += [f"warning: index batch {x['batch']}: {x['rows']} rows refused: they restate a prefix key, artifact or "
-              "library row already indexed differently (the first row stands)" for x in notes["conflicting_rows"]]
+    lines += [
+        f"warning: index batch {x['batch']}: {x['rows']} rows refused: they restate a prefix key, artifact or "
+        "library row already indexed differently (the first row stands)"
+        for x in notes["conflicting_rows"]
+    ]
     for line in lines:
         err.print(printable(line, newlines=False), markup=False, soft_wrap=True)
     return notes
@@ -94,10 +114,19 @@ def _remote_warnings(s) -> dict:
 
 @app.command("gc", cls=Command)
 def gc(
-    store: Optional[str] = STORE_OPT,
-    manifest: Optional[Path] = MANIFEST_OPT,
-    ledger: list[Path] = typer.Option([], "--ledger", help="Ledger whose named artifacts are kept even when unindexed (repeatable; default: the manifest's paths.ledger)."),
-    grace: float = typer.Option(3600.0, "--grace", min=0, help="Only consider files untouched for this many seconds (a writer at work writes its object before indexing it)."),
+    store: str | None = STORE_OPT,
+    manifest: Path | None = MANIFEST_OPT,
+    ledger: list[Path] = typer.Option(
+        [],
+        "--ledger",
+        help="Ledger whose named artifacts are kept even when unindexed (repeatable; default: the manifest's paths.ledger).",
+    ),
+    grace: float = typer.Option(
+        3600.0,
+        "--grace",
+        min=0,
+        help="Only consider files untouched for this many seconds (a writer at work writes its object before indexing it).",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="List what would be deleted; delete nothing."),
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -117,16 +146,24 @@ def gc(
         out.print(f"{verb} unindexed object {p}", markup=False, soft_wrap=True)
     for sha in report.kept_for_ledger:
         out.print(f"kept unindexed object {sha}: a ledger line names it", markup=False, soft_wrap=True)
-    out.print(f"store {ctx.store}: {verb} {len(report.temporary)} temporary files and {len(report.unindexed)} "
-              f"unindexed objects ({human_bytes(report.bytes)}); kept {len(report.kept_for_ledger)} named by "
-              f"{', '.join(report.ledgers)}", markup=False, soft_wrap=True)
+    out.print(
+        f"store {ctx.store}: {verb} {len(report.temporary)} temporary files and {len(report.unindexed)} "
+        f"unindexed objects ({human_bytes(report.bytes)}); kept {len(report.kept_for_ledger)} named by "
+        f"{', '.join(report.ledgers)}",
+        markup=False,
+        soft_wrap=True,
+    )
 
 
-REMOTE_ARG = typer.Argument(..., metavar="URL", help="The remote store: s3://BUCKET/PREFIX (credentials and endpoint "
-                            "from the standard AWS environment and config).")
+REMOTE_ARG = typer.Argument(
+    ...,
+    metavar="URL",
+    help="The remote store: s3://BUCKET/PREFIX (credentials and endpoint "
+    "from the standard AWS environment and config).",
+)
 
 
-def _sync(direction: str, url: str, store: Optional[str], manifest: Optional[Path], as_json: bool) -> None:
+def _sync(direction: str, url: str, store: str | None, manifest: Path | None, as_json: bool) -> None:
     """push and pull: open both sides, copy with a progress bar on a terminal, print the summary."""
     from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -137,10 +174,20 @@ def _sync(direction: str, url: str, store: Optional[str], manifest: Optional[Pat
 
     ctx = context(manifest, store, None, False)
     if ctx.remote is not None or not is_remote(url):
-        raise InputError(f"store {direction} copies between a local store (--store DIR) and a remote one (URL), "
-                         f"got {ctx.store_name} and {url}", f"kvgraft store {direction} s3://BUCKET/PREFIX --store DIR")
-    progress = Progress(TextColumn(f"{direction}ing"), BarColumn(), MofNCompleteColumn(), DownloadColumn(),
-                        console=err, transient=True, disable=as_json or not err.is_terminal)
+        raise InputError(
+            f"store {direction} copies between a local store (--store DIR) and a remote one (URL), "
+            f"got {ctx.store_name} and {url}",
+            f"kvgraft store {direction} s3://BUCKET/PREFIX --store DIR",
+        )
+    progress = Progress(
+        TextColumn(f"{direction}ing"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        DownloadColumn(),
+        console=err,
+        transient=True,
+        disable=as_json or not err.is_terminal,
+    )
     with progress:
         task = progress.add_task("", total=None)
         sent = [0]
@@ -159,10 +206,13 @@ def _sync(direction: str, url: str, store: Optional[str], manifest: Optional[Pat
     if as_json:
         print_json(report.to_json())
         return
-    out.print(f"{direction} {report.source} -> {report.dest}: copied {report.copied} objects "
-              f"({human_bytes(report.bytes)}), skipped {report.skipped} the other side has; "
-              f"{report.index_rows} index rows" + (f" (batch {report.batch})" if report.batch else ""),
-              markup=False, soft_wrap=True)
+    out.print(
+        f"{direction} {report.source} -> {report.dest}: copied {report.copied} objects "
+        f"({human_bytes(report.bytes)}), skipped {report.skipped} the other side has; "
+        f"{report.index_rows} index rows" + (f" (batch {report.batch})" if report.batch else ""),
+        markup=False,
+        soft_wrap=True,
+    )
     for sha in report.missing:
         out.print(f"not sent: {sha} is indexed but its object is missing here", markup=False, soft_wrap=True)
 
@@ -170,8 +220,8 @@ def _sync(direction: str, url: str, store: Optional[str], manifest: Optional[Pat
 @app.command("push", cls=Command)
 def push(
     url: str = REMOTE_ARG,
-    store: Optional[str] = STORE_OPT,
-    manifest: Optional[Path] = MANIFEST_OPT,
+    store: str | None = STORE_OPT,
+    manifest: Path | None = MANIFEST_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Copy the local store's recorded artifacts and their index rows to a remote store, skipping what it has.
@@ -182,8 +232,8 @@ def push(
 @app.command("pull", cls=Command)
 def pull(
     url: str = REMOTE_ARG,
-    store: Optional[str] = STORE_OPT,
-    manifest: Optional[Path] = MANIFEST_OPT,
+    store: str | None = STORE_OPT,
+    manifest: Path | None = MANIFEST_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Copy a remote store's recorded artifacts and their index rows into the local store, skipping what it has.
@@ -193,16 +243,23 @@ def pull(
 
 @app.command("export", cls=Command)
 def export(
-    refs: list[str] = typer.Argument(None, metavar="[REF]...", help="Artifacts to export: hash, unique hash prefix "
-                                     "(>= 6 hex) or problem id; a chain link brings its parents. Default: every "
-                                     "recorded artifact."),
+    refs: list[str] = typer.Argument(
+        None,
+        metavar="[REF]...",
+        help="Artifacts to export: hash, unique hash prefix "
+        "(>= 6 hex) or problem id; a chain link brings its parents. Default: every "
+        "recorded artifact.",
+    ),
     output: Path = typer.Option(..., "--output", "-o", help="The bundle file to write (an uncompressed tar)."),
-    key: Optional[str] = typer.Option(None, "--key", help="Signer key (file or string) to sign the bundle's "
-                                      "checkpoint with (`kvgraft ledger keygen`)."),
+    key: str | None = typer.Option(
+        None,
+        "--key",
+        help="Signer key (file or string) to sign the bundle's checkpoint with (`kvgraft ledger keygen`).",
+    ),
     origin: str = typer.Option("kvgraft-ledger", "--origin", help="The log's name in the checkpoint."),
-    store: Optional[str] = STORE_OPT,
-    manifest: Optional[Path] = MANIFEST_OPT,
-    ledger: Optional[Path] = LEDGER_OPT,
+    store: str | None = STORE_OPT,
+    manifest: Path | None = MANIFEST_OPT,
+    ledger: Path | None = LEDGER_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Write artifacts as one bundle (docs/BUNDLE.md): the object files byte for byte, their index rows, and the
@@ -215,28 +272,46 @@ def export(
     if as_json:
         print_json(report.to_json())
         return
-    t = table(f"bundle {report.bundle}: {plural(len(report.artifacts), 'artifact')}, {human_bytes(report.bytes)}, "
-              f"sha256 {report.sha256}", ("artifact", "problem ids", "bytes", "recorded by line"), right=("bytes",))
+    t = table(
+        f"bundle {report.bundle}: {plural(len(report.artifacts), 'artifact')}, {human_bytes(report.bytes)}, "
+        f"sha256 {report.sha256}",
+        ("artifact", "problem ids", "bytes", "recorded by line"),
+        right=("bytes",),
+    )
     for a in report.artifacts:
-        t.add_row(short(a["sha256"]), cell(", ".join(a["problem_ids"])), human_bytes(a["file_bytes"]),
-                  str(a["recorded_by"] + 1))
+        t.add_row(
+            short(a["sha256"]),
+            cell(", ".join(a["problem_ids"])),
+            human_bytes(a["file_bytes"]),
+            str(a["recorded_by"] + 1),
+        )
     out.print(t)
     cp = report.checkpoint
-    out.print(f"provenance: {plural(len(report.lines), 'ledger line')}, proved against checkpoint {cp['origin']} @ "
-              f"{plural(cp['size'], 'line')}, root {cp['root']}" + (" (signed)" if cp["signed"] else ""),
-              markup=False, soft_wrap=True)
+    out.print(
+        f"provenance: {plural(len(report.lines), 'ledger line')}, proved against checkpoint {cp['origin']} @ "
+        f"{plural(cp['size'], 'line')}, root {cp['root']}" + (" (signed)" if cp["signed"] else ""),
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 @app.command("import", cls=Command)
 def import_(
     bundle: Path = typer.Argument(..., help="A bundle written by `kvgraft store export`."),
-    key: list[str] = typer.Option([], "--key", help="Verifier key (file or string) that must have signed the "
-                                  "bundle's checkpoint (repeatable: any one suffices)."),
-    keep_foreign: bool = typer.Option(False, "--keep-foreign", help="Also keep artifacts made under another compute "
-                                      "pin, for later (no run of this manifest grafts them)."),
-    store: Optional[str] = STORE_OPT,
-    manifest: Optional[Path] = MANIFEST_OPT,
-    ledger: Optional[Path] = LEDGER_OPT,
+    key: list[str] = typer.Option(
+        [],
+        "--key",
+        help="Verifier key (file or string) that must have signed the "
+        "bundle's checkpoint (repeatable: any one suffices).",
+    ),
+    keep_foreign: bool = typer.Option(
+        False,
+        "--keep-foreign",
+        help="Also keep artifacts made under another compute pin, for later (no run of this manifest grafts them).",
+    ),
+    store: str | None = STORE_OPT,
+    manifest: Path | None = MANIFEST_OPT,
+    ledger: Path | None = LEDGER_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Check a bundle completely (member types and names, sizes, every object re-hashed, the checkpoint and every
@@ -251,11 +326,18 @@ def import_(
         return
     t = table(f"imported {report.bundle} into store {report.store}", ("artifact", "problem ids", "status", "pin"))
     for a in report.artifacts:
-        t.add_row(short(a["sha256"]), cell(", ".join(a["problem_ids"])), a["status"],
-                  "other (kept)" if a["foreign"] else "this manifest")
+        t.add_row(
+            short(a["sha256"]),
+            cell(", ".join(a["problem_ids"])),
+            a["status"],
+            "other (kept)" if a["foreign"] else "this manifest",
+        )
     out.print(t)
     cp = report.checkpoint
     signed = f", signed by {', '.join(cp['signed_by'])}" if cp["signed_by"] else ", signature not checked (no --key)"
-    out.print(f"provenance: every proof holds against checkpoint {cp['origin']} @ {plural(cp['size'], 'line')}, root "
-              f"{cp['root']}{signed}; recorded as ledger line {report.ledger_seq + 1} of {report.ledger}",
-              markup=False, soft_wrap=True)
+    out.print(
+        f"provenance: every proof holds against checkpoint {cp['origin']} @ {plural(cp['size'], 'line')}, root "
+        f"{cp['root']}{signed}; recorded as ledger line {report.ledger_seq + 1} of {report.ledger}",
+        markup=False,
+        soft_wrap=True,
+    )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -15,17 +14,28 @@ from ._output import out, print_json
 
 
 def verify(
-    ledger: Optional[Path] = typer.Argument(None, help="Ledger file (default: the manifest's paths.ledger)."),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Check the root against this checkpoint."),
-    key: list[str] = typer.Option([], "--key", help="Verifier key (string or file) the checkpoint must be signed with."),
-    origin: Optional[str] = typer.Option(None, "--origin", help="The log identity the checkpoint must name (its first line); default: not compared."),
-    since: Optional[Path] = typer.Option(None, "--since", help="Older ledger file or checkpoint: fail unless this ledger only appended to it."),
+    ledger: Path | None = typer.Argument(None, help="Ledger file (default: the manifest's paths.ledger)."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="Check the root against this checkpoint."),
+    key: list[str] = typer.Option(
+        [], "--key", help="Verifier key (string or file) the checkpoint must be signed with."
+    ),
+    origin: str | None = typer.Option(
+        None, "--origin", help="The log identity the checkpoint must name (its first line); default: not compared."
+    ),
+    since: Path | None = typer.Option(
+        None, "--since", help="Older ledger file or checkpoint: fail unless this ledger only appended to it."
+    ),
     full: bool = typer.Option(False, "--full", help="Re-hash every file, ignoring the cache of verified files."),
     no_files: bool = typer.Option(False, "--no-files", help="Do not re-hash referenced files."),
     require_files: bool = typer.Option(False, "--require-files", help="Fail when a referenced file is missing."),
-    cache: Optional[Path] = typer.Option(None, "--cache", metavar="FILE", help="Cache of verified file hashes (default: one file per ledger under $XDG_CACHE_HOME/kvgraft/verify/, else ~/.cache/kvgraft/verify/; never in the ledger's folder)."),
+    cache: Path | None = typer.Option(
+        None,
+        "--cache",
+        metavar="FILE",
+        help="Cache of verified file hashes (default: one file per ledger under $XDG_CACHE_HOME/kvgraft/verify/, else ~/.cache/kvgraft/verify/; never in the ledger's folder).",
+    ),
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the cache of verified files."),
-    manifest: Optional[Path] = MANIFEST_OPT,
+    manifest: Path | None = MANIFEST_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Re-check a ledger without torch: canonical lines, schema, chain, Merkle root, append-only, file hashes."""
@@ -35,16 +45,26 @@ def verify(
         raise InputError("--key and --origin need --checkpoint (the signed note to check)")
     if cache is not None and no_cache:
         raise InputError("--cache and --no-cache exclude each other")
-    report = verify_ledger(ledger_path(ledger, manifest), checkpoint=checkpoint, keys=key, since=since,
-                           rehash=not no_files, full=full, require_files=require_files,
-                           cache=False if no_cache else cache, origin=origin)
+    report = verify_ledger(
+        ledger_path(ledger, manifest),
+        checkpoint=checkpoint,
+        keys=key,
+        since=since,
+        rehash=not no_files,
+        full=full,
+        require_files=require_files,
+        cache=False if no_cache else cache,
+        origin=origin,
+    )
     if as_json:
         print_json(report.to_json())
     else:
         _render_verify(report)
     if not report.passed:
-        raise CheckFailed(f"{report.ledger}: {report.first_problem()}",
-                          "run with --json for every finding" if len(report.findings) > 1 else None)
+        raise CheckFailed(
+            f"{report.ledger}: {report.first_problem()}",
+            "run with --json for every finding" if len(report.findings) > 1 else None,
+        )
 
 
 def _shown(actual: str | None) -> str:
@@ -82,31 +102,41 @@ def _render_verify(r) -> None:
         t.add_row(f"append-only since {s['base']} ({s['size']} lines)", status(("append-only",)) + extra)
     if r.files:
         ok = sum(f.status == "ok" for f in r.files)
-        t.add_row("referenced files", f"{ok} ok, {len(r.missing)} missing, "
-                  + (f"[red]{len(r.mismatched)} mismatched[/]" if r.mismatched else "0 mismatched"))
+        t.add_row(
+            "referenced files",
+            f"{ok} ok, {len(r.missing)} missing, "
+            + (f"[red]{len(r.mismatched)} mismatched[/]" if r.mismatched else "0 mismatched"),
+        )
     if r.scores_checked or r.scores_not_recomputable or any(f.check.startswith("score") for f in r.findings):
         partial = f", {len(r.scores_from_records)} from records only" if r.scores_from_records else ""
-        none = (f", [yellow]{len(r.scores_not_recomputable)} not recomputable[/]" if r.scores_not_recomputable
-                else "")
-        t.add_row("scores recomputed", status(("score", "score-settings"))
-                  + f" ({r.scores_checked} checked{partial}{none})")
+        none = f", [yellow]{len(r.scores_not_recomputable)} not recomputable[/]" if r.scores_not_recomputable else ""
+        t.add_row(
+            "scores recomputed", status(("score", "score-settings")) + f" ({r.scores_checked} checked{partial}{none})"
+        )
     out.print(t)
     for f in r.mismatched[:20]:
-        out.print(f"[red]mismatch[/] line {f.line} {f.field}: {escape(f.path)} (recorded {f.expected[:16]}..., "
-                  f"now {escape(_shown(f.actual))})", soft_wrap=True)
+        out.print(
+            f"[red]mismatch[/] line {f.line} {f.field}: {escape(f.path)} (recorded {f.expected[:16]}..., "
+            f"now {escape(_shown(f.actual))})",
+            soft_wrap=True,
+        )
     for f in r.missing[:20]:
         out.print(f"[yellow]missing[/]  line {f.line} {f.field}: {escape(f.path)}", soft_wrap=True)
     if len(r.missing) > 20:
         out.print(f"[yellow]missing[/]  ... and {len(r.missing) - 20} more (--json lists all)")
     for x in r.scores_from_records:
-        out.print(f"[yellow]score[/]    line {x['line']}: verdicts not recomputed, only the aggregate from the records "
-                  f"file: {escape(x['reason'])}", soft_wrap=True)
+        out.print(
+            f"[yellow]score[/]    line {x['line']}: verdicts not recomputed, only the aggregate from the records "
+            f"file: {escape(x['reason'])}",
+            soft_wrap=True,
+        )
     for x in r.scores_not_recomputable:
         out.print(f"[yellow]score[/]    line {x['line']}: not recomputable: {escape(x['reason'])}", soft_wrap=True)
     for w in r.warnings():
         out.print(f"[bold yellow]WARN[/] {escape(w)}", soft_wrap=True)
     if r.passed:
-        out.print("[green]PASS[/]" + (f" ({len(r.missing)} files not checked: missing)" if r.missing else ""),
-                  soft_wrap=True)
+        out.print(
+            "[green]PASS[/]" + (f" ({len(r.missing)} files not checked: missing)" if r.missing else ""), soft_wrap=True
+        )
     else:
         out.print(f"[red]FAIL[/] {escape(r.first_problem() or '')}", soft_wrap=True)

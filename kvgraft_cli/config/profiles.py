@@ -32,8 +32,10 @@ PROFILES: dict[str, dict[str, Any]] = {
     # capped at SSE4.1. Measured on two x86-64 machines (AMD EPYC with AVX2; Intel Xeon with AVX-512, AVX512-BF16 and
     # AMX): float32 forwards were identical with the first three flags alone, but bfloat16/float16 matmuls go
     # through oneDNN, which picks AMX/AVX-512 kernels on the Xeon and changed bits there; the cap makes them agree.
-    "portable": {"threads": 1, "env": {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default",
-                                       "ONEDNN_MAX_CPU_ISA": "SSE41"}},
+    "portable": {
+        "threads": 1,
+        "env": {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"},
+    },
     # This machine's fastest kernels; bits pinned to this CPU family and thread count.
     "native": {"threads": None, "env": {}},
 }

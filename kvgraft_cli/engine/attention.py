@@ -26,12 +26,31 @@ _UNSUPPORTED = ("sinks", "s_aux", "position_bias", "head_mask")
 # Model types whose own eager attention is the arithmetic above (read in transformers 5.24's modeling files; the
 # zoo's architectures, tests/test_attention.py). Others may compute Q·K in float32 (GPT-J, CodeGen), add sinks or
 # biases: grouped refuses them rather than compute something else under their name.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma4_text", "phi3", "olmo2",
-                         "gpt2")
+SUPPORTED_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3_text",
+    "gemma4_text",
+    "phi3",
+    "olmo2",
+    "gpt2",
+)
 
 
-def grouped_attention(module: Any, query, key, value, attention_mask, scaling: float | None = None,
-                      dropout: float = 0.0, softcap: float | None = None, **kwargs):
+def grouped_attention(
+    module: Any,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    softcap: float | None = None,
+    **kwargs,
+):
     """Attention over ``key``/``value`` [batch, kv_heads, keys, dim] for ``query`` [batch, heads, queries, dim]
     without expanding the KV heads. Returns (output [batch, queries, heads, dim], weights), as transformers'
     attention functions do. Refuses what it does not implement (attention sinks, biases, head masks) by name."""
@@ -41,15 +60,17 @@ def grouped_attention(module: Any, query, key, value, attention_mask, scaling: f
 
     used = [k for k in _UNSUPPORTED if kwargs.get(k) is not None]
     if used:
-        raise UnsupportedModel(f"attention implementation {NAME!r} does not implement {', '.join(used)} "
-                               f"({type(module).__name__})", "use attn_implementation: eager for this model")
+        raise UnsupportedModel(
+            f"attention implementation {NAME!r} does not implement {', '.join(used)} ({type(module).__name__})",
+            "use attn_implementation: eager for this model",
+        )
     b, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
     if heads % kv_heads:
         raise UnsupportedModel(f"{heads} query heads do not group over {kv_heads} KV heads ({type(module).__name__})")
     group = heads // kv_heads
     if scaling is None:
-        scaling = dim ** -0.5
+        scaling = dim**-0.5
     # Query head j reads KV head j // group (transformers' repeat_kv order): stack each group's query rows.
     q = query.reshape(b, kv_heads, group * q_len, dim)
     # Keys and values in one layout whatever holds them (a fresh cache's concatenation, a grafted cache's view of
@@ -76,10 +97,12 @@ def check_supported(config) -> None:
     text = config.get_text_config()
     model_type = getattr(text, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES or getattr(text, "reorder_and_upcast_attn", False):
-        raise UnsupportedModel(f"attention implementation {NAME!r} is not offered for model type {model_type!r}"
-                               + (" with reorder_and_upcast_attn" if model_type in SUPPORTED_MODEL_TYPES else ""),
-                               f"grouped reproduces the eager attention of {', '.join(SUPPORTED_MODEL_TYPES)}; "
-                               "use attn_implementation: eager")
+        raise UnsupportedModel(
+            f"attention implementation {NAME!r} is not offered for model type {model_type!r}"
+            + (" with reorder_and_upcast_attn" if model_type in SUPPORTED_MODEL_TYPES else ""),
+            f"grouped reproduces the eager attention of {', '.join(SUPPORTED_MODEL_TYPES)}; "
+            "use attn_implementation: eager",
+        )
 
 
 def register() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from ..config.profiles import KNOWN_BIT_ENV, profile_env
 from ..errors import DeviceError, DriftError, engine_not_installed
 
+
 @dataclass
 class Drift:
     """Differences between the manifest's pin and the effective environment."""
@@ -31,8 +32,11 @@ class Drift:
     def describe(self) -> str:
         from ..config.manifest import clip
 
-        return "; ".join(f"{clip(d['field'], 80)}: pinned {clip(repr(d['pinned']), 120)}, effective "
-                         f"{clip(repr(d['effective']), 120)}" for d in self.items)
+        return "; ".join(
+            f"{clip(d['field'], 80)}: pinned {clip(repr(d['pinned']), 120)}, effective "
+            f"{clip(repr(d['effective']), 120)}"
+            for d in self.items
+        )
 
     def enforce(self, allow: bool, source: str) -> None:
         """Raise DriftError unless ``allow``; with ``allow`` the caller records the items in the ledger."""
@@ -127,8 +131,11 @@ def _configure_cuda(torch, runtime: dict[str, Any], drift: Drift):
     if runtime.get("gpu_name") and name != runtime["gpu_name"]:
         drift.add("runtime.gpu_name", runtime["gpu_name"], name)
     if runtime["deterministic_algorithms"] and os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"):
-        drift.add("env.CUBLAS_WORKSPACE_CONFIG", ":4096:8 or :16:8 (needed for deterministic cuBLAS)",
-                  os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+        drift.add(
+            "env.CUBLAS_WORKSPACE_CONFIG",
+            ":4096:8 or :16:8 (needed for deterministic cuBLAS)",
+            os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        )
     torch.backends.cudnn.deterministic = runtime["deterministic_algorithms"]
     torch.backends.cudnn.benchmark = False
     return torch.device("cuda:0")

@@ -12,14 +12,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import determinism
-from .attention import NAME as GROUPED, check_supported as check_grouped, register as register_grouped
 from ..artifacts.format import LayerState
-from .determinism import Drift
-from ..errors import InputError, UnsupportedModel
 from ..config.manifest import Manifest, clip, pinned_prefill
 from ..config.modelhash import CHARS_PER_TOKEN, ModelHashes, hash_model_dir
+from ..errors import InputError, UnsupportedModel
 from ..util.memory import keep_freed_memory
+from . import determinism
+from .attention import NAME as GROUPED
+from .attention import check_supported as check_grouped
+from .attention import register as register_grouped
+from .determinism import Drift
 
 # Architectures whose cache is not kvgraft's (refused by config.json's model_type before the weights load): their
 # forward rejects a DynamicCache, or keeps state a DynamicCache cannot hold.
@@ -64,8 +66,9 @@ class Engine:
         if self._prompts is None:
             from .prompts import Prompts
 
-            self._prompts = Prompts(self.manifest.data["prompt"], self.tokenizer, self.manifest.data.get("name")
-                                    or "the model")
+            self._prompts = Prompts(
+                self.manifest.data["prompt"], self.tokenizer, self.manifest.data.get("name") or "the model"
+            )
         return self._prompts
 
     # -- tokens -------------------------------------------------------------------------------------------------
@@ -77,8 +80,7 @@ class Engine:
         if not limit:
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         check_text_length(text, limit, where)
-        return list(self.tokenizer(text, add_special_tokens=False, truncation=True,
-                                   max_length=limit + 1)["input_ids"])
+        return list(self.tokenizer(text, add_special_tokens=False, truncation=True, max_length=limit + 1)["input_ids"])
 
     def prefix_ids(self, text: str, where: str | None = None) -> list[int]:
         """Token ids of a rendered prefix, with BOS when the manifest asks for it; InputError (naming ``where``, e.g.
@@ -89,9 +91,11 @@ class Engine:
             ids = [bos] + ids
         limit = self.max_positions
         if limit and len(ids) > limit:
-            raise InputError(f"{where or 'prefix'}: the prefix has more than the model's {limit:,} positions "
-                             f"({'at least ' if len(ids) > limit + 1 else ''}{len(ids):,} tokens)",
-                             "shorten the problem or solution")
+            raise InputError(
+                f"{where or 'prefix'}: the prefix has more than the model's {limit:,} positions "
+                f"({'at least ' if len(ids) > limit + 1 else ''}{len(ids):,} tokens)",
+                "shorten the problem or solution",
+            )
         return ids
 
     def decode_text(self, ids: list[int], skip_special: bool = False) -> str:
@@ -206,8 +210,9 @@ class Engine:
         step = len(ids) if sched["schedule"] == "single" else (sched.get("chunk_size") or len(ids))
         logits = None
         for start in range(0, len(ids), step):
-            logits = self.forward(cache, ids[start : start + step], last_only=True,
-                                  start=offset + start if offset else None)
+            logits = self.forward(
+                cache, ids[start : start + step], last_only=True, start=offset + start if offset else None
+            )
         return cache, logits[-1]
 
     def greedy(self, cache, last_logits, n: int, stop_at_eos: bool = False, stop: list[str] | None = None):
@@ -291,7 +296,9 @@ class Engine:
             if st.kind == "empty":
                 continue
             if type(layer) is not want and not (st.kind == "full" and type(layer) is DynamicLayer):
-                raise UnsupportedModel(f"layer {i}: model builds {type(layer).__name__}, artifact holds a {st.kind} layer")
+                raise UnsupportedModel(
+                    f"layer {i}: model builds {type(layer).__name__}, artifact holds a {st.kind} layer"
+                )
             if grow and st.kind == "full":  # decode steps write in place instead of re-allocating the layer
                 layer = cache.layers[i] = layer_class()()
                 if st.room is not None:  # taken once; used only if it holds the layer (GrowingLayer's update checks)
@@ -304,7 +311,9 @@ class Engine:
             layer.keys, layer.values = keys, values
             if st.kind == "sliding":
                 if layer.sliding_window != st.sliding_window:
-                    raise UnsupportedModel(f"layer {i}: sliding window {layer.sliding_window} != artifact's {st.sliding_window}")
+                    raise UnsupportedModel(
+                        f"layer {i}: sliding window {layer.sliding_window} != artifact's {st.sliding_window}"
+                    )
                 layer.cumulative_length = st.cumulative_length
         return cache
 
@@ -414,8 +423,9 @@ def load_engine(manifest: Manifest, allow_drift: bool = False, drift: Drift | No
     return engine_from_model(manifest, model.to(device), tokenizer, device, hashes, drift)
 
 
-def engine_from_model(manifest: Manifest, model: Any, tokenizer: Any, device: Any, hashes: ModelHashes,
-                      drift: Drift) -> Engine:
+def engine_from_model(
+    manifest: Manifest, model: Any, tokenizer: Any, device: Any, hashes: ModelHashes, drift: Drift
+) -> Engine:
     """An Engine around a model already on ``device`` (pins applied, torch configured by
     determinism.configure_torch): records the environment in force and probes the cache layout. load_engine ends
     here, and so does a model built in memory rather than read from a checkpoint directory."""
@@ -441,7 +451,8 @@ def _probe_layout(engine: Engine) -> list[tuple[str, int | None]]:
             f"model type {clip(model_type, 60)} ({type(engine.model).__name__}) fails a one-token forward on "
             f"kvgraft's DynamicCache: {type(e).__name__}: {clip(str(e))}",
             "kvgraft deposits models whose cache is made of DynamicLayer / DynamicSlidingWindowLayer (models with a "
-            "cache class of their own, linear or recurrent attention, are not supported)") from None
+            "cache class of their own, linear or recurrent attention, are not supported)",
+        ) from None
     return [(st.kind, st.sliding_window) for st in engine.capture(cache)]
 
 
@@ -458,14 +469,19 @@ def check_model_type(model_dir) -> None:
     types = {c.get("model_type") for c in configs if isinstance(c, dict)}
     for t in sorted(x for x in types if isinstance(x, str)):
         if t in UNSUPPORTED_MODEL_TYPES:
-            raise UnsupportedModel(f"{model_dir}: model type {t!r} is not supported: {UNSUPPORTED_MODEL_TYPES[t]}",
-                                   "use a model whose cache is made of DynamicLayer / DynamicSlidingWindowLayer")
+            raise UnsupportedModel(
+                f"{model_dir}: model type {t!r} is not supported: {UNSUPPORTED_MODEL_TYPES[t]}",
+                "use a model whose cache is made of DynamicLayer / DynamicSlidingWindowLayer",
+            )
 
 
 def check_text_length(text: str, positions: int, where: str | None = None) -> None:
     """Refuse, before tokenizing, a text that cannot fit ``positions`` tokens even at CHARS_PER_TOKEN characters a
     token (config/modelhash.py documents the bound): a 50 MB text would otherwise take gigabytes to tokenize."""
     if len(text) > positions * CHARS_PER_TOKEN:
-        raise InputError(f"{where or 'text'}: {len(text):,} characters cannot fit the model's {positions:,} positions "
-                         f"(kvgraft refuses texts over {CHARS_PER_TOKEN} characters a position: "
-                         f"{positions * CHARS_PER_TOKEN:,})", "shorten or split the text")
+        raise InputError(
+            f"{where or 'text'}: {len(text):,} characters cannot fit the model's {positions:,} positions "
+            f"(kvgraft refuses texts over {CHARS_PER_TOKEN} characters a position: "
+            f"{positions * CHARS_PER_TOKEN:,})",
+            "shorten or split the text",
+        )

@@ -55,11 +55,12 @@ def dequantize(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> Path:
     folder, name = str(gguf_path.parent), gguf_path.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, local_files_only=True,
-                                                     dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, local_files_only=True, dtype=torch.float32)
     except (ValueError, KeyError, NotImplementedError) as e:  # what the header check cannot see
-        raise UnsupportedModel(f"{gguf_path}: transformers cannot convert this GGUF ({type(e).__name__}: "
-                               f"{str(e)[:200]})", "use a GGUF of a supported architecture and quantization") from None
+        raise UnsupportedModel(
+            f"{gguf_path}: transformers cannot convert this GGUF ({type(e).__name__}: {str(e)[:200]})",
+            "use a GGUF of a supported architecture and quantization",
+        ) from None
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
@@ -122,9 +123,10 @@ def materialize(manifest) -> None:
     got = sha256_file(path)
     gguf_config.check_known(model["path"], got)
     if got != model["gguf_sha256"]:
-        raise IntegrityError(f"{path}: the GGUF's SHA-256 is {got}, the manifest {manifest.source} pins "
-                             f"{model['gguf_sha256']}", "use the GGUF the manifest was written for, or write a new "
-                             "manifest for this one (`kvgraft manifest init`)")
+        raise IntegrityError(
+            f"{path}: the GGUF's SHA-256 is {got}, the manifest {manifest.source} pins {model['gguf_sha256']}",
+            "use the GGUF the manifest was written for, or write a new manifest for this one (`kvgraft manifest init`)",
+        )
     dequantize(path, out, model["dtype"])
 
 
@@ -153,7 +155,12 @@ def manifest_for_gguf(source: str, output: Path | None, **settings) -> tuple[str
         base = Path(output).resolve().parent if output else Path.cwd()
         model_path = os.path.relpath(path.resolve(), base)
     settings.setdefault("name", f"{path.stem}-{settings.get('profile', 'portable')}-{settings.get('device', 'cpu')}")
-    data = make_manifest(model_path, hashes.model_sha256, hashes.tokenizer_sha256, gguf_sha256=sha,
-                         chat=has_chat_template(out), **settings)
+    data = make_manifest(
+        model_path,
+        hashes.model_sha256,
+        hashes.tokenizer_sha256,
+        gguf_sha256=sha,
+        chat=has_chat_template(out),
+        **settings,
+    )
     return "# kvgraft run-manifest, written by `kvgraft manifest init`\n" + dump_yaml(data), hashes
-

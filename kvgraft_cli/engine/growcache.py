@@ -63,15 +63,23 @@ def _zeroed(like, tokens: int):
     n = like.element_size()
     for d in shape:
         n *= d
-    return torch.frombuffer(zeroed(n), dtype=torch.uint8).view(like.dtype).view(shape) if n else \
-        torch.empty(shape, dtype=like.dtype)
+    return (
+        torch.frombuffer(zeroed(n), dtype=torch.uint8).view(like.dtype).view(shape)
+        if n
+        else torch.empty(shape, dtype=like.dtype)
+    )
 
 
 def holds(kept, buf) -> bool:
     """Whether ``kept`` is ``buf``'s first tokens (so the room past them is ``buf``'s, and a cache may grow there)."""
-    return (kept.data_ptr() == buf.data_ptr() and kept.stride() == buf.stride() and kept.dtype == buf.dtype
-            and kept.shape[:-2] == buf.shape[:-2] and kept.shape[-1] == buf.shape[-1]
-            and kept.shape[-2] <= buf.shape[-2])
+    return (
+        kept.data_ptr() == buf.data_ptr()
+        and kept.stride() == buf.stride()
+        and kept.dtype == buf.dtype
+        and kept.shape[:-2] == buf.shape[:-2]
+        and kept.shape[-1] == buf.shape[-1]
+        and kept.shape[-2] <= buf.shape[-2]
+    )
 
 
 def with_room(parts: list):
@@ -81,7 +89,7 @@ def with_room(parts: list):
     buf = _zeroed(parts[0], total + SLACK_TOKENS)
     at = 0
     for p in parts:
-        buf[..., at:at + p.shape[-2], :] = p
+        buf[..., at : at + p.shape[-2], :] = p
         at += p.shape[-2]
     return buf
 

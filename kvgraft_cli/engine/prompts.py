@@ -15,7 +15,8 @@ refuses it when the rendering of a conversation is not a prefix of the rendering
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..config.manifest import clip
 from ..errors import UnsupportedModel
@@ -23,8 +24,10 @@ from ..errors import UnsupportedModel
 # A stand-in exchange: the text of a turn that follows another is the whole rendering minus the rendering before it.
 # Its assistant turn has reasoning markup, which templates of reasoning models strip from turns that later ones
 # follow; any other difference in real content is caught by Prompts.check_conversation on every solve.
-_EARLIER = ({"role": "user", "content": "an earlier problem"},
-            {"role": "assistant", "content": "<think>\nan earlier thought\n</think>\n\nan earlier solution"})
+_EARLIER = (
+    {"role": "user", "content": "an earlier problem"},
+    {"role": "assistant", "content": "<think>\nan earlier thought\n</think>\n\nan earlier solution"},
+)
 
 
 class Prompts:
@@ -36,8 +39,10 @@ class Prompts:
         self.model_name = model_name
         self.chat = prompt.get("format", "text") == "chat"
         if self.chat and not getattr(tokenizer, "chat_template", None):
-            raise UnsupportedModel(f"prompt.format is chat, but {model_name}'s tokenizer has no chat template",
-                                   "use prompt.format: text, or a model whose tokenizer ships a chat template")
+            raise UnsupportedModel(
+                f"prompt.format is chat, but {model_name}'s tokenizer has no chat template",
+                "use prompt.format: text, or a model whose tokenizer ships a chat template",
+            )
         self._before: str | None = None
 
     # -- chat rendering -----------------------------------------------------------------------------------------
@@ -62,16 +67,19 @@ class Prompts:
                 f"{self.model_name}'s chat template re-renders earlier turns once later ones follow (the "
                 f"conversation so far, {clip(repr(self._before[-60:]), 80)}, is not a prefix of the conversation "
                 "continued): a graft of earlier turns cannot equal a fresh run",
-                "use prompt.format: text, or a chat template that renders each turn on its own")
-        return whole[len(self._before):]
+                "use prompt.format: text, or a chat template that renders each turn on its own",
+            )
+        return whole[len(self._before) :]
 
     @staticmethod
     def _fill(template: str, fields: dict[str, str]) -> str:
         return template.format(**fields)
 
     def _exchange(self, fields: dict[str, str]) -> list[dict[str, str]]:
-        return [{"role": "user", "content": self._fill(self.prompt["user"], fields)},
-                {"role": "assistant", "content": self._fill(self.prompt["assistant"], fields)}]
+        return [
+            {"role": "user", "content": self._fill(self.prompt["user"], fields)},
+            {"role": "assistant", "content": self._fill(self.prompt["assistant"], fields)},
+        ]
 
     # -- the texts ----------------------------------------------------------------------------------------------
     def root_text(self, fields: dict[str, str]) -> str:
@@ -116,10 +124,14 @@ class Prompts:
     def check_conversation(self, grafted: list[int], question: list[int], whole: list[int]) -> None:
         """Refuse when the grafted tokens followed by the question's are not the whole conversation's tokens."""
         if grafted + question != whole:
-            at = next((i for i, (a, b) in enumerate(zip(grafted + question, whole)) if a != b),
-                      min(len(grafted) + len(question), len(whole)))
+            at = next(
+                (i for i, (a, b) in enumerate(zip(grafted + question, whole)) if a != b),
+                min(len(grafted) + len(question), len(whole)),
+            )
             raise UnsupportedModel(
                 f"{self.model_name}'s chat template: the grafted library ({len(grafted)} tokens) and the question "
                 f"({len(question)}) are not the tokens of the whole conversation rendered at once ({len(whole)}); "
-                f"they differ from token {at}", "the template or tokenizer renders a turn differently in context: "
-                "use prompt.format: text for this model")
+                f"they differ from token {at}",
+                "the template or tokenizer renders a turn differently in context: "
+                "use prompt.format: text for this model",
+            )

@@ -9,8 +9,17 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def random_engine(name: str, config, workdir: Path, *, device: str, dtype: str, profile: str,
-                  seed: int = 0, threads: int | None = None):
+def random_engine(
+    name: str,
+    config,
+    workdir: Path,
+    *,
+    device: str,
+    dtype: str,
+    profile: str,
+    seed: int = 0,
+    threads: int | None = None,
+):
     """A pinned Engine around a random-weight model of ``config`` drawn with ``seed`` directly on ``device``
     (engine_from_model), its manifest written under ``workdir`` (with config.json and the tokenizer). The
     profile's kernel flags must already be in force: the caller applies them before torch is imported. ``threads``
@@ -20,11 +29,11 @@ def random_engine(name: str, config, workdir: Path, *, device: str, dtype: str, 
 
     from ..config.manifest import dump_yaml, load_manifest, make_manifest
     from ..config.modelhash import CONFIG_FILES, TOKENIZER_FILES, ModelHashes, listing
+    from ..util.hashing import sha256_bytes, sha256_file
+    from ..util.memory import keep_freed_memory
     from . import determinism
     from .engine import engine_from_model
     from .tinymodel import tiny_tokenizer
-    from ..util.hashing import sha256_bytes, sha256_file
-    from ..util.memory import keep_freed_memory
 
     model_dir = workdir / f"{name}-model"
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -36,12 +45,21 @@ def random_engine(name: str, config, workdir: Path, *, device: str, dtype: str, 
     tok = {n: h for n, h in files.items() if n in TOKENIZER_FILES}
     # A GPU's random numbers depend on its launch grid (its number of SMs): the GPU's name is part of the draw.
     gpu = determinism.visible_gpu_name() if device == "cuda" else None
-    files["(weights)"] = sha256_bytes(f"random, torch.manual_seed({seed}), {dtype}, drawn on {gpu or device}, "
-                                      f"torch {torch.__version__}".encode())
+    files["(weights)"] = sha256_bytes(
+        f"random, torch.manual_seed({seed}), {dtype}, drawn on {gpu or device}, torch {torch.__version__}".encode()
+    )
     hashes = ModelHashes(sha256_bytes(listing(files).encode()), sha256_bytes(listing(tok).encode()), files)
-    data = make_manifest(str(model_dir), hashes.model_sha256, hashes.tokenizer_sha256, profile=profile,
-                         device=device, dtype=dtype, threads=threads, gpu_name=gpu,
-                         name=f"random-{name}-{dtype}-{profile}-{device}")
+    data = make_manifest(
+        str(model_dir),
+        hashes.model_sha256,
+        hashes.tokenizer_sha256,
+        profile=profile,
+        device=device,
+        dtype=dtype,
+        threads=threads,
+        gpu_name=gpu,
+        name=f"random-{name}-{dtype}-{profile}-{device}",
+    )
     (workdir / f"{name}.yaml").write_text(dump_yaml(data), encoding="utf-8")
     manifest = load_manifest(workdir / f"{name}.yaml")
     drift = determinism.apply_environment(manifest.data["runtime"])

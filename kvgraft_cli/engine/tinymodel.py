@@ -37,8 +37,9 @@ def tiny_tokenizer():
     directory saves)."""
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(), pad_token="<pad>", eos_token="<eos>",
-                                   bos_token="<bos>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=build_tokenizer(), pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>"
+    )
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -18,8 +18,18 @@ from .tinymodel import SPECIALS, build_config
 
 VOCAB = len(SPECIALS) + 256
 SEED = 1  # weights seed for the zoo (the embedded model has its own)
-_COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    pad_token_id=0,
+    eos_token_id=1,
+    bos_token_id=2,
+)
 
 
 @dataclass(frozen=True)
@@ -65,8 +75,9 @@ def _gemma2():
 def _gemma3():
     import transformers as T
 
-    return T.Gemma3TextConfig(**_COMMON, head_dim=8, sliding_window=16,
-                              layer_types=["sliding_attention", "full_attention"])
+    return T.Gemma3TextConfig(
+        **_COMMON, head_dim=8, sliding_window=16, layer_types=["sliding_attention", "full_attention"]
+    )
 
 
 def _phi3():
@@ -84,22 +95,26 @@ def _olmo2():
 def _gpt2():
     import transformers as T
 
-    return T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=512, bos_token_id=2,
-                        eos_token_id=1)
+    return T.GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=512, bos_token_id=2, eos_token_id=1
+    )
 
 
-ARCHS: dict[str, TinyArch] = {a.name: a for a in (
-    TinyArch("llama", _llama, ("full", "full"), "rotary"),
-    TinyArch("mistral", _mistral, ("sliding", "sliding"), "rotary"),
-    TinyArch("qwen2", _qwen2, ("full", "full"), "rotary"),
-    TinyArch("qwen3", _qwen3, ("full", "full"), "rotary"),
-    TinyArch("gemma2", _gemma2, ("sliding", "full"), "rotary"),
-    TinyArch("gemma3", _gemma3, ("sliding", "full"), "rotary"),
-    TinyArch("gemma4", build_config, ("sliding", "sliding", "sliding", "full"), "rotary"),
-    TinyArch("phi3", _phi3, ("full", "full"), "rotary"),
-    TinyArch("olmo2", _olmo2, ("full", "full"), "rotary"),
-    TinyArch("gpt2", _gpt2, ("full", "full"), "learned"),
-)}
+ARCHS: dict[str, TinyArch] = {
+    a.name: a
+    for a in (
+        TinyArch("llama", _llama, ("full", "full"), "rotary"),
+        TinyArch("mistral", _mistral, ("sliding", "sliding"), "rotary"),
+        TinyArch("qwen2", _qwen2, ("full", "full"), "rotary"),
+        TinyArch("qwen3", _qwen3, ("full", "full"), "rotary"),
+        TinyArch("gemma2", _gemma2, ("sliding", "full"), "rotary"),
+        TinyArch("gemma3", _gemma3, ("sliding", "full"), "rotary"),
+        TinyArch("gemma4", build_config, ("sliding", "sliding", "sliding", "full"), "rotary"),
+        TinyArch("phi3", _phi3, ("full", "full"), "rotary"),
+        TinyArch("olmo2", _olmo2, ("full", "full"), "rotary"),
+        TinyArch("gpt2", _gpt2, ("full", "full"), "learned"),
+    )
+}
 
 
 def get_arch(name: str) -> TinyArch:
@@ -110,9 +125,19 @@ def get_arch(name: str) -> TinyArch:
         raise InputError(f"unknown architecture {name!r}", f"choose from {', '.join(ARCHS)}") from None
 
 
-def tiny_manifest(arch: str, workdir: Path, *, dtype: str = "float32", profile: str = "portable",
-                  device: str = "cpu", attn_implementation: str = "eager", threads: int | None = None,
-                  gpu_name: str | None = None, sdpa_backend: str | None = None, schedule: str = "single"):
+def tiny_manifest(
+    arch: str,
+    workdir: Path,
+    *,
+    dtype: str = "float32",
+    profile: str = "portable",
+    device: str = "cpu",
+    attn_implementation: str = "eager",
+    threads: int | None = None,
+    gpu_name: str | None = None,
+    sdpa_backend: str | None = None,
+    schedule: str = "single",
+):
     """Write ``arch``'s tiny checkpoint under ``workdir`` (reused when already there) and a pinned manifest for it.
 
     Returns the loaded :class:`~kvgraft_cli.manifest.Manifest`. Import order matters: call this before torch is
@@ -131,9 +156,20 @@ def tiny_manifest(arch: str, workdir: Path, *, dtype: str = "float32", profile: 
         transformers.utils.logging.disable_progress_bar()
         write_tiny_model(model_dir, seed=SEED, config=spec.make_config())
     h = hash_model_dir(model_dir)
-    data = make_manifest(str(model_dir.resolve()), h.model_sha256, h.tokenizer_sha256, profile=profile, device=device,
-                         dtype=dtype, attn_implementation=attn_implementation, threads=threads, gpu_name=gpu_name,
-                         sdpa_backend=sdpa_backend, schedule=schedule, name=f"tiny-{arch}-{dtype}-{profile}-{device}")
+    data = make_manifest(
+        str(model_dir.resolve()),
+        h.model_sha256,
+        h.tokenizer_sha256,
+        profile=profile,
+        device=device,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
+        threads=threads,
+        gpu_name=gpu_name,
+        sdpa_backend=sdpa_backend,
+        schedule=schedule,
+        name=f"tiny-{arch}-{dtype}-{profile}-{device}",
+    )
     path = workdir / f"{arch}-{dtype}-{profile}-{device}-{attn_implementation}{sdpa_backend or ''}-{schedule}.yaml"
     path.write_text(dump_yaml(data), encoding="utf-8")
     return load_manifest(path)

@@ -73,7 +73,7 @@ def last_boxed(text: str) -> str | None:
         if depth == 0:
             best = (m.start(), text[m.end() : i - 1])
     bare = None
-    for bare in _BARE_BOXED.finditer(text):
+    for bare in _BARE_BOXED.finditer(text):  # noqa: B007  (keeps the last match)
         pass
     if bare is not None and (best is None or bare.start() > best[0]):
         return bare.group(1)
@@ -105,7 +105,7 @@ def _extract_v2(text: str) -> str | None:
         if got is not None and got.strip():
             return got
     m = None
-    for m in _ANSWER.finditer(text):
+    for m in _ANSWER.finditer(text):  # noqa: B007  (keeps the last match)
         pass
     return m.group(1) if m else None
 

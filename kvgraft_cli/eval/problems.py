@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import answers
 from ..config.modelhash import CHARS_PER_TOKEN
 from ..errors import ProblemFileError
 from ..util.hashing import sha256_bytes, sha256_json
 from ..util.limits import read_lines
+from . import answers
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,9 @@ def read_problems(path: Path, mapping: dict[str, Any], require_solution: bool = 
     try:
         lines = read_lines(path, "problems file")  # each line bounded: /dev/zero is refused, not read whole
     except FileNotFoundError:
-        raise ProblemFileError(f"problems file not found: {path}", "pass a JSON Lines file, one problem per line") from None
+        raise ProblemFileError(
+            f"problems file not found: {path}", "pass a JSON Lines file, one problem per line"
+        ) from None
     except IsADirectoryError:
         raise ProblemFileError(f"{path} is a directory, expected a JSON Lines file") from None
     out: list[Problem] = []
@@ -67,11 +69,13 @@ def read_problems(path: Path, mapping: dict[str, Any], require_solution: bool = 
         try:
             rec = json.loads(line)
         except (UnicodeDecodeError, ValueError) as e:  # ValueError: JSONDecodeError, or an int of 5,000 digits
-            raise ProblemFileError(f"{where}: malformed JSON ({_clip(str(e))})",
-                                   "each line must be one JSON object") from None
+            raise ProblemFileError(
+                f"{where}: malformed JSON ({_clip(str(e))})", "each line must be one JSON object"
+            ) from None
         except RecursionError:
-            raise ProblemFileError(f"{where}: JSON nested too deeply",
-                                   "each line must be one flat JSON object") from None
+            raise ProblemFileError(
+                f"{where}: JSON nested too deeply", "each line must be one flat JSON object"
+            ) from None
         if not isinstance(rec, dict):
             raise ProblemFileError(f"{where}: expected a JSON object, got {type(rec).__name__}")
         problem = _text(rec, mapping["problem"], where, "problem")
@@ -79,7 +83,9 @@ def read_problems(path: Path, mapping: dict[str, Any], require_solution: bool = 
         solution = _text(rec, mapping["solution"], where, "solution") if require_solution or has_solution else ""
         pid = _id(rec, mapping["id"], where, problem)
         if pid in seen:
-            raise ProblemFileError(f"{where}: duplicate id {_clip(repr(pid), 80)} (first on line {seen[pid]})", "ids must be unique")
+            raise ProblemFileError(
+                f"{where}: duplicate id {_clip(repr(pid), 80)} (first on line {seen[pid]})", "ids must be unique"
+            )
         seen[pid] = n
         ref = None
         if mapping["answer"] is not None and rec.get(mapping["answer"]) is not None:
@@ -95,8 +101,9 @@ def read_problems(path: Path, mapping: dict[str, Any], require_solution: bool = 
     return out
 
 
-def check_lengths(problems: list[Problem], path: Path, positions: int | None,
-                  fields: tuple[str, ...] = ("problem", "solution")) -> None:
+def check_lengths(
+    problems: list[Problem], path: Path, positions: int | None, fields: tuple[str, ...] = ("problem", "solution")
+) -> None:
     """Refuse, before anything is tokenized, a problem whose ``fields`` hold more characters than the model's
     ``positions`` could ever fit (CHARS_PER_TOKEN a position, config/modelhash.py): ProblemFileError naming the line.
     ``positions``: the model's limit (config.modelhash.context_window); None checks nothing."""
@@ -109,7 +116,9 @@ def check_lengths(problems: list[Problem], path: Path, positions: int | None,
             raise ProblemFileError(
                 f"{path}:{p.line}: problem {_clip(repr(p.id), 60)}: {n:,} characters of {' and '.join(fields)} "
                 f"cannot fit the model's {positions:,} positions (kvgraft refuses over {CHARS_PER_TOKEN} characters a position: "
-                f"{limit:,})", "shorten or split it")
+                f"{limit:,})",
+                "shorten or split it",
+            )
 
 
 def _clip(text: str, limit: int = 200) -> str:

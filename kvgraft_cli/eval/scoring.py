@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import answers
 from ..errors import InputError, ProblemFileError
 from ..util import jsonio
 from ..util.fsio import atomic_write_bytes
-from ..util.limits import read_lines
 from ..util.hashing import canonical_json, sha256_bytes
+from ..util.limits import read_lines
+from . import answers
 from .problems import read_problems
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
@@ -43,7 +43,9 @@ Z95 = 1.959963984540054  # two-sided 95% normal quantile
 SCORE_RULES = "2"
 RULES = ("1", "2")
 GRADERS = ("exact", "math-verify")
-MATH_VERIFY_PIN = "0.9.0"  # the version evaluated (docs/SCORES.md, scripts/eval_graders.py); `kvgraft[mathverify]` installs it
+MATH_VERIFY_PIN = (
+    "0.9.0"  # the version evaluated (docs/SCORES.md, scripts/eval_graders.py); `kvgraft[mathverify]` installs it
+)
 MATH_VERIFY_LIBS = ("latex2sympy2_extended", "antlr4-python3-runtime", "sympy")  # recorded beside it
 GRADER_TIMEOUT_S = 60  # one math-verify comparison; past it the score stops with an error, never a verdict
 
@@ -86,33 +88,46 @@ class ScoreSettings:
     grader_version: str | None = None  # math-verify's version for grader math-verify
 
     @classmethod
-    def current(cls, answered_only: bool = False, grader: str = "exact") -> "ScoreSettings":
+    def current(cls, answered_only: bool = False, grader: str = "exact") -> ScoreSettings:
         """The settings a new score uses (current rules and extractor); InputError for an unknown grader."""
         if grader not in GRADERS:
             raise InputError(f"unknown grader {grader!r}", f"use one of: {', '.join(GRADERS)}")
-        return cls(answered_only=answered_only, grader=grader,
-                   grader_version=MATH_VERIFY_PIN if grader == "math-verify" else None)
+        return cls(
+            answered_only=answered_only,
+            grader=grader,
+            grader_version=MATH_VERIFY_PIN if grader == "math-verify" else None,
+        )
 
     @classmethod
-    def from_recorded(cls, settings: dict[str, Any] | None, result: dict[str, Any] | None = None) -> "ScoreSettings":
+    def from_recorded(cls, settings: dict[str, Any] | None, result: dict[str, Any] | None = None) -> ScoreSettings:
         """The settings of a recorded score (a ledger entry's ``inputs.settings`` and ``outputs.result``, or a prereg
         run's settings). Without ``rules`` the entry predates score rules 2: rules 1, the extractor version of its
         result (2 when absent, the last version of the rules-1 era)."""
         settings, result = settings or {}, result or {}
         rules = str(settings.get("rules", "1"))
         if rules == "1":  # recorded explicitly (a replay of an old run) or, before rules 2, not at all
-            return cls("1", str(settings.get("extractor_version", result.get("extractor_version", "2"))), False,
-                       "exact", None)
-        return cls(rules, str(settings.get("extractor_version")), bool(settings.get("answered_only", False)),
-                   str(settings.get("grader", "exact")), settings.get("grader_version"))
+            return cls(
+                "1", str(settings.get("extractor_version", result.get("extractor_version", "2"))), False, "exact", None
+            )
+        return cls(
+            rules,
+            str(settings.get("extractor_version")),
+            bool(settings.get("answered_only", False)),
+            str(settings.get("grader", "exact")),
+            settings.get("grader_version"),
+        )
 
     def to_settings(self) -> dict[str, Any]:
         """The keys these settings add to a ledger entry's ``inputs.settings``. Rules 1 (only a replay of an old run
         writes it now) records its rules and extractor too: an entry without ``rules`` predates rules 2."""
         if self.rules == "1":
             return {"rules": "1", "extractor_version": self.extractor_version}
-        out: dict[str, Any] = {"rules": self.rules, "extractor_version": self.extractor_version,
-                               "answered_only": self.answered_only, "grader": self.grader}
+        out: dict[str, Any] = {
+            "rules": self.rules,
+            "extractor_version": self.extractor_version,
+            "answered_only": self.answered_only,
+            "grader": self.grader,
+        }
         if self.grader_version is not None:
             out["grader_version"] = self.grader_version
         return out
@@ -122,8 +137,10 @@ class ScoreSettings:
         if self.rules not in RULES:
             return f"score rules {self.rules} are not known to this kvgraft (it has {', '.join(RULES)})"
         if self.extractor_version not in answers.EXTRACTOR_VERSIONS:
-            return (f"extractor version {self.extractor_version} is not in this kvgraft "
-                    f"(it has {', '.join(answers.EXTRACTOR_VERSIONS)})")
+            return (
+                f"extractor version {self.extractor_version} is not in this kvgraft "
+                f"(it has {', '.join(answers.EXTRACTOR_VERSIONS)})"
+            )
         if self.grader not in GRADERS:
             return f"grader {self.grader!r} is not known to this kvgraft (it has {', '.join(GRADERS)})"
         if self.rules == "1" and (self.grader != "exact" or self.answered_only):
@@ -156,31 +173,41 @@ def written_by_no_kvgraft(settings: dict[str, Any], result: dict[str, Any], time
         later = [f"settings.{k}" for k in RULES_2_SETTINGS if k in settings]
         later += [f"result.{k}" for k in RULES_2_RESULT if k in result]
         if later:
-            return (f"it records no score rules (read as rules 1) but has {', '.join(later)}, which came with rules 2: "
-                    "no kvgraft wrote both")
+            return (
+                f"it records no score rules (read as rules 1) but has {', '.join(later)}, which came with rules 2: "
+                "no kvgraft wrote both"
+            )
         ext = str(result.get("extractor_version", "2"))
         if ext not in RULES_EXTRACTORS["1"]:
             return f"it records no score rules (read as rules 1), whose extractors were 1 and 2, not {ext!r}"
         day = time[:10] if isinstance(time, str) else ""
         if day > LAST_RULES_1_DAY:
-            return (f"it records no score rules (read as rules 1) but is dated {day}, after score rules 2 shipped "
-                    f"(every kvgraft since records its rules; a rules-1 kvgraft dates from {LAST_RULES_1_DAY} or "
-                    "before)")
+            return (
+                f"it records no score rules (read as rules 1) but is dated {day}, after score rules 2 shipped "
+                f"(every kvgraft since records its rules; a rules-1 kvgraft dates from {LAST_RULES_1_DAY} or "
+                "before)"
+            )
         return None
     rules, ext = settings["rules"], settings.get("extractor_version")
     if _version(rules) is None:
         return f"settings.rules {json_text(rules)} is not a score rules version"
     if "extractor_version" in result and result["extractor_version"] != ext:
-        return (f"settings.extractor_version {json_text(ext)} and result.extractor_version "
-                f"{json_text(result['extractor_version'])} differ: one score has one extractor")
+        return (
+            f"settings.extractor_version {json_text(ext)} and result.extractor_version "
+            f"{json_text(result['extractor_version'])} differ: one score has one extractor"
+        )
     if rules not in RULES_EXTRACTORS:
-        return None if _version(rules) > _version(max(RULES_EXTRACTORS, key=_version)) else \
-            f"score rules {rules} do not exist (kvgraft has had {', '.join(RULES_EXTRACTORS)})"
+        return (
+            None
+            if _version(rules) > _version(max(RULES_EXTRACTORS, key=_version))
+            else f"score rules {rules} do not exist (kvgraft has had {', '.join(RULES_EXTRACTORS)})"
+        )
     first = RULES_EXTRACTORS[rules][0]
-    if _version(ext) is None or _version(ext) < _version(first) or (
-            rules == "1" and ext not in RULES_EXTRACTORS["1"]):
-        return (f"score rules {rules} were written with extractor version {' or '.join(RULES_EXTRACTORS[rules])}"
-                f"{' and later' if rules != '1' else ''}, never extractor version {json_text(ext)}")
+    if _version(ext) is None or _version(ext) < _version(first) or (rules == "1" and ext not in RULES_EXTRACTORS["1"]):
+        return (
+            f"score rules {rules} were written with extractor version {' or '.join(RULES_EXTRACTORS[rules])}"
+            f"{' and later' if rules != '1' else ''}, never extractor version {json_text(ext)}"
+        )
     if rules == "1":
         later = [f"settings.{k}" for k in RULES_2_SETTINGS[1:] if k in settings]
         later += [f"result.{k}" for k in RULES_2_RESULT if k in result]
@@ -190,8 +217,10 @@ def written_by_no_kvgraft(settings: dict[str, Any], result: dict[str, Any], time
         return f"the exact grader has no version, yet settings.grader_version is {json_text(pin)}"
     if grader == "math-verify":
         if _version(pin) is None or _version(pin) < _version(MATH_VERIFY_PINS[0]):
-            return (f"math-verify {json_text(pin)} was never kvgraft's pin (the first was {MATH_VERIFY_PINS[0]}): "
-                    "no kvgraft graded with it")
+            return (
+                f"math-verify {json_text(pin)} was never kvgraft's pin (the first was {MATH_VERIFY_PINS[0]}): "
+                "no kvgraft graded with it"
+            )
         libs = result.get("grader_libs")
         named = libs.get("math-verify") if isinstance(libs, dict) else libs
         if libs is not None and named != pin:
@@ -278,8 +307,11 @@ def _within_deadline(fn, seconds: float, what: str):
     try:
         return fn()
     except _Deadline:
-        raise InputError(f"grader math-verify ran past {seconds:g} s on {what}; a time-out is not a verdict, so "
-                         "the score stops here", "shorten or fix that output, or score with --grader exact") from None
+        raise InputError(
+            f"grader math-verify ran past {seconds:g} s on {what}; a time-out is not a verdict, so "
+            "the score stops here",
+            "shorten or fix that output, or score with --grader exact",
+        ) from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -315,8 +347,13 @@ class ScoreRecord:
 
     def to_json(self, rules: str = SCORE_RULES) -> dict[str, Any]:
         """The record as its line in the records file (rules 1: the fields it had then, no ``answered``)."""
-        rec = {"id": self.id, "extracted": self.extracted, "reference": self.reference, "correct": self.correct,
-               "extractor_version": self.extractor_version}
+        rec = {
+            "id": self.id,
+            "extracted": self.extracted,
+            "reference": self.reference,
+            "correct": self.correct,
+            "extractor_version": self.extractor_version,
+        }
         if rules != "1":
             rec["answered"] = self.answered
         return rec
@@ -357,14 +394,25 @@ class ScoreResult:
         lo, hi = wilson_interval(self.correct, self.n)
         acc = self.correct / self.n if self.n else 0.0
         # Floats as repr strings: the ledger holds no JSON floats, and repr round-trips exactly.
-        s: dict[str, Any] = {"n": self.n, "correct": self.correct, "accuracy": repr(acc), "wilson95_low": repr(lo),
-                             "wilson95_high": repr(hi), "extractor_version": self.settings.extractor_version}
+        s: dict[str, Any] = {
+            "n": self.n,
+            "correct": self.correct,
+            "accuracy": repr(acc),
+            "wilson95_low": repr(lo),
+            "wilson95_high": repr(hi),
+            "extractor_version": self.settings.extractor_version,
+        }
         if self.settings.rules == "1":
             s["unscored_problems"] = self.problems - self.n
             return s
-        s.update(rules=self.settings.rules, answered=self.answered, unanswered=self.unanswered,
-                 no_reference=self.no_reference, answered_only=self.settings.answered_only,
-                 grader=self.settings.grader)
+        s.update(
+            rules=self.settings.rules,
+            answered=self.answered,
+            unanswered=self.unanswered,
+            no_reference=self.no_reference,
+            answered_only=self.settings.answered_only,
+            grader=self.settings.grader,
+        )
         if self.grader_libs is not None:
             s["grader_libs"] = self.grader_libs
         return s
@@ -395,8 +443,9 @@ def read_outputs(path: Path, id_field: str, output_field: str) -> list[tuple[int
             raise ProblemFileError(f"{path}:{n}: expected a JSON object")
         for f in (id_field, output_field):
             if not isinstance(rec.get(f), (str, int)) or isinstance(rec.get(f), bool):
-                raise ProblemFileError(f"{path}:{n}: missing or non-string field {f!r}",
-                                       "name the fields with --id-field / --output-field")
+                raise ProblemFileError(
+                    f"{path}:{n}: missing or non-string field {f!r}", "name the fields with --id-field / --output-field"
+                )
         rid = str(rec[id_field])
         if rid in seen:
             raise ProblemFileError(f"{path}:{n}: duplicate id {rid!r} (first on line {seen[rid]})")
@@ -405,8 +454,14 @@ def read_outputs(path: Path, id_field: str, output_field: str) -> list[tuple[int
     return out
 
 
-def score(outputs_path: Path, answers_path: Path, mapping: dict[str, Any], id_field: str = "id",
-          output_field: str = "output", settings: ScoreSettings | None = None) -> ScoreResult:
+def score(
+    outputs_path: Path,
+    answers_path: Path,
+    mapping: dict[str, Any],
+    id_field: str = "id",
+    output_field: str = "output",
+    settings: ScoreSettings | None = None,
+) -> ScoreResult:
     """Score an outputs file against the reference answers of a problems file read with the manifest mapping
     (a solution field is not needed), by ``settings`` (default: the current rules, extractor and exact grader)."""
     settings = settings or ScoreSettings()
@@ -418,8 +473,10 @@ def score(outputs_path: Path, answers_path: Path, mapping: dict[str, Any], id_fi
     outputs: dict[str, str] = {}
     for line, rid, text in read_outputs(outputs_path, id_field, output_field):
         if rid not in refs:
-            raise ProblemFileError(f"{outputs_path}:{line}: id {rid!r} is not in {answers_path}",
-                                   "ids must match the problems file's ids (derived ids start with p-)")
+            raise ProblemFileError(
+                f"{outputs_path}:{line}: id {rid!r} is not in {answers_path}",
+                "ids must match the problems file's ids (derived ids start with p-)",
+            )
         if refs[rid] is None:
             raise ProblemFileError(f"{answers_path}: problem {rid!r} has no reference answer")
         outputs[rid] = text
@@ -455,8 +512,17 @@ def summary_from_records(data: bytes, settings: ScoreSettings | None = None) -> 
     settings = settings or ScoreSettings.from_recorded({})
     try:
         recs = [jsonio.loads(line) for line in data.splitlines() if line]
-        records = [ScoreRecord(r["id"], r["extracted"], r["reference"], bool(r["correct"]),
-                               str(r.get("extractor_version")), bool(r.get("answered", True))) for r in recs]
+        records = [
+            ScoreRecord(
+                r["id"],
+                r["extracted"],
+                r["reference"],
+                bool(r["correct"]),
+                str(r.get("extractor_version")),
+                bool(r.get("answered", True)),
+            )
+            for r in recs
+        ]
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise InputError(f"records file is not kvgraft score records ({type(e).__name__}: {str(e)[:120]})") from None
     s = ScoreResult(records, 0, settings).summary()

@@ -9,13 +9,14 @@ file lock, write one whole line with a single ``write`` on an ``O_APPEND`` descr
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import CheckFailed, LedgerError
-from ..util.fsio import fsync_dir
 from ..util import jsonio
+from ..util.fsio import fsync_dir
 from ..util.hashing import canonical_json, sha256_bytes
 
 TAIL_READ = 1 << 16
@@ -35,7 +36,7 @@ class _Lock:
         self._fd: int | None = None
         self._fallback = None
 
-    def __enter__(self) -> "_Lock":
+    def __enter__(self) -> _Lock:
         try:
             import fcntl
         except ImportError:  # pragma: no cover (Windows)
@@ -49,8 +50,10 @@ class _Lock:
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as e:
-            raise LedgerError(f"cannot open ledger {self.path}: {os.strerror(e.errno) if e.errno else e}",
-                              "check that the ledger path is a writable file") from None
+            raise LedgerError(
+                f"cannot open ledger {self.path}: {os.strerror(e.errno) if e.errno else e}",
+                "check that the ledger path is a writable file",
+            ) from None
         try:
             deadline = time.monotonic() + self.timeout
             while True:
@@ -59,9 +62,10 @@ class _Lock:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise LedgerError(f"{self.path}: another process has held the ledger's append lock for "
-                                          f"{self.timeout:.0f} s", "wait for it to finish, or look for a stuck "
-                                          "kvgraft process") from None
+                        raise LedgerError(
+                            f"{self.path}: another process has held the ledger's append lock for {self.timeout:.0f} s",
+                            "wait for it to finish, or look for a stuck kvgraft process",
+                        ) from None
                     time.sleep(0.02)
         except BaseException:
             os.close(fd)
@@ -140,9 +144,13 @@ def without_floats(value: Any) -> Any:
     return value
 
 
-def append(path: Path, kind: str, body: dict[str, Any],
-           finalize: Callable[[dict[str, Any]], None] | None = None,
-           after: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def append(
+    path: Path,
+    kind: str,
+    body: dict[str, Any],
+    finalize: Callable[[dict[str, Any]], None] | None = None,
+    after: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Append one entry (``body`` plus seq, prev, kind, time) and return it as written.
 
     ``finalize`` runs under the append lock just before the line is written and may set fields that depend on what
@@ -159,7 +167,7 @@ def append(path: Path, kind: str, body: dict[str, Any],
             seq=n,
             prev=sha256_bytes(last) if last is not None else None,
             kind=kind,
-            time=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
+            time=datetime.now(UTC).isoformat(timespec="microseconds"),
         )
         line = canonical_json(entry) + b"\n"
         try:
@@ -167,15 +175,19 @@ def append(path: Path, kind: str, body: dict[str, Any],
             try:
                 written = os.write(fd, line)
                 if written != len(line):
-                    raise LedgerError(f"{path}: short write ({written} of {len(line)} bytes)",
-                                      f"the last line is now torn: `kvgraft ledger repair {path}` removes it")
+                    raise LedgerError(
+                        f"{path}: short write ({written} of {len(line)} bytes)",
+                        f"the last line is now torn: `kvgraft ledger repair {path}` removes it",
+                    )
                 os.fsync(fd)
             finally:
                 os.close(fd)
         except OSError as e:
-            raise LedgerError(f"cannot append to ledger {path}: {os.strerror(e.errno) if e.errno else e}",
-                              "check free space and permissions; if a partial line was written, "
-                              f"`kvgraft ledger repair {path}` removes it") from e
+            raise LedgerError(
+                f"cannot append to ledger {path}: {os.strerror(e.errno) if e.errno else e}",
+                "check free space and permissions; if a partial line was written, "
+                f"`kvgraft ledger repair {path}` removes it",
+            ) from e
         if n == 0:
             fsync_dir(path.parent)
         if after is not None:
@@ -237,6 +249,8 @@ def appended_since(base_lines: list[bytes], lines: list[bytes]) -> list[dict[str
     """The entries after the base's lines, when the ledger is an append to the base (else CheckFailed)."""
     if len(base_lines) > len(lines) or any(a != b for a, b in zip(base_lines, lines)):
         first = next((i for i, (a, b) in enumerate(zip(base_lines, lines)) if a != b), len(lines))
-        raise CheckFailed(f"not an append: line {first + 1} of the base is changed or missing in the ledger",
-                          "the ledger was rewritten; restore it from the base and append instead")
+        raise CheckFailed(
+            f"not an append: line {first + 1} of the base is changed or missing in the ledger",
+            "the ledger was rewritten; restore it from the base and append instead",
+        )
     return [_entry(raw, Path("ledger"), i) for i, raw in enumerate(lines) if i >= len(base_lines)]

@@ -25,12 +25,12 @@ class LedgerTree:
     leaves: list[bytes] = field(default_factory=list)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "LedgerTree":
+    def from_bytes(cls, data: bytes) -> LedgerTree:
         lines, tail = split_lines(data)
         return cls(lines, tail, [merkle.leaf_hash(raw) for raw in lines])
 
     @classmethod
-    def read(cls, path: Path, *, complete: bool = False) -> "LedgerTree":
+    def read(cls, path: Path, *, complete: bool = False) -> LedgerTree:
         """Read a ledger file; ``complete`` refuses a torn last line (a checkpoint or proof must not cover one)."""
         path = Path(path)
         if not path.is_file():
@@ -52,7 +52,7 @@ class LedgerTree:
         """A checkpoint (origin, size, root) of the whole ledger."""
         return Checkpoint(origin, self.size, self.root())
 
-    def inclusion(self, line: int, size: int | None = None) -> "InclusionProof":
+    def inclusion(self, line: int, size: int | None = None) -> InclusionProof:
         """The inclusion proof of 1-based ``line`` in the tree of the first ``size`` lines (default: all),
         verified before it is returned."""
         n = size or self.size
@@ -92,5 +92,10 @@ class InclusionProof:
     def to_json(self) -> dict[str, Any]:
         """Hashes in base64, as in checkpoints."""
         b64 = lambda h: base64.b64encode(h).decode()  # noqa: E731
-        return {"leafIdx": self.index, "treeSize": self.size, "leafHash": b64(self.leaf), "root": b64(self.root),
-                "proof": [b64(h) for h in self.proof]}
+        return {
+            "leafIdx": self.index,
+            "treeSize": self.size,
+            "leafHash": b64(self.leaf),
+            "root": b64(self.root),
+            "proof": [b64(h) for h in self.proof],
+        }

@@ -57,7 +57,8 @@ def _check_bound(hit: LibraryHit, sha: str, art: kvg.Artifact, ids: list[int], p
         raise IntegrityError(
             f"the library entry {hit.problem_id!r} names artifact {sha[:16]}..., which holds other tokens than its "
             f"problem and solution render to{' after its parent' if parent else ''}: the store's index was altered",
-            "rebuild the index from trusted deposits (or re-import a checked bundle); docs/REMOTE.md for remote stores")
+            "rebuild the index from trusted deposits (or re-import a checked bundle); docs/REMOTE.md for remote stores",
+        )
 
 
 def build_chain(store: Store, engine: Engine, hits: list[LibraryHit], level: int = 3) -> Chain:
@@ -83,10 +84,21 @@ def build_chain(store: Store, engine: Engine, hits: list[LibraryHit], level: int
             continue
         start = chain.num_tokens
         cache, last = engine.prefill(ids, cache=engine.restore_chain(chain.artifacts))
-        payload = kvg.encode(ids, engine.capture(cache, start), engine.artifact_meta(tensor_sha256(last), start, parent))
+        payload = kvg.encode(
+            ids, engine.capture(cache, start), engine.artifact_meta(tensor_sha256(last), start, parent)
+        )
         sha = kvg.payload_identity(payload)
-        store.put(sha, payload, key=key, problem_id=f"{hit.problem_id}@{parent[:12]}", num_tokens=len(ids),
-                  model_sha256=engine.hashes.model_sha256, manifest_sha256=manifest_sha, verified=True, level=level)
+        store.put(
+            sha,
+            payload,
+            key=key,
+            problem_id=f"{hit.problem_id}@{parent[:12]}",
+            num_tokens=len(ids),
+            model_sha256=engine.hashes.model_sha256,
+            manifest_sha256=manifest_sha,
+            verified=True,
+            level=level,
+        )
         chain.links.append((sha, kvg.decode(payload, sha)))  # sha was computed from these bytes just above
         chain.prefilled_tokens += len(ids)
         chain.new_links.append((key, sha))

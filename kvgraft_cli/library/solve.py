@@ -13,17 +13,17 @@ deposited (problem + the model's own solution) as a verified library entry: next
 from __future__ import annotations
 
 import dataclasses
-
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
+from ..config.manifest import clip
+from ..config.modelhash import context_window
 from ..engine.engine import Engine, load_engine, tensor_sha256, token_ids_sha256
 from ..errors import InputError
 from ..eval import answers
-from ..config.manifest import clip
-from ..config.modelhash import context_window
 from ..eval.problems import Problem, check_lengths, read_problems, verify_solution
 from ..eval.scoring import wilson_interval
 from ..ledger import log as ledger
@@ -67,8 +67,13 @@ class SolveRecord:
         """The outputs-file record: what `kvgraft score` reads (id, output), what was grafted and how many tokens
         were decoded. Only what the model and the library decide, so the file's hash replays; costs that depend on
         the store's state (links already there) or the machine (times, energy) are in the ledger entry and --json."""
-        return {"id": self.id, "output": self.output, "hit": self.hit, "artifacts": self.artifacts,
-                "decode_tokens": self.decode_tokens}
+        return {
+            "id": self.id,
+            "output": self.output,
+            "hit": self.hit,
+            "artifacts": self.artifacts,
+            "decode_tokens": self.decode_tokens,
+        }
 
 
 @dataclass
@@ -89,19 +94,34 @@ class SolveRun:
         lo, hi = wilson_interval(correct, len(scored))
         energy = [x.energy_j for x in r if x.energy_j is not None]
         return {
-            "mode": self.mode, "problems": len(r), "scored": len(scored), "correct": correct,
-            "accuracy": correct / len(scored) if scored else None, "wilson95_low": lo, "wilson95_high": hi,
-            "exact_hits": sum(x.hit == "exact" for x in r), "related_hits": sum(x.hit == "related" for x in r),
-            "decode_tokens": sum(x.decode_tokens for x in r), "prefill_tokens": sum(x.prefill_tokens for x in r),
-            "grafted_tokens": sum(x.grafted_tokens for x in r), "wall_s": sum(x.wall_s for x in r),
-            "cpu_s": sum(x.cpu_s for x in r), "energy_j": sum(energy) if energy else None,
+            "mode": self.mode,
+            "problems": len(r),
+            "scored": len(scored),
+            "correct": correct,
+            "accuracy": correct / len(scored) if scored else None,
+            "wilson95_low": lo,
+            "wilson95_high": hi,
+            "exact_hits": sum(x.hit == "exact" for x in r),
+            "related_hits": sum(x.hit == "related" for x in r),
+            "decode_tokens": sum(x.decode_tokens for x in r),
+            "prefill_tokens": sum(x.prefill_tokens for x in r),
+            "grafted_tokens": sum(x.grafted_tokens for x in r),
+            "wall_s": sum(x.wall_s for x in r),
+            "cpu_s": sum(x.cpu_s for x in r),
+            "energy_j": sum(energy) if energy else None,
             "deposited": sum(x.deposited is not None for x in r),
         }
 
     def to_json(self) -> dict:
-        return {"mode": self.mode, "problems": self.problems, "outputs": self.outputs,
-                "outputs_sha256": self.outputs_sha256, "ledger_seq": self.ledger_seq, "totals": self.totals(),
-                "records": [asdict(x) for x in self.records]}
+        return {
+            "mode": self.mode,
+            "problems": self.problems,
+            "outputs": self.outputs,
+            "outputs_sha256": self.outputs_sha256,
+            "ledger_seq": self.ledger_seq,
+            "totals": self.totals(),
+            "records": [asdict(x) for x in self.records],
+        }
 
 
 def compare(baseline: SolveRun, library: SolveRun) -> dict:
@@ -111,9 +131,13 @@ def compare(baseline: SolveRun, library: SolveRun) -> dict:
     def ratio(key):
         return b[key] / w[key] if w[key] else None
 
-    return {"decode_tokens": ratio("decode_tokens"), "prefill_tokens": ratio("prefill_tokens"),
-            "wall_s": ratio("wall_s"), "cpu_s": ratio("cpu_s"),
-            "energy_j": ratio("energy_j") if b["energy_j"] is not None and w["energy_j"] else None}
+    return {
+        "decode_tokens": ratio("decode_tokens"),
+        "prefill_tokens": ratio("prefill_tokens"),
+        "wall_s": ratio("wall_s"),
+        "cpu_s": ratio("cpu_s"),
+        "energy_j": ratio("energy_j") if b["energy_j"] is not None and w["energy_j"] else None,
+    }
 
 
 def answer_text(continuation: str) -> str:
@@ -140,24 +164,38 @@ def check_outputs(problems_path: Path, outputs_path: Path, force: bool, ctx: Run
     ledger, the store and the manifest: runs.owned), or (without ``force``) an outputs file a ledger entry may name."""
     check_output(outputs_path, "--outputs", ctx, inputs={"the problems file": problems_path})
     if Path(outputs_path).exists() and not force:
-        raise InputError(f"outputs file {outputs_path} exists (an earlier run's ledger entry names its hash)",
-                         "pass --outputs NEW.jsonl, or --force to overwrite it")
+        raise InputError(
+            f"outputs file {outputs_path} exists (an earlier run's ledger entry names its hash)",
+            "pass --outputs NEW.jsonl, or --force to overwrite it",
+        )
 
 
 def check_library(ctx: RunContext) -> None:
     """Refuse (before any model loads) a store whose library holds nothing under this manifest's compute pin."""
     with ctx.open_store(create=False) as store:
         if store.library_size(ctx.manifest.compute_sha256) == 0:
-            raise InputError(f"the library in {ctx.store_name} holds no verified solutions for this manifest's compute "
-                             "pin", "deposit some first (`kvgraft deposit FILE.jsonl`), or run --no-library for "
-                             "the baseline")
+            raise InputError(
+                f"the library in {ctx.store_name} holds no verified solutions for this manifest's compute pin",
+                "deposit some first (`kvgraft deposit FILE.jsonl`), or run --no-library for the baseline",
+            )
 
 
-def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 1, min_score: float | None = None,
-          use_library: bool = True, deposit_verified: bool = False, limit: int | None = None,
-          force: bool = False, engine: Engine | None = None, pool: "RayPool | None" = None,
-          on_start: Callable[[int], None] | None = None,
-          on_progress: Callable[[SolveRecord], None] | None = None) -> SolveRun:
+def solve(
+    ctx: RunContext,
+    problems_path: Path,
+    outputs_path: Path,
+    *,
+    k: int = 1,
+    min_score: float | None = None,
+    use_library: bool = True,
+    deposit_verified: bool = False,
+    limit: int | None = None,
+    force: bool = False,
+    engine: Engine | None = None,
+    pool: RayPool | None = None,
+    on_start: Callable[[int], None] | None = None,
+    on_progress: Callable[[SolveRecord], None] | None = None,
+) -> SolveRun:
     """Solve every problem of a JSONL file (see the module docstring). The whole file, the store and the ledger are
     checked before any work; each problem's ledger entry is written as it finishes.
 
@@ -196,29 +234,49 @@ def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 
     for p, ids in zip(problems, query_ids):  # refuse before any work: a query that cannot fit even alone
         if limit_pos and len(ids) + full_budget > limit_pos:
             at_least = "at least " if len(ids) > limit_pos else ""
-            raise InputError(f"{problems_path}:{p.line}: problem {clip(repr(p.id), 80)} needs {at_least}{len(ids)} "
-                             f"query tokens + {full_budget} decode tokens, more than the model's {limit_pos} positions",
-                             "shorten the problem or lower decode.max_new_tokens")
+            raise InputError(
+                f"{problems_path}:{p.line}: problem {clip(repr(p.id), 80)} needs {at_least}{len(ids)} "
+                f"query tokens + {full_budget} decode tokens, more than the model's {limit_pos} positions",
+                "shorten the problem or lower decode.max_new_tokens",
+            )
     run = SolveRun("library" if use_library else "baseline", str(problems_path), str(outputs_path))
     input_sha = sha256_file(problems_path)
     problems_file = {"path": ctx.rel(Path(problems_path)), **digest(input_sha)}
-    settings = {"mapping": m.data["input"], "k": k, "min_score": repr(min_score) if min_score is not None else None,
-                "library": use_library,
-                "answer_tokens": answer_budget, "max_new_tokens": full_budget, "stop": stop,
-                "deposit_verified": deposit_verified, "limit": limit}
+    settings = {
+        "mapping": m.data["input"],
+        "k": k,
+        "min_score": repr(min_score) if min_score is not None else None,
+        "library": use_library,
+        "answer_tokens": answer_budget,
+        "max_new_tokens": full_budget,
+        "stop": stop,
+        "deposit_verified": deposit_verified,
+        "limit": limit,
+    }
     prompts = prompt_settings(m.data["prompt"])
     if prompts is not None:
         settings["prompts"] = prompts
-    args = {"k": k, "min_score": min_score, "use_library": use_library, "answer_budget": answer_budget,
-            "full_budget": full_budget, "stop": stop, "limit_pos": limit_pos, "problems_file": problems_file,
-            "settings": settings}
+    args = {
+        "k": k,
+        "min_score": min_score,
+        "use_library": use_library,
+        "answer_budget": answer_budget,
+        "full_budget": full_budget,
+        "stop": stop,
+        "limit_pos": limit_pos,
+        "problems_file": problems_file,
+        "settings": settings,
+    }
     if on_start:
         on_start(len(problems))
     store = ctx.open_store() if use_library or deposit_verified else None
     try:
         # The workers' results come in input order as their shards finish (a worker reads the store: the library).
-        solved = pool.map_ordered("solve", list(zip(problems, query_ids)), args,
-                                  codec="auto" if store is not None else None) if pool is not None else None
+        solved = (
+            pool.map_ordered("solve", list(zip(problems, query_ids)), args, codec="auto" if store is not None else None)
+            if pool is not None
+            else None
+        )
         deposits = DepositReport(str(problems_path), input_sha, ctx.store_name, str(ctx.ledger), m.source)
         for p, ids in zip(problems, query_ids):
             if solved is not None:
@@ -240,9 +298,13 @@ def solve(ctx: RunContext, problems_path: Path, outputs_path: Path, *, k: int = 
     run.outputs_sha256 = sha256_bytes(data)
     entry = ctx.entry_base()
     entry.update(facts)
-    entry.update(inputs={"problems_file": problems_file, "settings": settings},
-                 outputs={"outputs": {"path": ctx.rel(Path(outputs_path)), **digest(run.outputs_sha256)},
-                          "totals": {k2: v for k2, v in run.totals().items() if k2 != "mode"}})
+    entry.update(
+        inputs={"problems_file": problems_file, "settings": settings},
+        outputs={
+            "outputs": {"path": ctx.rel(Path(outputs_path)), **digest(run.outputs_sha256)},
+            "totals": {k2: v for k2, v in run.totals().items() if k2 != "mode"},
+        },
+    )
     entry["mode"] = run.mode
     run.ledger_seq = ledger.append(ctx.ledger, "solve-outputs", entry)["seq"]
     return run
@@ -254,9 +316,11 @@ def check_sharded(deposit_verified: bool) -> None:
     at the same time cannot see each other's deposits, so the outputs would differ from a single-process run's,
     and which ones would depend on the worker count and timing."""
     if deposit_verified:
-        raise InputError("--deposit-verified cannot run on Ray workers: an answer deposited mid-run changes what "
-                         "later problems retrieve, so sharded outputs would not match a single-process run's",
-                         "run --deposit-verified without --ray (solving with --ray first needs no deposits)")
+        raise InputError(
+            "--deposit-verified cannot run on Ray workers: an answer deposited mid-run changes what "
+            "later problems retrieve, so sharded outputs would not match a single-process run's",
+            "run --deposit-verified without --ray (solving with --ray first needs no deposits)",
+        )
 
 
 @dataclass
@@ -294,14 +358,29 @@ def record_solve(ctx: RunContext, store: Store | None, s: Solved) -> SolveRecord
     entry.update(s.body)
     # A failed append leaves new links in the store, unrecorded: another run may already graft them (see
     # store.local); `kvgraft store gc` is the only deleter.
-    s.record.ledger_seq = ledger.append(ctx.ledger, "solve", entry,
-                                        after=lambda _: store.mark_recorded(s.chain) if s.chain else None)["seq"]
+    s.record.ledger_seq = ledger.append(
+        ctx.ledger, "solve", entry, after=lambda _: store.mark_recorded(s.chain) if s.chain else None
+    )["seq"]
     return s.record
 
 
-def solve_problem(ctx: RunContext, engine: Engine, store: Store | None, p: Problem, query: list[int], *, k: int,
-                  min_score: float | None, use_library: bool, answer_budget: int, full_budget: int, stop: list[str],
-                  limit_pos: int | None, problems_file: dict, settings: dict) -> Solved:
+def solve_problem(
+    ctx: RunContext,
+    engine: Engine,
+    store: Store | None,
+    p: Problem,
+    query: list[int],
+    *,
+    k: int,
+    min_score: float | None,
+    use_library: bool,
+    answer_budget: int,
+    full_budget: int,
+    stop: list[str],
+    limit_pos: int | None,
+    problems_file: dict,
+    settings: dict,
+) -> Solved:
     """Solve one problem: retrieve, graft, decode. Writes only chain links to the store; the caller records it."""
     wall0, cpu0, energy0 = time.perf_counter(), time.process_time(), engine.gpu_energy_mj()
     found = find(store, p.problem, engine.manifest.compute_sha256, k, min_score) if use_library else Found("none")
@@ -333,39 +412,68 @@ def solve_problem(ctx: RunContext, engine: Engine, store: Store | None, p: Probl
     correct = None if p.answer is None else (extracted is not None and answers.answers_match(extracted, p.answer))
     energy1 = engine.gpu_energy_mj()
     rec = SolveRecord(
-        p.id, p.line, kind, [h.artifact for h in hits], chain.shas if chain else [],
+        p.id,
+        p.line,
+        kind,
+        [h.artifact for h in hits],
+        chain.shas if chain else [],
         chain.num_tokens - chain.prefilled_tokens if chain else 0,
-        (chain.prefilled_tokens if chain else 0) + len(query), len(gen), budget, output, extracted, p.answer,
-        correct, time.perf_counter() - wall0, time.process_time() - cpu0,
-        (energy1 - energy0) / 1000 if energy0 is not None and energy1 is not None else None)
+        (chain.prefilled_tokens if chain else 0) + len(query),
+        len(gen),
+        budget,
+        output,
+        extracted,
+        p.answer,
+        correct,
+        time.perf_counter() - wall0,
+        time.process_time() - cpu0,
+        (energy1 - energy0) / 1000 if energy0 is not None and energy1 is not None else None,
+    )
     body = dict(
-        inputs={"problems_file": problems_file,
-                "record": {**digest(p.record_sha256), "id": p.id, "line": p.line},
-                "query_ids": {**digest(token_ids_sha256(query)), "count": len(query)},
-                "library": {"hit": rec.hit, "artifacts": rec.artifacts, "chain": rec.chain,
-                            "scores": [repr(h.score) for h in hits if h.score is not None],
-                            "new_links": [sha for _, sha in chain.new_links] if chain else []},
-                "settings": settings},
-        outputs={"query_logits": digest(tensor_sha256(logits)),
-                 "generated_ids": {**digest(token_ids_sha256(gen)), "count": len(gen)},
-                 "output": digest(sha256_bytes(output.encode())),
-                 "costs": {"grafted_tokens": rec.grafted_tokens, "prefill_tokens": rec.prefill_tokens,
-                           "decode_tokens": rec.decode_tokens, "wall_s": rec.wall_s, "cpu_s": rec.cpu_s,
-                           "energy_j": rec.energy_j}},
+        inputs={
+            "problems_file": problems_file,
+            "record": {**digest(p.record_sha256), "id": p.id, "line": p.line},
+            "query_ids": {**digest(token_ids_sha256(query)), "count": len(query)},
+            "library": {
+                "hit": rec.hit,
+                "artifacts": rec.artifacts,
+                "chain": rec.chain,
+                "scores": [repr(h.score) for h in hits if h.score is not None],
+                "new_links": [sha for _, sha in chain.new_links] if chain else [],
+            },
+            "settings": settings,
+        },
+        outputs={
+            "query_logits": digest(tensor_sha256(logits)),
+            "generated_ids": {**digest(token_ids_sha256(gen)), "count": len(gen)},
+            "output": digest(sha256_bytes(output.encode())),
+            "costs": {
+                "grafted_tokens": rec.grafted_tokens,
+                "prefill_tokens": rec.prefill_tokens,
+                "decode_tokens": rec.decode_tokens,
+                "wall_s": rec.wall_s,
+                "cpu_s": rec.cpu_s,
+                "energy_j": rec.energy_j,
+            },
+        },
     )
     return Solved(rec, body, chain.shas if chain else [])
 
 
-def _deposit_answer(ctx: RunContext, engine: Engine, store: Store, report: DepositReport, p: Problem,
-                    rec: SolveRecord) -> str | None:
+def _deposit_answer(
+    ctx: RunContext, engine: Engine, store: Store, report: DepositReport, p: Problem, rec: SolveRecord
+) -> str | None:
     """Deposit a verified answer: the problem with the model's own solution, checked by the same verification
     every deposit passes. Returns the artifact, or None when the check does not pass (never deposited)."""
     own = Problem(p.line, p.id, p.problem, own_solution(rec.output, rec.extracted or ""), p.answer, p.record_sha256)
     verdict = verify_solution(own)
     if verdict.status != "verified":
         return None
-    settings = {"mapping": ctx.manifest.data["input"], "from": "solve --deposit-verified",
-                "solve_ledger_seq": rec.ledger_seq}
+    settings = {
+        "mapping": ctx.manifest.data["input"],
+        "from": "solve --deposit-verified",
+        "solve_ledger_seq": rec.ledger_seq,
+    }
     result = deposit_one(ctx, engine, store, report, own, verdict, False, 3, settings)
     return result.artifact
 
@@ -383,9 +491,18 @@ def replay_solve(ctx: RunContext, pr, run: dict, get_engine) -> dict:
     s = run["settings"]
     c = dataclasses.replace(ctx, manifest=with_mapping(ctx.manifest, s["mapping"]))
     min_score = float(s["min_score"]) if s.get("min_score") is not None else None
-    result = solve(c, path, pr.resolve(run["outputs"]), k=s["k"], min_score=min_score, use_library=s["library"],
-                   deposit_verified=s.get("deposit_verified", False), limit=s.get("limit"), force=True,
-                   engine=get_engine())
+    result = solve(
+        c,
+        path,
+        pr.resolve(run["outputs"]),
+        k=s["k"],
+        min_score=min_score,
+        use_library=s["library"],
+        deposit_verified=s.get("deposit_verified", False),
+        limit=s.get("limit"),
+        force=True,
+        engine=get_engine(),
+    )
     got["outputs_sha256"] = result.outputs_sha256
     for r in result.records:
         got[f"output {r.id}"] = sha256_bytes(r.output.encode())

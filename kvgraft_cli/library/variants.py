@@ -30,6 +30,7 @@ CONDITIONS = (
 
 # -- formatting variants: the same normalized text --------------------------------------------------------------------
 
+
 def whitespace_variants(text: str) -> list[str]:
     """Spellings of ``text`` that differ only in whitespace: runs doubled, spaces as newlines, tabs and no-break
     spaces, CRLF line ends, padding at both ends (the same words as ``text``, as ``str.split()`` reads them)."""
@@ -47,13 +48,14 @@ def whitespace_variants(text: str) -> list[str]:
 
 # -- near duplicates: a different problem ----------------------------------------------------------------------------
 
+
 def change_number(text: str, rng: random.Random) -> str | None:
     """One number replaced by another (the same number of decimals)."""
     spots = list(_NUMBER.finditer(text))
     if not spots:
         return None
     m = rng.choice(spots)
-    return text[:m.start()] + _other_number(m.group(), rng) + text[m.end():]
+    return text[: m.start()] + _other_number(m.group(), rng) + text[m.end() :]
 
 
 def change_all_numbers(text: str, rng: random.Random) -> str | None:
@@ -72,10 +74,10 @@ def flip_sign(text: str, rng: random.Random) -> str | None:
         return None
     kind, where = rng.choice(spots)
     if kind == "op":
-        return text[:where] + "-" + text[where + 1:]
+        return text[:where] + "-" + text[where + 1 :]
     if where.start() > 0 and text[where.start() - 1] == "-":
-        return text[:where.start() - 1] + text[where.start():]
-    return text[:where.start()] + "-" + text[where.start():]
+        return text[: where.start() - 1] + text[where.start() :]
+    return text[: where.start()] + "-" + text[where.start() :]
 
 
 def rename_variable(text: str, rng: random.Random) -> str | None:
@@ -102,16 +104,21 @@ def remove_condition(text: str, rng: random.Random) -> str | None:
     sentences = _SENTENCE_END.split(text.strip())
     if len(sentences) > 1:
         i = rng.randrange(len(sentences))
-        return " ".join(sentences[:i] + sentences[i + 1:])
+        return " ".join(sentences[:i] + sentences[i + 1 :])
     formulas = list(_MATH.finditer(text))
     if len(formulas) > 1:
         m = rng.choice(formulas)
-        return text[:m.start()] + text[m.end():]
+        return text[: m.start()] + text[m.end() :]
     return None
 
 
-NEAR_DUPLICATES = {"number changed": change_number, "sign flipped": flip_sign, "variable renamed": rename_variable,
-                   "condition added": add_condition, "condition removed": remove_condition}
+NEAR_DUPLICATES = {
+    "number changed": change_number,
+    "sign flipped": flip_sign,
+    "variable renamed": rename_variable,
+    "condition added": add_condition,
+    "condition removed": remove_condition,
+}
 
 
 def near_duplicates(text: str, rng: random.Random) -> dict[str, str]:
@@ -125,6 +132,7 @@ def near_duplicates(text: str, rng: random.Random) -> dict[str, str]:
 
 
 # -- filler: text that looks like problems ----------------------------------------------------------------------------
+
 
 def sentences(text: str) -> list[str]:
     """A problem statement cut into sentences (at ``.``, ``?`` or ``!`` followed by space and a capital, ``$`` or

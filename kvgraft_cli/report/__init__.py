@@ -12,8 +12,15 @@ from pathlib import Path
 from ..errors import InputError
 
 
-def write_report(ledger: Path, out: Path, *, checkpoint: Path | None = None, keys: list[str] | None = None,
-                 rehash: bool = True, plots: bool | None = None):
+def write_report(
+    ledger: Path,
+    out: Path,
+    *,
+    checkpoint: Path | None = None,
+    keys: list[str] | None = None,
+    rehash: bool = True,
+    plots: bool | None = None,
+):
     """Verify ``ledger`` (as `kvgraft verify` does), render it and write ``out`` atomically; returns the
     :class:`~.collect.ReportData`. ``plots``: None draws them when matplotlib is installed. InputError, with
     nothing written, for a missing ledger or an ``out`` that may not be written."""

@@ -99,9 +99,12 @@ class _Models:
         model = _obj(entry.get("model"), "model")
         manifest = _obj(entry.get("manifest"), "manifest")
         label = {
-            "model_sha256": text(model.get("sha256")), "tokenizer_sha256": text(model.get("tokenizer_sha256")),
-            "manifest_source": text(manifest.get("source")), "manifest_path": text(manifest.get("path")),
-            "manifest_sha256": text(manifest.get("sha256")), "compute_sha256": text(manifest.get("compute_sha256")),
+            "model_sha256": text(model.get("sha256")),
+            "tokenizer_sha256": text(model.get("tokenizer_sha256")),
+            "manifest_source": text(manifest.get("source")),
+            "manifest_path": text(manifest.get("path")),
+            "manifest_sha256": text(manifest.get("sha256")),
+            "compute_sha256": text(manifest.get("compute_sha256")),
         }
         label.update(self._read(label["manifest_path"], label["manifest_source"], label["manifest_sha256"]))
         return label
@@ -120,7 +123,7 @@ class _Models:
         from ..config.manifest import BUILTIN_PREFIX, data_dir
 
         if source and source.startswith(BUILTIN_PREFIX):
-            name = source[len(BUILTIN_PREFIX):]
+            name = source[len(BUILTIN_PREFIX) :]
             if name and "/" not in name and "\\" not in name and not name.startswith("."):
                 return data_dir() / name
         return None
@@ -215,11 +218,17 @@ def _deposit(line: int, e: dict, models: _Models) -> dict[str, Any]:
     inputs, outputs = _obj(e.get("inputs"), "inputs"), _obj(e.get("outputs"), "outputs")
     record, artifact = _obj(inputs.get("record"), "inputs.record"), _obj(outputs.get("artifact"), "outputs.artifact")
     verification = _obj(e.get("verification"), "verification")
-    return {"line": line, "id": text(record.get("id")), "status": text(e.get("status")),
-            "verification": text(verification.get("status")),
-            "tokens": count(_obj(inputs.get("token_ids"), "inputs.token_ids").get("count")),
-            "artifact": text(artifact.get("sha256")), "artifact_path": text(artifact.get("path")),
-            "payload_bytes": count(artifact.get("payload_bytes")), "model": models.of(e)}
+    return {
+        "line": line,
+        "id": text(record.get("id")),
+        "status": text(e.get("status")),
+        "verification": text(verification.get("status")),
+        "tokens": count(_obj(inputs.get("token_ids"), "inputs.token_ids").get("count")),
+        "artifact": text(artifact.get("sha256")),
+        "artifact_path": text(artifact.get("path")),
+        "payload_bytes": count(artifact.get("payload_bytes")),
+        "model": models.of(e),
+    }
 
 
 def _solve_run(line: int, e: dict, models: _Models, pending: list[tuple[int, dict]]) -> dict[str, Any]:
@@ -233,23 +242,43 @@ def _solve_run(line: int, e: dict, models: _Models, pending: list[tuple[int, dic
     for pline, p in pending:
         try:
             pin = _obj(p.get("inputs"), "inputs")
-            if _digest(pin.get("problems_file"))["sha256"] != problems_file["sha256"] or pin.get("settings") != settings:
+            if (
+                _digest(pin.get("problems_file"))["sha256"] != problems_file["sha256"]
+                or pin.get("settings") != settings
+            ):
                 continue
             costs = _obj(_obj(p.get("outputs"), "outputs").get("costs"), "outputs.costs")
-            problems.append({"line": pline, "id": text(_obj(pin.get("record"), "inputs.record").get("id")),
-                             "hit": text(_obj(pin.get("library"), "inputs.library").get("hit")),
-                             "decode_tokens": count(costs.get("decode_tokens"))})
+            problems.append(
+                {
+                    "line": pline,
+                    "id": text(_obj(pin.get("record"), "inputs.record").get("id")),
+                    "hit": text(_obj(pin.get("library"), "inputs.library").get("hit")),
+                    "decode_tokens": count(costs.get("decode_tokens")),
+                }
+            )
         except Malformed:
             continue  # a solve line that is not what its kind records: not drawn (its run's totals still are)
     mode = text(e.get("mode")) or ("library" if _obj(settings, "inputs.settings").get("library") else "baseline")
-    return {"line": line, "mode": mode, "problems_file": problems_file, "outputs": _digest(outputs.get("outputs")),
-            "problems": count(totals.get("problems")), "correct": count(totals.get("correct")),
-            "scored": count(totals.get("scored")), "accuracy": num(totals.get("accuracy")),
-            "wilson95_low": num(totals.get("wilson95_low")), "wilson95_high": num(totals.get("wilson95_high")),
-            "decode_tokens": count(totals.get("decode_tokens")), "prefill_tokens": count(totals.get("prefill_tokens")),
-            "grafted_tokens": count(totals.get("grafted_tokens")), "exact_hits": count(totals.get("exact_hits")),
-            "related_hits": count(totals.get("related_hits")), "wall_s": num(totals.get("wall_s")),
-            "per_problem": problems, "model": models.of(e)}
+    return {
+        "line": line,
+        "mode": mode,
+        "problems_file": problems_file,
+        "outputs": _digest(outputs.get("outputs")),
+        "problems": count(totals.get("problems")),
+        "correct": count(totals.get("correct")),
+        "scored": count(totals.get("scored")),
+        "accuracy": num(totals.get("accuracy")),
+        "wilson95_low": num(totals.get("wilson95_low")),
+        "wilson95_high": num(totals.get("wilson95_high")),
+        "decode_tokens": count(totals.get("decode_tokens")),
+        "prefill_tokens": count(totals.get("prefill_tokens")),
+        "grafted_tokens": count(totals.get("grafted_tokens")),
+        "exact_hits": count(totals.get("exact_hits")),
+        "related_hits": count(totals.get("related_hits")),
+        "wall_s": num(totals.get("wall_s")),
+        "per_problem": problems,
+        "model": models.of(e),
+    }
 
 
 def _pair(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -258,9 +287,14 @@ def _pair(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[s
     used: set[int] = set()
     comparisons = []
     for lib in (r for r in runs if r["mode"] == "library"):
-        same = [b for b in runs if b["mode"] == "baseline" and b["line"] not in used
-                and b["problems_file"]["sha256"] == lib["problems_file"]["sha256"]
-                and b["model"]["model_sha256"] == lib["model"]["model_sha256"]]
+        same = [
+            b
+            for b in runs
+            if b["mode"] == "baseline"
+            and b["line"] not in used
+            and b["problems_file"]["sha256"] == lib["problems_file"]["sha256"]
+            and b["model"]["model_sha256"] == lib["model"]["model_sha256"]
+        ]
         if same:
             base = min(same, key=lambda b: abs(b["line"] - lib["line"]))
             used |= {base["line"], lib["line"]}
@@ -276,16 +310,25 @@ def _graft_check(line: int, e: dict, models: _Models) -> dict[str, Any]:
     schedule = result.get("schedule")
     schedule = _obj(schedule, "result.schedule").get("schedule") if isinstance(schedule, dict) else schedule
     chain = inputs.get("chain")
-    return {"line": line, "artifact": text(_obj(inputs.get("artifact"), "inputs.artifact").get("sha256")),
-            "chain_links": len(chain) if isinstance(chain, list) else None,
-            "samples": count(result.get("samples")), "sha_equal": count(result.get("sha_equal")),
-            "max_kl": num(result.get("max_kl")), "argmax_agreement": num(result.get("argmax_agreement")),
-            "generated_equal": count(result.get("generated_equal")),
-            "deposit_reproduced": result.get("deposit_reproduced") if isinstance(result.get("deposit_reproduced"), bool) else None,
-            "prefix_tokens": count(result.get("prefix_tokens")), "schedule": text(schedule),
-            "single_pass_max_abs_diff": num(result.get("single_pass_max_abs_diff")),
-            "passed": result.get("passed") if isinstance(result.get("passed"), bool) else None,
-            "max_new_tokens": count(inputs.get("max_new_tokens")), "model": models.of(e)}
+    return {
+        "line": line,
+        "artifact": text(_obj(inputs.get("artifact"), "inputs.artifact").get("sha256")),
+        "chain_links": len(chain) if isinstance(chain, list) else None,
+        "samples": count(result.get("samples")),
+        "sha_equal": count(result.get("sha_equal")),
+        "max_kl": num(result.get("max_kl")),
+        "argmax_agreement": num(result.get("argmax_agreement")),
+        "generated_equal": count(result.get("generated_equal")),
+        "deposit_reproduced": result.get("deposit_reproduced")
+        if isinstance(result.get("deposit_reproduced"), bool)
+        else None,
+        "prefix_tokens": count(result.get("prefix_tokens")),
+        "schedule": text(schedule),
+        "single_pass_max_abs_diff": num(result.get("single_pass_max_abs_diff")),
+        "passed": result.get("passed") if isinstance(result.get("passed"), bool) else None,
+        "max_new_tokens": count(inputs.get("max_new_tokens")),
+        "model": models.of(e),
+    }
 
 
 def _probe(line: int, e: dict, models: _Models) -> dict[str, Any]:
@@ -298,18 +341,33 @@ def _probe(line: int, e: dict, models: _Models) -> dict[str, Any]:
     rows = []
     for o in offsets:
         o = _obj(o, "an offset's result")
-        rows.append({"offset": count(o.get("offset")), "samples": count(o.get("samples")),
-                     "sha_equal": count(o.get("sha_equal")), "max_abs_diff": num(o.get("max_abs_diff")),
-                     "max_kl": num(o.get("max_kl")), "argmax_agreement": num(o.get("argmax_agreement")),
-                     "unmoved_max_abs_diff": num(o.get("unmoved_max_abs_diff")),
-                     "unmoved_argmax_agreement": num(o.get("unmoved_argmax_agreement"))})
+        rows.append(
+            {
+                "offset": count(o.get("offset")),
+                "samples": count(o.get("samples")),
+                "sha_equal": count(o.get("sha_equal")),
+                "max_abs_diff": num(o.get("max_abs_diff")),
+                "max_kl": num(o.get("max_kl")),
+                "argmax_agreement": num(o.get("argmax_agreement")),
+                "unmoved_max_abs_diff": num(o.get("unmoved_max_abs_diff")),
+                "unmoved_argmax_agreement": num(o.get("unmoved_argmax_agreement")),
+            }
+        )
     if any(r["offset"] is None for r in rows):
         raise Malformed("an offset's result has no offset")
-    return {"line": line, "artifact": text(_obj(inputs.get("artifact"), "inputs.artifact").get("sha256")),
-            "method": text(result.get("method")), "positions": text(result.get("positions")),
-            "prefix_tokens": count(result.get("prefix_tokens")), "note": text(result.get("note")),
-            "own_position_unique": result.get("own_position_unique") if isinstance(result.get("own_position_unique"), bool) else None,
-            "offsets": rows, "model": models.of(e)}
+    return {
+        "line": line,
+        "artifact": text(_obj(inputs.get("artifact"), "inputs.artifact").get("sha256")),
+        "method": text(result.get("method")),
+        "positions": text(result.get("positions")),
+        "prefix_tokens": count(result.get("prefix_tokens")),
+        "note": text(result.get("note")),
+        "own_position_unique": result.get("own_position_unique")
+        if isinstance(result.get("own_position_unique"), bool)
+        else None,
+        "offsets": rows,
+        "model": models.of(e),
+    }
 
 
 def _score(line: int, e: dict) -> dict[str, Any]:
@@ -323,14 +381,25 @@ def _score(line: int, e: dict) -> dict[str, Any]:
     # How it was scored, read as the scorer (and `verify`) reads it: an entry without rules predates score rules 2
     # and was scored by rules 1 with the exact grader.
     how = ScoreSettings.from_recorded(settings, result)
-    return {"line": line, "outputs": _digest(inputs.get("outputs")), "answers": _digest(inputs.get("answers")),
-            "records": _digest(outputs.get("records")), "grader": text(how.grader),
-            "grader_version": text(how.grader_version), "rules": text(how.rules),
-            "extractor_version": text(how.extractor_version), "answered_only": how.answered_only,
-            "n": count(result.get("n")), "correct": count(result.get("correct")),
-            "answered": count(result.get("answered")), "unanswered": count(result.get("unanswered")),
-            "accuracy": num(result.get("accuracy")), "wilson95_low": num(result.get("wilson95_low")),
-            "wilson95_high": num(result.get("wilson95_high")), "run": None}
+    return {
+        "line": line,
+        "outputs": _digest(inputs.get("outputs")),
+        "answers": _digest(inputs.get("answers")),
+        "records": _digest(outputs.get("records")),
+        "grader": text(how.grader),
+        "grader_version": text(how.grader_version),
+        "rules": text(how.rules),
+        "extractor_version": text(how.extractor_version),
+        "answered_only": how.answered_only,
+        "n": count(result.get("n")),
+        "correct": count(result.get("correct")),
+        "answered": count(result.get("answered")),
+        "unanswered": count(result.get("unanswered")),
+        "accuracy": num(result.get("accuracy")),
+        "wilson95_low": num(result.get("wilson95_low")),
+        "wilson95_high": num(result.get("wilson95_high")),
+        "run": None,
+    }
 
 
 def _attach_runs_to_scores(scores: list[dict[str, Any]], runs: list[dict[str, Any]]) -> None:

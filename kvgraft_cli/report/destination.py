@@ -9,8 +9,9 @@ overwritten only when it is a kvgraft report (it starts with :data:`render.MARKE
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..errors import InputError
 from ..util.fsio import inside, same_file

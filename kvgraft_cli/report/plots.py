@@ -14,7 +14,8 @@ import io
 import math
 import re
 import textwrap
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 REPORT_EXTRA_HINT = "pip install 'kvgraft[report]'"
 # The two runs of a comparison, the same colours in every figure (colour-blind safe pair).
@@ -43,8 +44,13 @@ def draw(kind: str, item: dict[str, Any], caption: str) -> str:
     import matplotlib.pyplot as plt
 
     drawers: dict[str, Callable] = {"comparison": _comparison, "per_problem": _per_problem, "probe": _probe}
-    rc = {"svg.fonttype": "path", "svg.hashsalt": "kvgraft-report", "font.size": 9, "axes.spines.top": False,
-          "axes.spines.right": False}
+    rc = {
+        "svg.fonttype": "path",
+        "svg.hashsalt": "kvgraft-report",
+        "font.size": 9,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+    }
     with matplotlib.rc_context(rc):
         fig = drawers[kind](plt, item)
         width = fig.get_size_inches()[0]
@@ -85,13 +91,26 @@ def _comparison(plt, c: dict[str, Any]):
     acc = [fin(r["accuracy"]) or 0.0 for r in (base, lib)]
     low = [fin(r["wilson95_low"]) for r in (base, lib)]
     high = [fin(r["wilson95_high"]) for r in (base, lib)]
-    err = [[max(0.0, a - (lo if lo is not None else a)) for a, lo in zip(acc, low)],
-           [max(0.0, (hi if hi is not None else a) - a) for a, hi in zip(acc, high)]]
-    ax1.bar(names, [100 * a for a in acc], yerr=[[100 * e for e in err[0]], [100 * e for e in err[1]]],
-            color=[BASELINE, LIBRARY], capsize=6)
+    err = [
+        [max(0.0, a - (lo if lo is not None else a)) for a, lo in zip(acc, low)],
+        [max(0.0, (hi if hi is not None else a) - a) for a, hi in zip(acc, high)],
+    ]
+    ax1.bar(
+        names,
+        [100 * a for a in acc],
+        yerr=[[100 * e for e in err[0]], [100 * e for e in err[1]]],
+        color=[BASELINE, LIBRARY],
+        capsize=6,
+    )
     for i, r in enumerate((base, lib)):
-        ax1.annotate(f"{r['correct']}/{r['scored']}", (i, 100 * acc[i]), ha="center", va="bottom",
-                     xytext=(14, 2), textcoords="offset points")
+        ax1.annotate(
+            f"{r['correct']}/{r['scored']}",
+            (i, 100 * acc[i]),
+            ha="center",
+            va="bottom",
+            xytext=(14, 2),
+            textcoords="offset points",
+        )
     ax1.set_ylim(0, 105)
     ax1.set_ylabel("accuracy, % (Wilson 95%)")
     tokens = [max(0, r["decode_tokens"] or 0) for r in (base, lib)]
@@ -112,10 +131,22 @@ def _per_problem(plt, c: dict[str, Any]):
     xs = range(len(ids))
     nan = float("nan")
     # Side by side at each problem (equal counts would hide one marker under the other).
-    ax.plot([x - 0.15 for x in xs], [base.get(i) if base.get(i) is not None else nan for i in ids], "o",
-            color=BASELINE, label="without library", markersize=4)
-    ax.plot([x + 0.15 for x in xs], [lib.get(i) if lib.get(i) is not None else nan for i in ids], "s",
-            color=LIBRARY, label="with library", markersize=4)
+    ax.plot(
+        [x - 0.15 for x in xs],
+        [base.get(i) if base.get(i) is not None else nan for i in ids],
+        "o",
+        color=BASELINE,
+        label="without library",
+        markersize=4,
+    )
+    ax.plot(
+        [x + 0.15 for x in xs],
+        [lib.get(i) if lib.get(i) is not None else nan for i in ids],
+        "s",
+        color=LIBRARY,
+        label="with library",
+        markersize=4,
+    )
     ax.set_xlabel(f"problem ({len(ids)}, in id order)")
     ax.set_ylabel("decode tokens")
     if len(ids) <= 30:
@@ -128,8 +159,10 @@ def _per_problem(plt, c: dict[str, Any]):
 
 def _probe(plt, p: dict[str, Any]):
     """max |diff| against offset, both axes logarithmic (offset 0, and a difference of 0, at the bottom edge)."""
-    rows = [{k: fin(v) if isinstance(v, float) else v for k, v in r.items()}
-            for r in sorted(p["offsets"], key=lambda r: r["offset"])]
+    rows = [
+        {k: fin(v) if isinstance(v, float) else v for k, v in r.items()}
+        for r in sorted(p["offsets"], key=lambda r: r["offset"])
+    ]
     positive = [v for r in rows for v in (r["max_abs_diff"], r["unmoved_max_abs_diff"]) if v and v > 0]
     floor = min(positive) / 10 if positive else 1e-8
     fig, ax = plt.subplots(figsize=(8, 3.2))
@@ -137,12 +170,24 @@ def _probe(plt, p: dict[str, Any]):
 
     def series(key, label, color, marker):
         ys = [r[key] for r in rows]
-        ax.plot([x for x, y in zip(xs, ys) if y and y > 0], [y for y in ys if y and y > 0], marker + "-", color=color,
-                label=label)
+        ax.plot(
+            [x for x, y in zip(xs, ys) if y and y > 0],
+            [y for y in ys if y and y > 0],
+            marker + "-",
+            color=color,
+            label=label,
+        )
         zeros = [x for x, y in zip(xs, ys) if y == 0]
         if zeros:
-            ax.plot(zeros, [floor] * len(zeros), marker, color=color, markerfacecolor="white", markersize=9,
-                    label=f"{label}: exactly 0")
+            ax.plot(
+                zeros,
+                [floor] * len(zeros),
+                marker,
+                color=color,
+                markerfacecolor="white",
+                markersize=9,
+                label=f"{label}: exactly 0",
+            )
 
     series("max_abs_diff", plain(f"grafted at offset ({p['method'] or 'moved'})"), LIBRARY, "o")
     if any(r["unmoved_max_abs_diff"] is not None for r in rows):

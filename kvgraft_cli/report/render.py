@@ -8,7 +8,8 @@ report/collect.py read, each with its recorded value in full in a ``title`` (sho
 from __future__ import annotations
 
 import html
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from . import plots
 from .collect import ReportData
@@ -83,7 +84,7 @@ def model_caption(m: dict[str, Any], full: bool = True) -> str:
 def _model_cell(m: dict[str, Any]) -> str:
     """The model column of a table: the manifest's name (or source) and the model hash prefix."""
     name = m.get("manifest_name") or m.get("manifest_source") or ""
-    return f'{esc(name)}<br>{sha(m.get("model_sha256"))}'
+    return f"{esc(name)}<br>{sha(m.get('model_sha256'))}"
 
 
 def _table(head: Iterable[str], rows: Iterable[Iterable[str]], numeric: Iterable[int] = ()) -> str:
@@ -91,8 +92,11 @@ def _table(head: Iterable[str], rows: Iterable[Iterable[str]], numeric: Iterable
     numeric = set(numeric)
     out = ["<table><thead><tr>", *(f"<th>{h}</th>" for h in head), "</tr></thead><tbody>"]
     for row in rows:
-        out.append("<tr>" + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>"
-                                    for i, c in enumerate(row)) + "</tr>")
+        out.append(
+            "<tr>"
+            + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
+            + "</tr>"
+        )
     out.append("</tbody></table>")
     return "".join(out)
 
@@ -106,8 +110,9 @@ class _Figures:
     def __call__(self, kind: str, item: dict[str, Any], model: dict[str, Any], what: str) -> str:
         caption = f"{what}. Produced by {model_caption(model)}."
         if not self.enabled:
-            return (f'<p class="sub">[plot: {esc(what)}: needs matplotlib, '
-                    f'<code>{esc(plots.REPORT_EXTRA_HINT)}</code>]</p>')
+            return (
+                f'<p class="sub">[plot: {esc(what)}: needs matplotlib, <code>{esc(plots.REPORT_EXTRA_HINT)}</code>]</p>'
+            )
         svg = plots.draw(kind, item, model_caption(model, full=False))
         return f"<figure>{svg}<figcaption>{esc(caption)}</figcaption></figure>"
 
@@ -115,16 +120,21 @@ class _Figures:
 def render(data: ReportData, with_plots: bool) -> str:
     """The whole page."""
     fig = _Figures(with_plots)
-    parts = [MARKER, "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             '<meta name="viewport" content="width=device-width, initial-scale=1">',
-             f"<title>kvgraft report: {esc(data.ledger)}</title><style>{CSS}</style></head><body><main>",
-             "<h1>kvgraft report</h1>",
-             f'<p class="sub">Ledger <code>{esc(data.ledger)}</code>. Every number on this page is read from a '
-             "line of this ledger (cited as <em>line N</em>); each plot names the model and manifest that "
-             "produced it.</p>"]
+    parts = [
+        MARKER,
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>kvgraft report: {esc(data.ledger)}</title><style>{CSS}</style></head><body><main>",
+        "<h1>kvgraft report</h1>",
+        f'<p class="sub">Ledger <code>{esc(data.ledger)}</code>. Every number on this page is read from a '
+        "line of this ledger (cited as <em>line N</em>); each plot names the model and manifest that "
+        "produced it.</p>",
+    ]
     if not with_plots:
-        parts.append(f'<p class="warn">Tables only: plots need matplotlib (<code>{esc(plots.REPORT_EXTRA_HINT)}'
-                     "</code>).</p>")
+        parts.append(
+            f'<p class="warn">Tables only: plots need matplotlib (<code>{esc(plots.REPORT_EXTRA_HINT)}</code>).</p>'
+        )
     sections: list[tuple[str, Callable[[], str]]] = [
         ("verification", lambda: _verification(data)),
         ("solve comparisons", lambda: _comparisons(data, fig)),
@@ -138,10 +148,18 @@ def render(data: ReportData, with_plots: bool) -> str:
     if data.unreadable or data.skipped:
         parts.append("<h2>Lines not shown</h2>")
         if data.unreadable:
-            parts.append(f"<p>Not a JSON object: lines {esc(', '.join(map(str, data.unreadable[:50])))}"
-                         f"{' ...' if len(data.unreadable) > 50 else ''}.</p>")
-        parts.append(_table(["line", "kind", "why"], ([str(s["line"]), esc(s["kind"]), esc(s["reason"])]
-                                                      for s in data.skipped[:200])) if data.skipped else "")
+            parts.append(
+                f"<p>Not a JSON object: lines {esc(', '.join(map(str, data.unreadable[:50])))}"
+                f"{' ...' if len(data.unreadable) > 50 else ''}.</p>"
+            )
+        parts.append(
+            _table(
+                ["line", "kind", "why"],
+                ([str(s["line"]), esc(s["kind"]), esc(s["reason"])] for s in data.skipped[:200]),
+            )
+            if data.skipped
+            else ""
+        )
     parts.append("</main></body></html>\n")
     return "\n".join(parts)
 
@@ -149,13 +167,18 @@ def render(data: ReportData, with_plots: bool) -> str:
 def _verification(data: ReportData) -> str:
     """The first section: the verifier's verdict and what it checked."""
     v = data.verification
-    badge = ('<span class="badge ok">VERIFIED</span>' if v["passed"]
-             else '<span class="badge bad">NOT VERIFIED</span>')
+    badge = '<span class="badge ok">VERIFIED</span>' if v["passed"] else '<span class="badge bad">NOT VERIFIED</span>'
     files = v["files"]
-    rows = [["entries", cnt(v["entries"])], ["Merkle root (RFC 6962)", f'<span class="mono">{esc(v["root"])}</span>'],
-            ["referenced files", f"{cnt(files['checked'])} checked: {cnt(files['ok'])} ok, "
-                                 f"{cnt(len(files['missing']))} missing, {cnt(len(files['mismatched']))} mismatched"],
-            ["scores recomputed", cnt(v["scores_checked"])]]
+    rows = [
+        ["entries", cnt(v["entries"])],
+        ["Merkle root (RFC 6962)", f'<span class="mono">{esc(v["root"])}</span>'],
+        [
+            "referenced files",
+            f"{cnt(files['checked'])} checked: {cnt(files['ok'])} ok, "
+            f"{cnt(len(files['missing']))} missing, {cnt(len(files['mismatched']))} mismatched",
+        ],
+        ["scores recomputed", cnt(v["scores_checked"])],
+    ]
     cp = v.get("checkpoint")
     if cp is not None:
         signed = ", signed by " + esc(", ".join(cp.get("signed_by") or [])) if cp.get("signed_by") else ", unsigned"
@@ -168,23 +191,42 @@ def _verification(data: ReportData) -> str:
         rows.append(["warning", esc(w)])
     kinds = ", ".join(f"{esc(k)} {n:,}" for k, n in sorted(data.kinds.items()))
     rows.append(["entries by kind", kinds or "none"])
-    return ("<h2 id=\"verification\">Verification</h2>"
-            f"<p>{badge} <span class=\"sub\">by the torch-free verifier of <code>kvgraft verify</code></span></p>"
-            + _table(["check", "result"], rows))
+    return (
+        '<h2 id="verification">Verification</h2>'
+        f'<p>{badge} <span class="sub">by the torch-free verifier of <code>kvgraft verify</code></span></p>'
+        + _table(["check", "result"], rows)
+    )
 
 
 def _run_row(r: dict[str, Any]) -> list[str]:
     """One solve run as a table row (RUN_HEAD)."""
     label = "with library" if r["mode"] == "library" else "without library"
-    return [f"{label}<br><span class=\"sub\">line {r['line']}</span>",
-            f"{cnt(r['correct'])}/{cnt(r['scored'])}", flt(r["accuracy"]),
-            f"[{flt(r['wilson95_low'])}, {flt(r['wilson95_high'])}]", cnt(r["decode_tokens"]),
-            cnt(r["prefill_tokens"]), cnt(r["grafted_tokens"]), f"{cnt(r['exact_hits'])} / {cnt(r['related_hits'])}",
-            flt(r["wall_s"], ".2f"), _model_cell(r["model"])]
+    return [
+        f'{label}<br><span class="sub">line {r["line"]}</span>',
+        f"{cnt(r['correct'])}/{cnt(r['scored'])}",
+        flt(r["accuracy"]),
+        f"[{flt(r['wilson95_low'])}, {flt(r['wilson95_high'])}]",
+        cnt(r["decode_tokens"]),
+        cnt(r["prefill_tokens"]),
+        cnt(r["grafted_tokens"]),
+        f"{cnt(r['exact_hits'])} / {cnt(r['related_hits'])}",
+        flt(r["wall_s"], ".2f"),
+        _model_cell(r["model"]),
+    ]
 
 
-RUN_HEAD = ["run", "correct", "accuracy", "Wilson 95%", "decode tokens", "prefill tokens", "grafted tokens",
-            "exact / related hits", "wall s", "model"]
+RUN_HEAD = [
+    "run",
+    "correct",
+    "accuracy",
+    "Wilson 95%",
+    "decode tokens",
+    "prefill tokens",
+    "grafted tokens",
+    "exact / related hits",
+    "wall s",
+    "model",
+]
 
 
 def _comparisons(data: ReportData, fig: _Figures) -> str:
@@ -194,23 +236,39 @@ def _comparisons(data: ReportData, fig: _Figures) -> str:
         return out[0] + "<p>No <code>solve-outputs</code> entries.</p>"
     for c in data.comparisons:
         base, lib = c["baseline"], c["library"]
-        out.append(f"<h3>{esc(lib['problems_file']['path'])} <span class=\"sub\">(lines {base['line']} and "
-                   f"{lib['line']}; problems file sha256 {sha(lib['problems_file']['sha256'])})</span></h3>")
+        out.append(
+            f'<h3>{esc(lib["problems_file"]["path"])} <span class="sub">(lines {base["line"]} and '
+            f"{lib['line']}; problems file sha256 {sha(lib['problems_file']['sha256'])})</span></h3>"
+        )
         out.append(_table(RUN_HEAD, [_run_row(base), _run_row(lib)], numeric=range(1, 9)))
         if base["decode_tokens"] and lib["decode_tokens"]:
-            out.append(f"<p>{lib['decode_tokens']:,} decode tokens with the library instead of "
-                       f"{base['decode_tokens']:,} without ({base['decode_tokens'] / lib['decode_tokens']:.2f}x "
-                       "fewer).</p>")
-        out.append(fig("comparison", c, lib["model"], "Accuracy (Wilson 95%) and decode tokens, without vs with "
-                       "the library"))
+            out.append(
+                f"<p>{lib['decode_tokens']:,} decode tokens with the library instead of "
+                f"{base['decode_tokens']:,} without ({base['decode_tokens'] / lib['decode_tokens']:.2f}x "
+                "fewer).</p>"
+            )
+        out.append(
+            fig("comparison", c, lib["model"], "Accuracy (Wilson 95%) and decode tokens, without vs with the library")
+        )
         n_per = (len(base["per_problem"]), len(lib["per_problem"]))
         if any(n_per):
-            out.append(fig("per_problem", c, lib["model"], f"Decode tokens per problem ({n_per[0]} and {n_per[1]} "
-                           "solve lines), without vs with the library"))
+            out.append(
+                fig(
+                    "per_problem",
+                    c,
+                    lib["model"],
+                    f"Decode tokens per problem ({n_per[0]} and {n_per[1]} solve lines), without vs with the library",
+                )
+            )
     if data.runs:
         out.append("<h3>Runs without a partner of the other mode</h3>")
-        out.append(_table(["problems file"] + RUN_HEAD, ([esc(r["problems_file"]["path"])] + _run_row(r)
-                                                        for r in data.runs), numeric=range(2, 10)))
+        out.append(
+            _table(
+                ["problems file"] + RUN_HEAD,
+                ([esc(r["problems_file"]["path"])] + _run_row(r) for r in data.runs),
+                numeric=range(2, 10),
+            )
+        )
     return "".join(out)
 
 
@@ -219,14 +277,41 @@ def _graft_checks(data: ReportData) -> str:
     out = ['<h2 id="graft-checks">Graft checks (<code>graft --check</code>)</h2>']
     if not data.graft_checks:
         return out[0] + "<p>No <code>graft-check</code> entries.</p>"
-    rows = [[str(g["line"]), sha(g["artifact"]) + (f"<br>chain of {g['chain_links']}" if g["chain_links"] else ""),
-             f"{cnt(g['sha_equal'])}/{cnt(g['samples'])}", flt(g["max_kl"], ".3g"), flt(g["argmax_agreement"]),
-             f"{cnt(g['generated_equal'])}/{cnt(g['samples'])}", yes_no(g["deposit_reproduced"]),
-             cnt(g["prefix_tokens"]), esc(g["schedule"]), flt(g["single_pass_max_abs_diff"], ".3g"),
-             yes_no(g["passed"], "PASS", "FAIL"), _model_cell(g["model"])] for g in data.graft_checks]
-    return out[0] + _table(["line", "artifact", "SHA-equal", "max KL", "argmax agreement", "decode equal",
-                            "deposit reproduced", "prefix tokens", "schedule", "single-pass max |diff|", "result",
-                            "model"], rows, numeric=(2, 3, 4, 5, 7, 9))
+    rows = [
+        [
+            str(g["line"]),
+            sha(g["artifact"]) + (f"<br>chain of {g['chain_links']}" if g["chain_links"] else ""),
+            f"{cnt(g['sha_equal'])}/{cnt(g['samples'])}",
+            flt(g["max_kl"], ".3g"),
+            flt(g["argmax_agreement"]),
+            f"{cnt(g['generated_equal'])}/{cnt(g['samples'])}",
+            yes_no(g["deposit_reproduced"]),
+            cnt(g["prefix_tokens"]),
+            esc(g["schedule"]),
+            flt(g["single_pass_max_abs_diff"], ".3g"),
+            yes_no(g["passed"], "PASS", "FAIL"),
+            _model_cell(g["model"]),
+        ]
+        for g in data.graft_checks
+    ]
+    return out[0] + _table(
+        [
+            "line",
+            "artifact",
+            "SHA-equal",
+            "max KL",
+            "argmax agreement",
+            "decode equal",
+            "deposit reproduced",
+            "prefix tokens",
+            "schedule",
+            "single-pass max |diff|",
+            "result",
+            "model",
+        ],
+        rows,
+        numeric=(2, 3, 4, 5, 7, 9),
+    )
 
 
 def _probes(data: ReportData, fig: _Figures) -> str:
@@ -235,14 +320,30 @@ def _probes(data: ReportData, fig: _Figures) -> str:
     if not data.probes:
         return out[0] + "<p>No <code>probe</code> entries.</p>"
     for p in data.probes:
-        out.append(f"<h3>line {p['line']}: artifact {sha(p['artifact'])} <span class=\"sub\">({esc(p['positions'])} "
-                   f"positions, {esc(p['method'])}, {cnt(p['prefix_tokens'])} prefix tokens; offset 0 the only "
-                   f"exact point: {yes_no(p['own_position_unique'])})</span></h3>")
-        rows = [[cnt(r["offset"]), f"{cnt(r['sha_equal'])}/{cnt(r['samples'])}", flt(r["max_abs_diff"], ".3g"),
-                 flt(r["max_kl"], ".3g"), flt(r["argmax_agreement"]), flt(r["unmoved_max_abs_diff"], ".3g"),
-                 flt(r["unmoved_argmax_agreement"])] for r in p["offsets"]]
-        out.append(_table(["offset", "SHA-equal", "max |diff|", "max KL", "argmax", "unmoved max |diff|",
-                           "unmoved argmax"], rows, numeric=range(7)))
+        out.append(
+            f'<h3>line {p["line"]}: artifact {sha(p["artifact"])} <span class="sub">({esc(p["positions"])} '
+            f"positions, {esc(p['method'])}, {cnt(p['prefix_tokens'])} prefix tokens; offset 0 the only "
+            f"exact point: {yes_no(p['own_position_unique'])})</span></h3>"
+        )
+        rows = [
+            [
+                cnt(r["offset"]),
+                f"{cnt(r['sha_equal'])}/{cnt(r['samples'])}",
+                flt(r["max_abs_diff"], ".3g"),
+                flt(r["max_kl"], ".3g"),
+                flt(r["argmax_agreement"]),
+                flt(r["unmoved_max_abs_diff"], ".3g"),
+                flt(r["unmoved_argmax_agreement"]),
+            ]
+            for r in p["offsets"]
+        ]
+        out.append(
+            _table(
+                ["offset", "SHA-equal", "max |diff|", "max KL", "argmax", "unmoved max |diff|", "unmoved argmax"],
+                rows,
+                numeric=range(7),
+            )
+        )
         out.append(fig("probe", p, p["model"], f"max |diff| against offset, log scale (probe, line {p['line']})"))
         if p["note"]:
             out.append(f'<p class="sub">{esc(p["note"])}</p>')
@@ -257,18 +358,43 @@ def _scores(data: ReportData) -> str:
     rows = []
     for s in data.scores:
         run = s["run"]
-        of = (f"solve line {run['line']} ({esc(run['mode'])})<br>{_model_cell(run['model'])}" if run
-              else "not a solve run's outputs in this ledger")
+        of = (
+            f"solve line {run['line']} ({esc(run['mode'])})<br>{_model_cell(run['model'])}"
+            if run
+            else "not a solve run's outputs in this ledger"
+        )
         grader = esc(s["grader"]) + (f" {esc(s['grader_version'])}" if s["grader_version"] else "")
-        rows.append([str(s["line"]), f"<code>{esc(s['outputs']['path'])}</code>", of,
-                     f"{cnt(s['correct'])}/{cnt(s['n'])}", flt(s["accuracy"]),
-                     f"[{flt(s['wilson95_low'])}, {flt(s['wilson95_high'])}]",
-                     f"{cnt(s['answered'])} / {cnt(s['unanswered'])}", grader,
-                     f"rules {esc(s['rules'])}, extractor {esc(s['extractor_version'])}"
-                     + (", answered only" if s["answered_only"] else ""),
-                     sha(s["records"]["sha256"])])
-    return out[0] + _table(["line", "outputs", "run", "correct", "accuracy", "Wilson 95%", "answered / unanswered",
-                            "grader", "rules", "records sha256"], rows, numeric=(3, 4, 5, 6))
+        rows.append(
+            [
+                str(s["line"]),
+                f"<code>{esc(s['outputs']['path'])}</code>",
+                of,
+                f"{cnt(s['correct'])}/{cnt(s['n'])}",
+                flt(s["accuracy"]),
+                f"[{flt(s['wilson95_low'])}, {flt(s['wilson95_high'])}]",
+                f"{cnt(s['answered'])} / {cnt(s['unanswered'])}",
+                grader,
+                f"rules {esc(s['rules'])}, extractor {esc(s['extractor_version'])}"
+                + (", answered only" if s["answered_only"] else ""),
+                sha(s["records"]["sha256"]),
+            ]
+        )
+    return out[0] + _table(
+        [
+            "line",
+            "outputs",
+            "run",
+            "correct",
+            "accuracy",
+            "Wilson 95%",
+            "answered / unanswered",
+            "grader",
+            "rules",
+            "records sha256",
+        ],
+        rows,
+        numeric=(3, 4, 5, 6),
+    )
 
 
 def _deposits(data: ReportData) -> str:
@@ -276,10 +402,31 @@ def _deposits(data: ReportData) -> str:
     out = [f'<h2 id="deposits">Deposits ({len(data.deposits):,})</h2>']
     if not data.deposits:
         return out[0] + "<p>No <code>deposit</code> entries.</p>"
-    rows = [[str(d["line"]), esc(d["id"]), esc(d["status"]), esc(d["verification"]), cnt(d["tokens"]),
-             sha(d["artifact"]), cnt(d["payload_bytes"]), _model_cell(d["model"])]
-            for d in data.deposits[:MAX_DEPOSIT_ROWS]]
-    more = (f"<p>... and {len(data.deposits) - MAX_DEPOSIT_ROWS:,} more (<code>kvgraft ledger log --kind deposit"
-            "</code>).</p>" if len(data.deposits) > MAX_DEPOSIT_ROWS else "")
-    return out[0] + _table(["line", "id", "status", "verification", "tokens", "artifact", "payload bytes", "model"],
-                           rows, numeric=(0, 4, 6)) + more
+    rows = [
+        [
+            str(d["line"]),
+            esc(d["id"]),
+            esc(d["status"]),
+            esc(d["verification"]),
+            cnt(d["tokens"]),
+            sha(d["artifact"]),
+            cnt(d["payload_bytes"]),
+            _model_cell(d["model"]),
+        ]
+        for d in data.deposits[:MAX_DEPOSIT_ROWS]
+    ]
+    more = (
+        f"<p>... and {len(data.deposits) - MAX_DEPOSIT_ROWS:,} more (<code>kvgraft ledger log --kind deposit"
+        "</code>).</p>"
+        if len(data.deposits) > MAX_DEPOSIT_ROWS
+        else ""
+    )
+    return (
+        out[0]
+        + _table(
+            ["line", "id", "status", "verification", "tokens", "artifact", "payload bytes", "model"],
+            rows,
+            numeric=(0, 4, 6),
+        )
+        + more
+    )

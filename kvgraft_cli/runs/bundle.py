@@ -90,16 +90,30 @@ def backing(entry: dict, sha: str) -> Backing:
         v = entry.get("verification") if isinstance(entry.get("verification"), dict) else {}
         status, rec = v.get("status"), ins.get("record") if isinstance(ins.get("record"), dict) else {}
         pid, ref = rec.get("id"), v.get("reference")
-        return Backing(seq, kind, status == "verified", f"status {str(status)[:40]!r}",
-                       (pid,) if isinstance(pid, str) else None, True, ref if isinstance(ref, str) else None)
+        return Backing(
+            seq,
+            kind,
+            status == "verified",
+            f"status {str(status)[:40]!r}",
+            (pid,) if isinstance(pid, str) else None,
+            True,
+            ref if isinstance(ref, str) else None,
+        )
     if kind == "import":
         d = outs.get(f"artifact.{sha}") if isinstance(outs.get(f"artifact.{sha}"), dict) else {}
         if isinstance(d.get("verified"), bool):
             pids = d.get("problem_ids")
             pids = tuple(pids) if isinstance(pids, list) and all(isinstance(p, str) for p in pids) else None
             ref = d.get("reference")
-            return Backing(seq, kind, d["verified"], f"status {'verified' if d['verified'] else 'unverified'!r}",
-                           pids, "reference" in d, ref if isinstance(ref, str) else None)
+            return Backing(
+                seq,
+                kind,
+                d["verified"],
+                f"status {'verified' if d['verified'] else 'unverified'!r}",
+                pids,
+                "reference" in d,
+                ref if isinstance(ref, str) else None,
+            )
     return Backing(seq, kind, False, "no verification status", None, False, None)
 
 
@@ -112,14 +126,20 @@ def _id_backed(pid: str, b: Backing, parent: str | None) -> bool:
 
 
 def _library_backed(lib: dict, b: Backing, parent: str | None) -> bool:
-    return (b.verified and parent is None and b.problem_ids is not None and lib["problem_id"] in b.problem_ids
-            and (not b.has_reference or lib.get("answer") == b.reference))
+    return (
+        b.verified
+        and parent is None
+        and b.problem_ids is not None
+        and lib["problem_id"] in b.problem_ids
+        and (not b.has_reference or lib.get("answer") == b.reference)
+    )
 
 
 def _supports(row: dict, b: Backing) -> bool:
     parent = row["parent_sha256"]
-    return (all(e["verified"] == b.verified and _id_backed(e["problem_id"], b, parent) for e in row["entries"])
-            and (row["library"] is None or _library_backed(row["library"], b, parent)))
+    return all(e["verified"] == b.verified and _id_backed(e["problem_id"], b, parent) for e in row["entries"]) and (
+        row["library"] is None or _library_backed(row["library"], b, parent)
+    )
 
 
 def _conform(row: dict, b: Backing) -> dict:
@@ -140,6 +160,7 @@ def _conform(row: dict, b: Backing) -> dict:
 
 # -- export --------------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class ExportReport:
     """What an export wrote."""
@@ -155,8 +176,9 @@ class ExportReport:
         return asdict(self)
 
 
-def export_bundle(ctx: RunContext, refs: list[str], output: Path, *, key: str | None = None,
-                  origin: str = DEFAULT_ORIGIN) -> ExportReport:
+def export_bundle(
+    ctx: RunContext, refs: list[str], output: Path, *, key: str | None = None, origin: str = DEFAULT_ORIGIN
+) -> ExportReport:
     """Write the artifacts ``refs`` name (hash, unique prefix or problem id; none: every recorded artifact), with
     their chains' parents, to the bundle ``output``, with the first line of ``ctx.ledger`` recording each and its
     inclusion proof against a checkpoint of the whole ledger (signed with the signer ``key`` when given)."""
@@ -168,11 +190,12 @@ def export_bundle(ctx: RunContext, refs: list[str], output: Path, *, key: str | 
     signer = load_key(key) if key is not None else None  # a bad key is refused before any work
     tree = LedgerTree.read(ctx.ledger, complete=True)
     with ctx.open_store(create=False) as store:
-        roots = [store.resolve(r, ctx.manifest.compute_sha256) for r in refs] if refs else \
-            fmt.recorded_artifacts(store)
+        roots = [store.resolve(r, ctx.manifest.compute_sha256) for r in refs] if refs else fmt.recorded_artifacts(store)
         if not roots:
-            raise InputError(f"store {ctx.store} holds no recorded artifact to export",
-                             "deposit first (`kvgraft deposit FILE.jsonl`)")
+            raise InputError(
+                f"store {ctx.store} holds no recorded artifact to export",
+                "deposit first (`kvgraft deposit FILE.jsonl`)",
+            )
         wanted: dict[str, None] = {}  # insertion-ordered set: parents before their links
         for sha in roots:
             for link, _ in store.load_chain(sha):  # each re-hashed: a damaged object is never exported
@@ -181,10 +204,12 @@ def export_bundle(ctx: RunContext, refs: list[str], output: Path, *, key: str | 
         first = _recording_lines(tree, rows)
         unrecorded = [s for s in wanted if s not in first]
         if unrecorded:
-            raise InputError(f"artifact {unrecorded[0][:16]}... is recorded by no line of ledger {ctx.ledger}, so "
-                             "the bundle could not prove where it came from"
-                             + (f" (and {len(unrecorded) - 1} more)" if len(unrecorded) > 1 else ""),
-                             "pass the ledger that recorded it with --ledger, or deposit it again")
+            raise InputError(
+                f"artifact {unrecorded[0][:16]}... is recorded by no line of ledger {ctx.ledger}, so "
+                "the bundle could not prove where it came from"
+                + (f" (and {len(unrecorded) - 1} more)" if len(unrecorded) > 1 else ""),
+                "pass the ledger that recorded it with --ledger, or deposit it again",
+            )
         rows = [dict(_conform(rows[sha], first[sha]), recorded_by=first[sha].seq) for sha in sorted(wanted)]
         objects = {sha: store.object_path(sha) for sha in wanted}
         seqs = sorted(set(first[s].seq for s in wanted))
@@ -199,18 +224,33 @@ def export_bundle(ctx: RunContext, refs: list[str], output: Path, *, key: str | 
         listing = {"format": fmt.FORMAT, "version": fmt.VERSION, "artifacts": rows, "provenance": {"lines": lines}}
         raw_lines = b"".join(tree.lines[s] + b"\n" for s in seqs)
         sha = fmt.write_bundle(output, listing, objects, text.encode("utf-8"), raw_lines)
-    arts = [{"sha256": r["sha256"], "problem_ids": [e["problem_id"] for e in r["entries"]],
-             "file_bytes": r["file_bytes"], "recorded_by": r["recorded_by"]} for r in rows]
-    return ExportReport(str(output), sha, Path(output).stat().st_size, arts, seqs,
-                        {"origin": origin, "size": cp.size, "root": cp.root.hex(), "signed": signer is not None})
+    arts = [
+        {
+            "sha256": r["sha256"],
+            "problem_ids": [e["problem_id"] for e in r["entries"]],
+            "file_bytes": r["file_bytes"],
+            "recorded_by": r["recorded_by"],
+        }
+        for r in rows
+    ]
+    return ExportReport(
+        str(output),
+        sha,
+        Path(output).stat().st_size,
+        arts,
+        seqs,
+        {"origin": origin, "size": cp.size, "root": cp.root.hex(), "signed": signer is not None},
+    )
 
 
 def _local_only(ctx: RunContext, doing: str, then: str) -> None:
     """Bundles are made from and into a local store (the store package's SQL reads and renames are local)."""
     remote = getattr(ctx, "remote", None)
     if remote:
-        raise InputError(f"cannot {doing} remote store {remote} with a bundle",
-                         f"use a local store (--store DIR), and `kvgraft store {then}` to sync it with {remote}")
+        raise InputError(
+            f"cannot {doing} remote store {remote} with a bundle",
+            f"use a local store (--store DIR), and `kvgraft store {then}` to sync it with {remote}",
+        )
 
 
 def _recording_lines(tree: LedgerTree, rows: dict[str, dict]) -> dict[str, Backing]:
@@ -238,6 +278,7 @@ def _recording_lines(tree: LedgerTree, rows: dict[str, dict]) -> dict[str, Backi
 
 # -- import --------------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class ImportReport:
     """What an import checked and wrote."""
@@ -254,8 +295,9 @@ class ImportReport:
         return asdict(self)
 
 
-def import_bundle(ctx: RunContext, bundle: Path, *, keys: list[str] | None = None,
-                  keep_foreign: bool = False) -> ImportReport:
+def import_bundle(
+    ctx: RunContext, bundle: Path, *, keys: list[str] | None = None, keep_foreign: bool = False
+) -> ImportReport:
     """Check the bundle completely, then add its artifacts to ``ctx.store`` byte for byte and append one ``import``
     entry to ``ctx.ledger``. ``keys``: verifier keys, one of which must have signed the checkpoint.
     ``keep_foreign``: also keep artifacts made under another compute pin (they are indexed under their own pin, so
@@ -305,23 +347,30 @@ def check_provenance(staged: fmt.Staged, verifiers: list[str]) -> dict:
         except CheckFailed as e:
             raise IntegrityError(f"{where}: {e.message}", e.hint) from None
         except InputError as e:  # e.g. not signed at all
-            raise ArtifactError(f"{where}: {e.message}", "a --key import needs a checkpoint signed at export "
-                                "(`kvgraft store export --key SIGNER.key`)") from None
+            raise ArtifactError(
+                f"{where}: {e.message}",
+                "a --key import needs a checkpoint signed at export (`kvgraft store export --key SIGNER.key`)",
+            ) from None
     lines, tail = ledger.split_lines(staged.lines)
     listed = prov["lines"]
     lw = f"{src}: entry {fmt.LINES!r}"
     if tail or len(lines) != len(listed):
-        raise ArtifactError(f"{lw} holds {plural(len(lines), 'complete line')}{' and a torn tail' if tail else ''}, "
-                            f"the listing proves {len(listed)}")
+        raise ArtifactError(
+            f"{lw} holds {plural(len(lines), 'complete line')}{' and a torn tail' if tail else ''}, "
+            f"the listing proves {len(listed)}"
+        )
     entries: dict[int, dict] = {}
     for i, (raw, ln) in enumerate(zip(lines, listed)):
         at = f"{lw} line {i + 1} (ledger line {ln['seq'] + 1})"
         try:
-            merkle.verify_inclusion(ln["seq"], cp.size, merkle.leaf_hash(raw), [bytes.fromhex(h) for h in ln["proof"]],
-                                    cp.root)
+            merkle.verify_inclusion(
+                ln["seq"], cp.size, merkle.leaf_hash(raw), [bytes.fromhex(h) for h in ln["proof"]], cp.root
+            )
         except CheckFailed as e:
-            raise IntegrityError(f"{at}: not in the ledger the checkpoint commits to ({e.message})",
-                                 "the line, its proof or the checkpoint was changed; fetch the bundle again") from None
+            raise IntegrityError(
+                f"{at}: not in the ledger the checkpoint commits to ({e.message})",
+                "the line, its proof or the checkpoint was changed; fetch the bundle again",
+            ) from None
         try:
             entry = jsonio.loads(raw)
         except ValueError:
@@ -333,15 +382,23 @@ def check_provenance(staged: fmt.Staged, verifiers: list[str]) -> dict:
     for a in staged.artifacts:
         entry = entries.get(a["recorded_by"])
         if entry is None or a["sha256"] not in recorded_by(entry):
-            what = "is not among the provenance lines" if entry is None else \
-                f"(kind {str(entry.get('kind'))[:40]!r}) does not record this artifact"
+            what = (
+                "is not among the provenance lines"
+                if entry is None
+                else f"(kind {str(entry.get('kind'))[:40]!r}) does not record this artifact"
+            )
             raise ArtifactError(f"{src}: entry {a['path']!r}: its recording ledger line {a['recorded_by'] + 1} {what}")
         used.add(a["recorded_by"])
     if set(entries) - used:
         raise ArtifactError(f"{lw}: ledger line {min(set(entries) - used) + 1} records no artifact of the bundle")
     staged.provenance = entries
-    return {"sha256": sha256_bytes(staged.checkpoint), "origin": cp.origin, "size": cp.size, "root": cp.root.hex(),
-            "signed_by": signed_by}
+    return {
+        "sha256": sha256_bytes(staged.checkpoint),
+        "origin": cp.origin,
+        "size": cp.size,
+        "root": cp.root.hex(),
+        "signed_by": signed_by,
+    }
 
 
 def _check_pins(staged: fmt.Staged, pin: str, keep_foreign: bool) -> None:
@@ -350,11 +407,13 @@ def _check_pins(staged: fmt.Staged, pin: str, keep_foreign: bool) -> None:
     foreign = [a for a in staged.artifacts if a["manifest_sha256"] != pin]
     if foreign and not keep_foreign:
         a = foreign[0]
-        raise InputError(f"{staged.source}: entry {a['path']!r} was made under compute pin "
-                         f"{a['manifest_sha256'][:16]}..., this manifest's is {pin[:16]}..."
-                         + (f" ({len(foreign)} of {len(staged.artifacts)} artifacts are)" if len(foreign) > 1 else ""),
-                         "import with the manifest they were made under, or pass --keep-foreign to store them for "
-                         "later (no run of this manifest grafts them)")
+        raise InputError(
+            f"{staged.source}: entry {a['path']!r} was made under compute pin "
+            f"{a['manifest_sha256'][:16]}..., this manifest's is {pin[:16]}..."
+            + (f" ({len(foreign)} of {len(staged.artifacts)} artifacts are)" if len(foreign) > 1 else ""),
+            "import with the manifest they were made under, or pass --keep-foreign to store them for "
+            "later (no run of this manifest grafts them)",
+        )
 
 
 def _check_index_rows(staged: fmt.Staged, facts: dict[str, fmt.ObjectFacts]) -> None:
@@ -370,15 +429,19 @@ def _check_index_rows(staged: fmt.Staged, facts: dict[str, fmt.ObjectFacts]) -> 
         want = prefix_key(pin, ids) if f.parent is None else link_key(pin, f.parent, ids)
         for e in a["entries"]:
             if e["key"] != want:
-                raise ArtifactError(f"{where}: index entry {e['problem_id'][:60]!r} has key {e['key'][:16]}..., the "
-                                    f"artifact's tokens under its pin give {want[:16]}...")
+                raise ArtifactError(
+                    f"{where}: index entry {e['problem_id'][:60]!r} has key {e['key'][:16]}..., the "
+                    f"artifact's tokens under its pin give {want[:16]}..."
+                )
             other = owner.setdefault(e["key"], a["path"])
             if other != a["path"]:
                 first, second = sorted((other, a["path"]))
-                raise CheckFailed(f"{staged.source}: entry {first!r} and entry {second!r} hold the same index key "
-                                  f"{want[:16]}... (same pin and tokens) with different bytes: the machine that "
-                                  "made them did not compute the same bytes twice",
-                                  "import them into separate stores, or ask the sender which one to keep")
+                raise CheckFailed(
+                    f"{staged.source}: entry {first!r} and entry {second!r} hold the same index key "
+                    f"{want[:16]}... (same pin and tokens) with different bytes: the machine that "
+                    "made them did not compute the same bytes twice",
+                    "import them into separate stores, or ask the sender which one to keep",
+                )
 
 
 @dataclass
@@ -407,8 +470,10 @@ def _check_claims(staged: fmt.Staged, facts: dict[str, fmt.ObjectFacts], manifes
         for e in a["entries"]:
             pid = e["problem_id"][:60]
             if e["verified"] != b.verified:
-                raise ArtifactError(f"{where}: index row {pid!r} says verified {str(e['verified']).lower()}, "
-                                    f"{b.line} says {b.status}", _CLAIM_HINT)
+                raise ArtifactError(
+                    f"{where}: index row {pid!r} says verified {str(e['verified']).lower()}, {b.line} says {b.status}",
+                    _CLAIM_HINT,
+                )
             if not _id_backed(e["problem_id"], b, f.parent):
                 if b.problem_ids is not None:
                     said = f"is not the record id {', '.join(repr(x[:60]) for x in b.problem_ids)} that {b.line} names"
@@ -417,27 +482,38 @@ def _check_claims(staged: fmt.Staged, facts: dict[str, fmt.ObjectFacts], manifes
                 else:
                     said = f"is on a root artifact, and {b.line} names no problem id for it"
                 raise ArtifactError(f"{where}: index row problem id {pid!r} {said}", _CLAIM_HINT)
-        d = Derived(b.verified, [e["problem_id"] for e in a["entries"]], b.reference if b.verified else None, None,
-                    "none")
+        d = Derived(
+            b.verified, [e["problem_id"] for e in a["entries"]], b.reference if b.verified else None, None, "none"
+        )
         lib = a.get("library")
         if lib is not None:
             if not b.verified or f.parent is not None:
-                raise ArtifactError(f"{where}: a library row belongs to a verified root artifact only; "
-                                    f"{b.line} says {b.status}" + (" and it is a chain link" if f.parent else ""),
-                                    _CLAIM_HINT)
+                raise ArtifactError(
+                    f"{where}: a library row belongs to a verified root artifact only; "
+                    f"{b.line} says {b.status}" + (" and it is a chain link" if f.parent else ""),
+                    _CLAIM_HINT,
+                )
             if lib["problem_id"] not in (b.problem_ids or ()):
-                raise ArtifactError(f"{where}: the library row's problem id {lib['problem_id'][:60]!r} is not the "
-                                    f"record id {b.line} names", _CLAIM_HINT)
+                raise ArtifactError(
+                    f"{where}: the library row's problem id {lib['problem_id'][:60]!r} is not the "
+                    f"record id {b.line} names",
+                    _CLAIM_HINT,
+                )
             if not _library_backed(lib, b, f.parent):
-                raise ArtifactError(f"{where}: the library row's answer {str(lib.get('answer'))[:40]!r} is not the "
-                                    f"reference answer {str(b.reference)[:40]!r} {b.line} records", _CLAIM_HINT)
+                raise ArtifactError(
+                    f"{where}: the library row's answer {str(lib.get('answer'))[:40]!r} is not the "
+                    f"reference answer {str(b.reference)[:40]!r} {b.line} records",
+                    _CLAIM_HINT,
+                )
             if lib["problem_key"] != problem_key(a["manifest_sha256"], normalize_key(lib["problem"])):
                 raise ArtifactError(f"{where}: the library row's problem_key is not the key of its problem text")
             p = Problem(0, lib["problem_id"], lib["problem"], lib["solution"], lib.get("answer"), "")
             verdict = verify_solution(p)
             if verdict.status != "verified":
-                raise ArtifactError(f"{where}: the library row's solution does not verify ({verdict.status}: "
-                                    f"{verdict.reason[:120]})", _CLAIM_HINT)
+                raise ArtifactError(
+                    f"{where}: the library row's solution does not verify ({verdict.status}: {verdict.reason[:120]})",
+                    _CLAIM_HINT,
+                )
             if a["manifest_sha256"] != pin:
                 d.library_note = "not imported (another pin)"
             else:
@@ -448,8 +524,10 @@ def _check_claims(staged: fmt.Staged, facts: dict[str, fmt.ObjectFacts], manifes
     return derived
 
 
-_CLAIM_HINT = ("a listing may claim only what its provenance lines record; ask the sender for a fresh export "
-               "(`kvgraft store export`)")
+_CLAIM_HINT = (
+    "a listing may claim only what its provenance lines record; ask the sender for a fresh export "
+    "(`kvgraft store export`)"
+)
 
 
 def _check_texts_bind(tok, p: Problem, f: fmt.ObjectFacts, where: str) -> None:
@@ -458,13 +536,17 @@ def _check_texts_bind(tok, p: Problem, f: fmt.ObjectFacts, where: str) -> None:
     try:
         ids = tok.prefix_ids(tok.prompts.root_text(p.fields()), where=where)
     except InputError as e:
-        raise ArtifactError(f"{where}: the library row's texts cannot be this artifact's prefix ({e.message})",
-                            _CLAIM_HINT) from None
+        raise ArtifactError(
+            f"{where}: the library row's texts cannot be this artifact's prefix ({e.message})", _CLAIM_HINT
+        ) from None
     if ids != f.token_ids:
         at = next((i for i, (x, y) in enumerate(zip(ids, f.token_ids)) if x != y), min(len(ids), len(f.token_ids)))
-        raise ArtifactError(f"{where}: the library row's problem and solution do not tokenize to the artifact's "
-                            f"tokens ({len(ids):,} tokens against {len(f.token_ids):,}, first difference at token "
-                            f"{at:,}): its texts belong to another prefix", _CLAIM_HINT)
+        raise ArtifactError(
+            f"{where}: the library row's problem and solution do not tokenize to the artifact's "
+            f"tokens ({len(ids):,} tokens against {len(f.token_ids):,}, first difference at token "
+            f"{at:,}): its texts belong to another prefix",
+            _CLAIM_HINT,
+        )
 
 
 def _prefix_tokenizer(manifest):
@@ -485,10 +567,13 @@ def _prefix_tokenizer(manifest):
     except OSError as e:
         got, why = None, str(e)
     if got != want:
-        raise CheckFailed(f"cannot check the bundle's library rows against their artifacts: the tokenizer in "
-                          f"{model_dir} " + (f"hashes to {got[:16]}..." if got else f"is not readable ({why})")
-                          + f", the manifest pins {want[:16]}...",
-                          "import where the manifest's model is installed (its tokenizer files are what is read)")
+        raise CheckFailed(
+            f"cannot check the bundle's library rows against their artifacts: the tokenizer in "
+            f"{model_dir} "
+            + (f"hashes to {got[:16]}..." if got else f"is not readable ({why})")
+            + f", the manifest pins {want[:16]}...",
+            "import where the manifest's model is installed (its tokenizer files are what is read)",
+        )
     import transformers
     from transformers import AutoConfig, AutoTokenizer
 
@@ -508,23 +593,27 @@ def _check_against_store(staged: fmt.Staged, ctx: RunContext) -> None:
             where = f"{staged.source}: entry {a['path']!r}"
             p = a["parent_sha256"]
             if p is not None and p not in have and not (store and store.has_object(p)):
-                raise ArtifactError(f"{where}: a chain link whose parent {p[:16]}... is neither in the bundle nor in "
-                                    f"store {ctx.store}", "export the link again: an export brings its parents")
+                raise ArtifactError(
+                    f"{where}: a chain link whose parent {p[:16]}... is neither in the bundle nor in store {ctx.store}",
+                    "export the link again: an export brings its parents",
+                )
             for e in a["entries"] if store else []:
                 got = store.lookup_key(e["key"])
                 if got is not None and got.artifact != a["sha256"]:
-                    raise CheckFailed(f"{where}: store {ctx.store} maps the same prefix under the same pin "
-                                      f"({e['problem_id'][:60]!r}) to artifact {got.artifact[:16]}...: the two "
-                                      "machines did not compute the same bytes",
-                                      "compare the two manifests' kernel flags and versions; import into another "
-                                      "store to keep both")
+                    raise CheckFailed(
+                        f"{where}: store {ctx.store} maps the same prefix under the same pin "
+                        f"({e['problem_id'][:60]!r}) to artifact {got.artifact[:16]}...: the two "
+                        "machines did not compute the same bytes",
+                        "compare the two manifests' kernel flags and versions; import into another store to keep both",
+                    )
     finally:
         if store is not None:
             store.close()
 
 
-def _write(ctx: RunContext, staged: fmt.Staged, checkpoint: dict, keep_foreign: bool, bundle: Path,
-           derived: dict[str, Derived]) -> ImportReport:
+def _write(
+    ctx: RunContext, staged: fmt.Staged, checkpoint: dict, keep_foreign: bool, bundle: Path, derived: dict[str, Derived]
+) -> ImportReport:
     """Move the checked objects into the store, index them, and record the import (marking them recorded under the
     ledger's append lock). A failure here (disk full) leaves complete, indexed, unrecorded objects, as a failed
     deposit does (store/local.py)."""
@@ -539,32 +628,62 @@ def _write(ctx: RunContext, staged: fmt.Staged, checkpoint: dict, keep_foreign: 
                 fmt.place(staged.objects[sha], dest)
             d = derived[sha]
             for e in a["entries"]:  # each checked against the provenance line (_check_claims)
-                store.index(sha, payload_bytes=a["payload_bytes"], key=e["key"], problem_id=e["problem_id"],
-                            num_tokens=a["num_tokens"], model_sha256=a["model_sha256"],
-                            manifest_sha256=a["manifest_sha256"], verified=d.verified)
+                store.index(
+                    sha,
+                    payload_bytes=a["payload_bytes"],
+                    key=e["key"],
+                    problem_id=e["problem_id"],
+                    num_tokens=a["num_tokens"],
+                    model_sha256=a["model_sha256"],
+                    manifest_sha256=a["manifest_sha256"],
+                    verified=d.verified,
+                )
             if d.library is not None:
                 store.add_to_library(sha, d.library["problem_id"], a["manifest_sha256"], a["num_tokens"], d.library)
             file_sha = a["file_sha256"] if status == "imported" else sha256_file(dest)
             # What was derived is recorded, so a later export of this store is backed by this line.
-            outputs[f"artifact.{sha}"] = {**digest(sha), "path": ctx.rel(dest), "file_sha256": file_sha,
-                                          "status": status, "compute_sha256": a["manifest_sha256"],
-                                          "verified": d.verified, "problem_ids": d.problem_ids,
-                                          **({"reference": d.reference} if d.verified else {})}
-            report.artifacts.append({"sha256": sha, "status": status, "foreign": a["manifest_sha256"] != pin,
-                                     "problem_ids": d.problem_ids, "verified": d.verified,
-                                     "library": d.library_note, "file_sha256": file_sha, "path": str(dest)})
+            outputs[f"artifact.{sha}"] = {
+                **digest(sha),
+                "path": ctx.rel(dest),
+                "file_sha256": file_sha,
+                "status": status,
+                "compute_sha256": a["manifest_sha256"],
+                "verified": d.verified,
+                "problem_ids": d.problem_ids,
+                **({"reference": d.reference} if d.verified else {}),
+            }
+            report.artifacts.append(
+                {
+                    "sha256": sha,
+                    "status": status,
+                    "foreign": a["manifest_sha256"] != pin,
+                    "problem_ids": d.problem_ids,
+                    "verified": d.verified,
+                    "library": d.library_note,
+                    "file_sha256": file_sha,
+                    "path": str(dest),
+                }
+            )
         entry = ctx.entry_base()
         entry.update(
-            inputs={"bundle": {**digest(staged.sha256), "name": bundle.name, "bytes": staged.bytes},
-                    "listing": digest(staged.listing_sha256),
-                    "provenance": {**digest(sha256_bytes(staged.lines)),
-                                   "lines": [ln["seq"] for ln in staged.listing["provenance"]["lines"]]},
-                    "checkpoint": {**digest(checkpoint["sha256"]), **{k: v for k, v in checkpoint.items()
-                                                                        if k != "sha256"}},
-                    "settings": {"keep_foreign": keep_foreign}},
-            outputs={**outputs, "counts": {s: sum(r["status"] == s for r in report.artifacts)
-                                           for s in ("imported", "existing")}
-                     | {"artifacts": len(report.artifacts), "foreign": sum(r["foreign"] for r in report.artifacts)}},
+            inputs={
+                "bundle": {**digest(staged.sha256), "name": bundle.name, "bytes": staged.bytes},
+                "listing": digest(staged.listing_sha256),
+                "provenance": {
+                    **digest(sha256_bytes(staged.lines)),
+                    "lines": [ln["seq"] for ln in staged.listing["provenance"]["lines"]],
+                },
+                "checkpoint": {
+                    **digest(checkpoint["sha256"]),
+                    **{k: v for k, v in checkpoint.items() if k != "sha256"},
+                },
+                "settings": {"keep_foreign": keep_foreign},
+            },
+            outputs={
+                **outputs,
+                "counts": {s: sum(r["status"] == s for r in report.artifacts) for s in ("imported", "existing")}
+                | {"artifacts": len(report.artifacts), "foreign": sum(r["foreign"] for r in report.artifacts)},
+            },
         )
         shas = [a["sha256"] for a in staged.artifacts]
         written = ledger.append(ctx.ledger, "import", entry, after=lambda _: store.mark_recorded(shas))

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..util.hashing import digest
 from ..config.manifest import Manifest
+from ..util.hashing import digest
 
 if TYPE_CHECKING:
     from ..store.local import Store
@@ -31,8 +31,9 @@ class RunContext:
     remote: str | None = None
 
     @classmethod
-    def make(cls, manifest: Manifest, store: Path | str | None = None, ledger: Path | None = None,
-             allow_drift: bool = False) -> "RunContext":
+    def make(
+        cls, manifest: Manifest, store: Path | str | None = None, ledger: Path | None = None, allow_drift: bool = False
+    ) -> RunContext:
         paths = manifest.data["paths"]
         ref = str(store if store is not None else paths["store"])
         if ref.startswith(REMOTE_SCHEME):
@@ -47,7 +48,7 @@ class RunContext:
         """How to name the store to a user: the remote URL, else the folder."""
         return self.remote or str(self.store)
 
-    def open_store(self, create: bool = True, codec: str = "auto") -> "Store":
+    def open_store(self, create: bool = True, codec: str = "auto") -> Store:
         """The run's artifact store (``create=False``: refuse when there is none; readers never create one): a
         :class:`~..store.remote.RemoteStore` for a remote (named by ``remote``, or by the marker of a cache folder,
         so a context copied without ``remote`` still reaches it), else a local :class:`~..store.local.Store`."""

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ..artifacts import format as kvg
-from ..ledger import log as ledger
+from ..config.modelhash import context_window
 from ..engine.engine import Engine, load_engine, tensor_sha256, token_ids_sha256
 from ..errors import CheckFailed, IntegrityError, StoreError
-from ..util.hashing import digest, sha256_file
-from ..config.modelhash import context_window
 from ..eval.problems import Problem, check_lengths, normalize_key, read_problems, verify_solution
-from .context import RunContext
+from ..ledger import log as ledger
 from ..store import writers
 from ..store.local import Store, prefix_key, problem_key
+from ..util.hashing import digest, sha256_file
+from .context import RunContext
 
 if TYPE_CHECKING:
     from .workers.ray import RayPool
@@ -60,8 +61,15 @@ class DepositReport:
         }
 
     def to_json(self) -> dict:
-        return {"input": self.input, "input_sha256": self.input_sha256, "store": self.store, "ledger": self.ledger,
-                "manifest": self.manifest, "totals": self.totals(), "results": [asdict(r) for r in self.results]}
+        return {
+            "input": self.input,
+            "input_sha256": self.input_sha256,
+            "store": self.store,
+            "ledger": self.ledger,
+            "manifest": self.manifest,
+            "totals": self.totals(),
+            "results": [asdict(r) for r in self.results],
+        }
 
 
 def render_prefix(template: str, p: Problem) -> str:
@@ -69,10 +77,20 @@ def render_prefix(template: str, p: Problem) -> str:
     return template.format(**p.fields())
 
 
-def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, allow_unverified: bool = False,
-            recompute: bool = False, level: int = 3, engine: Engine | None = None, codec: str = "auto",
-            pool: "RayPool | None" = None, on_start: Callable[[int], None] | None = None,
-            on_progress: Callable[[DepositResult], None] | None = None) -> DepositReport:
+def deposit(
+    ctx: RunContext,
+    problems_path: Path,
+    *,
+    limit: int | None = None,
+    allow_unverified: bool = False,
+    recompute: bool = False,
+    level: int = 3,
+    engine: Engine | None = None,
+    codec: str = "auto",
+    pool: RayPool | None = None,
+    on_start: Callable[[int], None] | None = None,
+    on_progress: Callable[[DepositResult], None] | None = None,
+) -> DepositReport:
     """Deposit every verified problem of a JSONL file. The whole file is parsed and checked before any work.
     ``codec``: how new artifact files are written (``auto``, ``raw`` or ``zstd``; the identity is the same).
     ``pool`` (runs.workers.ray): compute the artifacts on Ray workers, in shards; this process alone indexes them
@@ -82,8 +100,9 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
         problems = problems[:limit]
     # A text no position limit could fit is refused by its length, before anything is tokenized or loaded.
     check_lengths(problems, problems_path, context_window(ctx.manifest.model_dir))
-    report = DepositReport(str(problems_path), sha256_file(problems_path), ctx.store_name, str(ctx.ledger),
-                           ctx.manifest.source)
+    report = DepositReport(
+        str(problems_path), sha256_file(problems_path), ctx.store_name, str(ctx.ledger), ctx.manifest.source
+    )
     plan: list[tuple[Problem, object]] = []
     for p in problems:
         verdict = verify_solution(p)
@@ -103,8 +122,9 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
             on_start(len(plan))
         # Every prefix is tokenized (and one the model cannot hold refused) before the store is created.
         prefixes = pool.map_all("deposit-prefix", [p for p, _ in plan], {"where": where})
-        computed = pool.map_ordered("deposit", list(zip((p for p, _ in plan), prefixes)),
-                                    {"recompute": recompute, "level": level}, codec=codec)
+        computed = pool.map_ordered(
+            "deposit", list(zip((p for p, _ in plan), prefixes)), {"recompute": recompute, "level": level}, codec=codec
+        )
     else:
         if engine is None:
             engine = load_engine(ctx.manifest, ctx.allow_drift)
@@ -114,7 +134,7 @@ def deposit(ctx: RunContext, problems_path: Path, *, limit: int | None = None, a
         computed = None
     # Registered as a running writer while it writes: gc keeps what it writes, whatever its grace (store.writers).
     with ctx.open_store(codec=codec) as store, writers.registered(store.root):
-        for i, ((p, verdict), ids) in enumerate(zip(plan, prefixes)):
+        for (p, verdict), ids in zip(plan, prefixes):
             if computed is None:
                 c = compute_deposit(ctx.manifest, engine, store, p, ids, recompute, level, ctx.engine_facts(engine))
             else:
@@ -147,8 +167,9 @@ def prefix_job(ctx: RunContext, engine: Engine, p: Problem, *, where: str) -> li
     return engine.prefix_ids(engine.prompts.root_text(p.fields()), where=f"{where}:{p.line}")
 
 
-def compute_deposit(m, engine: Engine, store: Store, p: Problem, ids: list[int], recompute: bool, level: int,
-                    facts: dict) -> Computed:
+def compute_deposit(
+    m, engine: Engine, store: Store, p: Problem, ids: list[int], recompute: bool, level: int, facts: dict
+) -> Computed:
     """The compute step: prefill the prefix, encode and hash the artifact, write its object file (not indexed).
     When the store already holds the prefix (and not ``recompute``), its stored object is re-hashed instead."""
     ids_sha = token_ids_sha256(ids)
@@ -163,9 +184,18 @@ def compute_deposit(m, engine: Engine, store: Store, p: Problem, ids: list[int],
             raise IntegrityError(
                 f"{p.id}: the store's index names artifact {existing.artifact[:16]}... for this prefix, but that "
                 "artifact holds other tokens or another compute pin: the index row was altered",
-                "deposit with --recompute into a store whose index you trust; for a remote store see docs/REMOTE.md")
-        return Computed(key, ids_sha, len(ids), existing.artifact, art.meta["logits_sha256"], None,
-                        engine.hashes.model_sha256, facts)
+                "deposit with --recompute into a store whose index you trust; for a remote store see docs/REMOTE.md",
+            )
+        return Computed(
+            key,
+            ids_sha,
+            len(ids),
+            existing.artifact,
+            art.meta["logits_sha256"],
+            None,
+            engine.hashes.model_sha256,
+            facts,
+        )
     cache, last = engine.prefill(ids)
     logits_sha = tensor_sha256(last)
     payload = kvg.encode(ids, engine.capture(cache), engine.artifact_meta(logits_sha))
@@ -185,22 +215,39 @@ def _check_same(p: Problem, stored: str | None, sha: str, payload: Callable[[], 
         )
 
 
-def record_deposit(ctx: RunContext, store: Store, report: DepositReport, p: Problem, verdict, c: Computed,
-                   recompute: bool, settings: dict, by_worker: bool = False) -> DepositResult:
+def record_deposit(
+    ctx: RunContext,
+    store: Store,
+    report: DepositReport,
+    p: Problem,
+    verdict,
+    c: Computed,
+    recompute: bool,
+    settings: dict,
+    by_worker: bool = False,
+) -> DepositResult:
     """The record step: index the computed artifact and append its ledger entry (or nothing). ``by_worker``: a Ray
     worker computed it (its object may be in a store this process does not reach)."""
     m = ctx.manifest
     verified = verdict.status == "verified"
     # What `kvgraft solve` finds: the problem (exact hits by its normalized text) and the solution (full text).
-    library = {"problem_key": problem_key(m.compute_sha256, normalize_key(p.problem)), "problem": p.problem,
-               "solution": p.solution, "answer": p.answer}
+    library = {
+        "problem_key": problem_key(m.compute_sha256, normalize_key(p.problem)),
+        "problem": p.problem,
+        "solution": p.solution,
+        "answer": p.answer,
+    }
     payload_len = c.payload_bytes
     if payload_len is not None:
         # In a sharded run an earlier problem of the same run may have indexed this prefix since a worker computed
         # it: record it as the single-process run would have (already stored), so the ledgers agree.
         existing = store.lookup_key(c.key)
-        _check_same(p, existing.artifact if existing else None, c.artifact,
-                    lambda: kvg.read_file(store.object_path(c.artifact), c.artifact)[0])
+        _check_same(
+            p,
+            existing.artifact if existing else None,
+            c.artifact,
+            lambda: kvg.read_file(store.object_path(c.artifact), c.artifact)[0],
+        )
         if existing and store.has_object(existing.artifact) and not recompute:
             payload_len = None
     sha = c.artifact
@@ -209,9 +256,17 @@ def record_deposit(ctx: RunContext, store: Store, report: DepositReport, p: Prob
         if verified:
             store.add_to_library(sha, p.id, m.compute_sha256, c.num_tokens, library)
     else:
-        store.index(sha, payload_bytes=payload_len, key=c.key, problem_id=p.id, num_tokens=c.num_tokens,
-                    model_sha256=c.model_sha256, manifest_sha256=m.compute_sha256, verified=verified,
-                    library=library)
+        store.index(
+            sha,
+            payload_bytes=payload_len,
+            key=c.key,
+            problem_id=p.id,
+            num_tokens=c.num_tokens,
+            model_sha256=c.model_sha256,
+            manifest_sha256=m.compute_sha256,
+            verified=verified,
+            library=library,
+        )
     entry = ctx.entry_base()
     entry.update(c.engine)
     entry.update(
@@ -225,8 +280,12 @@ def record_deposit(ctx: RunContext, store: Store, report: DepositReport, p: Prob
             "artifact": {**digest(sha), "path": ctx.rel(store.object_path(sha))},
             "logits": {**digest(c.logits_sha256), "dtype": m.data["model"]["dtype"], "position": c.num_tokens - 1},
         },
-        verification={"status": verdict.status, "reason": verdict.reason, "extracted": verdict.extracted,
-                      "reference": p.answer},
+        verification={
+            "status": verdict.status,
+            "reason": verdict.reason,
+            "extracted": verdict.extracted,
+            "reference": p.answer,
+        },
     )
     if payload_len is not None:
         entry["outputs"]["artifact"]["payload_bytes"] = payload_len
@@ -238,10 +297,21 @@ def record_deposit(ctx: RunContext, store: Store, report: DepositReport, p: Prob
 
     # If the append fails, the object and index rows stay (unrecorded): another run may already name this
     # artifact in its own ledger line, so deleting it could leave that line pointing at nothing.
-    written = ledger.append(ctx.ledger, "deposit", entry, finalize=first_record,
-                            after=lambda _: store.mark_recorded([sha]))
-    return DepositResult(p.id, p.line, written["status"], verdict.reason, verified, sha, c.num_tokens,
-                         store.object_path(sha).stat().st_size, c.logits_sha256, written["seq"])
+    written = ledger.append(
+        ctx.ledger, "deposit", entry, finalize=first_record, after=lambda _: store.mark_recorded([sha])
+    )
+    return DepositResult(
+        p.id,
+        p.line,
+        written["status"],
+        verdict.reason,
+        verified,
+        sha,
+        c.num_tokens,
+        store.object_path(sha).stat().st_size,
+        c.logits_sha256,
+        written["seq"],
+    )
 
 
 def _object_here(store: Store, sha: str, by_worker: bool = True) -> None:
@@ -257,18 +327,32 @@ def _object_here(store: Store, sha: str, by_worker: bool = True) -> None:
     if not by_worker:
         # This process wrote it moments ago: it was deleted between the object and its index row, which only
         # `kvgraft store gc` with a grace shorter than the deposit does (#24.12). Nothing was recorded for it.
-        raise StoreError(f"artifact {sha[:16]}... written by this deposit was deleted from the store at {store.root} "
-                         "before it was indexed (`kvgraft store gc` with a --grace shorter than a running deposit, "
-                         "e.g. --grace 0, deletes objects not yet indexed); nothing was recorded for it",
-                         "re-run the same deposit (what is recorded is kept; this problem is computed again), and "
-                         "run gc with its default --grace (3600 s), or when no deposit is running")
-    raise StoreError(f"artifact {sha[:16]}... computed by a worker is not in the store at {store.root}",
-                     "with --ray-address every node must reach the store: an s3:// store, or a folder mounted at "
-                     "the same path on every node")
+        raise StoreError(
+            f"artifact {sha[:16]}... written by this deposit was deleted from the store at {store.root} "
+            "before it was indexed (`kvgraft store gc` with a --grace shorter than a running deposit, "
+            "e.g. --grace 0, deletes objects not yet indexed); nothing was recorded for it",
+            "re-run the same deposit (what is recorded is kept; this problem is computed again), and "
+            "run gc with its default --grace (3600 s), or when no deposit is running",
+        )
+    raise StoreError(
+        f"artifact {sha[:16]}... computed by a worker is not in the store at {store.root}",
+        "with --ray-address every node must reach the store: an s3:// store, or a folder mounted at "
+        "the same path on every node",
+    )
 
 
-def deposit_one(ctx: RunContext, engine: Engine, store: Store, report: DepositReport, p: Problem, verdict,
-                recompute: bool, level: int, settings: dict, ids: list[int] | None = None) -> DepositResult:
+def deposit_one(
+    ctx: RunContext,
+    engine: Engine,
+    store: Store,
+    report: DepositReport,
+    p: Problem,
+    verdict,
+    recompute: bool,
+    level: int,
+    settings: dict,
+    ids: list[int] | None = None,
+) -> DepositResult:
     """Prefill, store and record one problem (``report`` names the input file; ``ids``: its prefix's token ids,
     when already made); the ledger entry or nothing."""
     if ids is None:

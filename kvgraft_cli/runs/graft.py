@@ -9,13 +9,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..artifacts import format as kvg
-from ..ledger import log as ledger
 from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
 from ..engine.growcache import room_for
 from ..errors import InputError, KvgraftError, ModelMismatch
+from ..ledger import log as ledger
+from ..store.local import check_chain
 from ..util.hashing import digest, sha256_bytes
 from .context import RunContext
-from ..store.local import check_chain
 
 # Query texts for --check samples; each sample also gets a seeded random tail so every suffix differs.
 CHECK_QUERIES = (
@@ -107,8 +107,11 @@ def _refuse_past_positions(ctx: RunContext, path: Path) -> None:
     info = read_info(path)  # the header alone, checked as a graft checks it (layout.check_header)
     n, end = info.num_tokens, info.start_position + info.num_tokens
     if end > limit:
-        raise ModelMismatch(f"{path}: its header declares {n:,} tokens, ending at position {end:,}, past the model's "
-                            f"{limit:,} positions", "graft an artifact deposited for this model and manifest")
+        raise ModelMismatch(
+            f"{path}: its header declares {n:,} tokens, ending at position {end:,}, past the model's "
+            f"{limit:,} positions",
+            "graft an artifact deposited for this model and manifest",
+        )
 
 
 def _open_file(ctx: RunContext, path: Path, expected: str | None) -> tuple[str, kvg.Artifact]:
@@ -137,8 +140,11 @@ def fit_artifact(loaded: Loaded | str | None, ctx: RunContext, engine: Engine) -
     if not isinstance(loaded, Loaded):
         loaded = open_artifact(ctx, loaded)
     for sha, art in loaded.chain:
-        kvg.check_compatible(art.meta, engine.compatibility(art.start), f"{loaded.source} (link {sha[:16]}...)"
-                             if len(loaded.chain) > 1 else loaded.source)
+        kvg.check_compatible(
+            art.meta,
+            engine.compatibility(art.start),
+            f"{loaded.source} (link {sha[:16]}...)" if len(loaded.chain) > 1 else loaded.source,
+        )
     return loaded
 
 
@@ -164,28 +170,40 @@ class GraftResult:
     identity: str = "store"  # how its identity was checked (Loaded.identity); "file": against nothing recorded
 
 
-def graft_generate(ctx: RunContext, engine: Engine, ref: Loaded | str | None, query: str,
-                   max_new_tokens: int) -> GraftResult:
+def graft_generate(
+    ctx: RunContext, engine: Engine, ref: Loaded | str | None, query: str, max_new_tokens: int
+) -> GraftResult:
     """Restore the artifact, run the rendered query, greedy-decode up to ``max_new_tokens`` (stops at EOS)."""
     loaded = fit_artifact(ref, ctx, engine)
     suffix = engine.encode(engine.prompts.question_text(query), where="--query")
     limit = engine.max_positions
     if limit and len(loaded.token_ids) + len(suffix) > limit:
-        raise InputError(f"--query: {len(loaded.token_ids):,} prefix tokens + {len(suffix):,} query tokens exceed the "
-                         f"model's {limit:,} positions", "shorten the query")
+        raise InputError(
+            f"--query: {len(loaded.token_ids):,} prefix tokens + {len(suffix):,} query tokens exceed the "
+            f"model's {limit:,} positions",
+            "shorten the query",
+        )
     cache = engine.restore_chain(loaded.artifacts)
     loaded.release()
     logits = engine.forward(cache, suffix)
     gen, steps = engine.greedy(cache, logits[-1], max_new_tokens, stop_at_eos=True)
     entry = ctx.entry_base(engine)
     entry.update(
-        inputs={"artifact": {**digest(loaded.sha256)}, **_chain_input(loaded), "suffix_ids": {**digest(token_ids_sha256(suffix)), "count": len(suffix)}},
-        outputs={"suffix_logits": digest(tensor_sha256(logits)), "generated_ids": {**digest(token_ids_sha256(gen)), "ids": gen},
-                 "decode_logits": digest(tensor_sha256(steps))},
+        inputs={
+            "artifact": {**digest(loaded.sha256)},
+            **_chain_input(loaded),
+            "suffix_ids": {**digest(token_ids_sha256(suffix)), "count": len(suffix)},
+        },
+        outputs={
+            "suffix_logits": digest(tensor_sha256(logits)),
+            "generated_ids": {**digest(token_ids_sha256(gen)), "ids": gen},
+            "decode_logits": digest(tensor_sha256(steps)),
+        },
     )
     written = ledger.append(ctx.ledger, "graft", entry)
-    return GraftResult(loaded.sha256, len(loaded.token_ids), query, gen, engine.decode_text(gen), written["seq"],
-                       loaded.identity)
+    return GraftResult(
+        loaded.sha256, len(loaded.token_ids), query, gen, engine.decode_text(gen), written["seq"], loaded.identity
+    )
 
 
 @dataclass
@@ -239,25 +257,43 @@ class CheckReport:
     def passed(self) -> bool:
         # Under the invariant schedule the single forward over prefix+suffix is promised byte-equal too.
         single = self.single_pass_sha_equal or self.schedule.get("schedule") != "invariant"
-        return (self.deposit_reproduced and self.logits_reproduced and self.sha_equal == self.n
-                and all(s.generated_equal for s in self.samples) and self.max_kl == 0.0 and single)
+        return (
+            self.deposit_reproduced
+            and self.logits_reproduced
+            and self.sha_equal == self.n
+            and all(s.generated_equal for s in self.samples)
+            and self.max_kl == 0.0
+            and single
+        )
 
     def summary(self) -> dict:
-        return {"artifact": self.artifact, "prefix_tokens": self.prefix_tokens, "schedule": self.schedule,
-                "samples": self.n, "sha_equal": self.sha_equal, "max_kl": self.max_kl,
-                "argmax_agreement": self.argmax_agreement,
-                "generated_equal": sum(s.generated_equal for s in self.samples),
-                "deposit_reproduced": self.deposit_reproduced, "logits_reproduced": self.logits_reproduced,
-                "single_pass_max_abs_diff": self.single_pass_max_abs_diff, "passed": self.passed,
-                "ledger_seq": self.ledger_seq}
+        return {
+            "artifact": self.artifact,
+            "prefix_tokens": self.prefix_tokens,
+            "schedule": self.schedule,
+            "samples": self.n,
+            "sha_equal": self.sha_equal,
+            "max_kl": self.max_kl,
+            "argmax_agreement": self.argmax_agreement,
+            "generated_equal": sum(s.generated_equal for s in self.samples),
+            "deposit_reproduced": self.deposit_reproduced,
+            "logits_reproduced": self.logits_reproduced,
+            "single_pass_max_abs_diff": self.single_pass_max_abs_diff,
+            "passed": self.passed,
+            "ledger_seq": self.ledger_seq,
+        }
 
     def to_json(self) -> dict:
         # The single-pass bytes check and the batched comparison are reported, not recorded in the ledger entry
         # (its result keeps the fields earlier entries have).
-        return {**self.summary(), "identity": self.identity, "fresh_logits_sha256": self.fresh_logits_sha256,
-                "single_pass_sha_equal": self.single_pass_sha_equal,
-                "batched_max_abs_diff": self.batched_max_abs_diff,
-                "per_sample": [asdict(s) for s in self.samples]}
+        return {
+            **self.summary(),
+            "identity": self.identity,
+            "fresh_logits_sha256": self.fresh_logits_sha256,
+            "single_pass_sha_equal": self.single_pass_sha_equal,
+            "batched_max_abs_diff": self.batched_max_abs_diff,
+            "per_sample": [asdict(s) for s in self.samples],
+        }
 
 
 def max_abs_diff(a, b) -> float:
@@ -288,8 +324,9 @@ def compare_logits(fresh, grafted) -> tuple[float, float]:
     return float(kl.max().item()), agree
 
 
-def graft_check(ctx: RunContext, engine: Engine, ref: Loaded | str | None, samples: int, max_new_tokens: int,
-                on_sample=None) -> CheckReport:
+def graft_check(
+    ctx: RunContext, engine: Engine, ref: Loaded | str | None, samples: int, max_new_tokens: int, on_sample=None
+) -> CheckReport:
     """Compare graft against fresh computation for ``samples`` suffixes; append a ``graft-check`` ledger entry."""
     import torch
 
@@ -297,12 +334,20 @@ def graft_check(ctx: RunContext, engine: Engine, ref: Loaded | str | None, sampl
     art, links = loaded.artifact, loaded.artifacts
     prefix = loaded.token_ids
     fresh_cache, last = prefill_chain(engine, links)
-    reproduced_payload = kvg.encode(art.token_ids, engine.capture(fresh_cache, art.start),
-                                    engine.artifact_meta(tensor_sha256(last), art.start, art.parent))
-    report = CheckReport(loaded.sha256, len(prefix), ctx.manifest.data["prefill"],
-                         deposit_reproduced=kvg.same_cache(reproduced_payload, loaded.sha256),
-                         logits_reproduced=tensor_sha256(last) == art.meta["logits_sha256"],
-                         single_pass_max_abs_diff=0.0, identity=loaded.identity)
+    reproduced_payload = kvg.encode(
+        art.token_ids,
+        engine.capture(fresh_cache, art.start),
+        engine.artifact_meta(tensor_sha256(last), art.start, art.parent),
+    )
+    report = CheckReport(
+        loaded.sha256,
+        len(prefix),
+        ctx.manifest.data["prefill"],
+        deposit_reproduced=kvg.same_cache(reproduced_payload, loaded.sha256),
+        logits_reproduced=tensor_sha256(last) == art.meta["logits_sha256"],
+        single_pass_max_abs_diff=0.0,
+        identity=loaded.identity,
+    )
     del fresh_cache, reproduced_payload
     fresh_hashes, suffix_hashes = [], []
     for i, text in enumerate(check_suffixes(ctx.manifest.data["runtime"]["seed"], samples)):
@@ -324,8 +369,7 @@ def graft_check(ctx: RunContext, engine: Engine, ref: Loaded | str | None, sampl
             report.single_pass_max_abs_diff = max_abs_diff(one, logits_f)
             report.single_pass_sha_equal = tensor_sha256(one) == tensor_sha256(logits_f)
             if engine.invariant:
-                report.batched_max_abs_diff = max_abs_diff(engine.batched_pass(prefix + suffix, len(suffix)),
-                                                           logits_f)
+                report.batched_max_abs_diff = max_abs_diff(engine.batched_pass(prefix + suffix, len(suffix)), logits_f)
         # Equal means equal bytes (torch.equal would call identical NaNs unequal and -0.0 equal to 0.0).
         s = SampleResult(i, len(suffix), sf == sg, sf, sg, kl, agree, gen_f == gen_g)
         report.samples.append(s)
@@ -336,10 +380,17 @@ def graft_check(ctx: RunContext, engine: Engine, ref: Loaded | str | None, sampl
     report.fresh_logits_sha256 = sha256_bytes("\n".join(fresh_hashes).encode())
     entry = ctx.entry_base(engine)
     entry.update(
-        inputs={"artifact": digest(loaded.sha256), **_chain_input(loaded), "samples": samples, "max_new_tokens": max_new_tokens,
-                "suffixes": digest(sha256_bytes("\n".join(suffix_hashes).encode()))},
-        outputs={"fresh_logits": digest(report.fresh_logits_sha256),
-                 "result": {k: v for k, v in report.summary().items() if k not in ("artifact", "ledger_seq")}},
+        inputs={
+            "artifact": digest(loaded.sha256),
+            **_chain_input(loaded),
+            "samples": samples,
+            "max_new_tokens": max_new_tokens,
+            "suffixes": digest(sha256_bytes("\n".join(suffix_hashes).encode())),
+        },
+        outputs={
+            "fresh_logits": digest(report.fresh_logits_sha256),
+            "result": {k: v for k, v in report.summary().items() if k not in ("artifact", "ledger_seq")},
+        },
     )
     report.ledger_seq = ledger.append(ctx.ledger, "graft-check", entry)["seq"]
     return report

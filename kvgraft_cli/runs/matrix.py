@@ -27,15 +27,19 @@ from pathlib import Path
 from ..artifacts import format as kvg
 from ..config.profiles import DTYPES, PROFILES
 from ..engine import determinism
-from ..engine.zoo import ARCHS, tiny_manifest
 from ..engine.engine import Engine, load_engine, tensor_sha256
+from ..engine.zoo import ARCHS, tiny_manifest
 from ..errors import InputError, UnsupportedModel, engine_not_installed
-from .graft import compare_logits
 from ..util.hashing import sha256_bytes
+from .graft import compare_logits
 
 # Runtime errors that mean "this backend/dtype cannot run this model here", not "kvgraft is wrong".
-_UNSUPPORTED_MESSAGES = ("not implemented for", "does not have a deterministic implementation",
-                         "No available kernel", "not supported")
+_UNSUPPORTED_MESSAGES = (
+    "not implemented for",
+    "does not have a deterministic implementation",
+    "No available kernel",
+    "not supported",
+)
 DECODE_STEPS = 4
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?()+-*/=\n"
 
@@ -67,7 +71,7 @@ class Cell:
         return {**asdict(self), "exact": self.exact}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Cell":
+    def from_json(cls, d: dict) -> Cell:
         """The cell a worker reported (``exact`` is derived, never read back)."""
         return cls(**{k: v for k, v in d.items() if k != "exact"})
 
@@ -78,8 +82,7 @@ def sample_text(seed: int, i: int, what: str, lo: int, hi: int) -> str:
     return "".join(rng.choice(_ALPHABET) for _ in range(rng.randint(lo, hi)))
 
 
-def run_cell(engine: Engine, cell: Cell, samples: int, seed: int = 0,
-             prefix_chars: tuple[int, int] = (1, 96)) -> Cell:
+def run_cell(engine: Engine, cell: Cell, samples: int, seed: int = 0, prefix_chars: tuple[int, int] = (1, 96)) -> Cell:
     """Fill ``cell`` with ``samples`` graft-vs-fresh comparisons on ``engine`` (fresh: the manifest's schedule, or
     with ``cell.single_pass`` one forward over prefix+suffix). Prefixes are ``prefix_chars`` characters long (the
     zoo's sliding windows are 16-32 tokens; a real model's need longer prefixes to be crossed)."""
@@ -98,7 +101,7 @@ def run_cell(engine: Engine, cell: Cell, samples: int, seed: int = 0,
         for c in (fresh, grafted):
             if c is fresh and cell.single_pass:
                 c = engine.new_cache()
-                logits = engine.forward(c, prefix + suffix)[-len(suffix):]
+                logits = engine.forward(c, prefix + suffix)[-len(suffix) :]
             else:
                 logits = engine.forward(c, suffix)
             _, steps = engine.greedy(c, logits[-1], DECODE_STEPS)
@@ -121,20 +124,35 @@ MATRIX_SCHEDULES = ("single", "invariant")  # chunked needs a chunk size; the ma
 
 def check_selection(archs: list[str], dtypes: list[str], profiles: list[str], schedule: str = "single") -> None:
     """Refuse unknown architectures, dtypes, profiles and schedules by name (before any model is built)."""
-    bad = ([a for a in archs if a not in ARCHS] + [d for d in dtypes if d not in DTYPES]
-           + [p for p in profiles if p not in PROFILES])
+    bad = (
+        [a for a in archs if a not in ARCHS]
+        + [d for d in dtypes if d not in DTYPES]
+        + [p for p in profiles if p not in PROFILES]
+    )
     if bad:
-        raise InputError(f"unknown architecture, dtype or profile: {', '.join(bad)}",
-                         f"architectures: {', '.join(ARCHS)}; dtypes: {', '.join(DTYPES)}; "
-                         f"profiles: {', '.join(PROFILES)}")
+        raise InputError(
+            f"unknown architecture, dtype or profile: {', '.join(bad)}",
+            f"architectures: {', '.join(ARCHS)}; dtypes: {', '.join(DTYPES)}; profiles: {', '.join(PROFILES)}",
+        )
     if schedule not in MATRIX_SCHEDULES:
         raise InputError(f"unknown matrix schedule {schedule!r}", f"choose one of {', '.join(MATRIX_SCHEDULES)}")
 
 
-def run_profile(profile: str, workdir: Path, archs: list[str], dtypes: list[str], samples: int, *,
-                device: str = "cpu", attn: str = "eager", sdpa_backend: str | None = None,
-                threads: int | None = None, schedule: str = "single", single_pass: bool = False,
-                on_cell=None) -> list[Cell]:
+def run_profile(
+    profile: str,
+    workdir: Path,
+    archs: list[str],
+    dtypes: list[str],
+    samples: int,
+    *,
+    device: str = "cpu",
+    attn: str = "eager",
+    sdpa_backend: str | None = None,
+    threads: int | None = None,
+    schedule: str = "single",
+    single_pass: bool = False,
+    on_cell=None,
+) -> list[Cell]:
     """Every arch x dtype cell under one profile, in this process. Pins the profile's environment first."""
     check_selection(archs, dtypes, [profile], schedule)
     determinism.pin_profile(profile, device)  # torch imported earlier with other flags: refuse, never mislabel
@@ -147,12 +165,27 @@ def run_profile(profile: str, workdir: Path, archs: list[str], dtypes: list[str]
     cells = []
     for arch in archs:
         for dtype in dtypes:
-            cell = Cell(arch, dtype, profile, device, attn if attn != "sdpa" else f"sdpa-{sdpa_backend or 'math'}",
-                        schedule=schedule, single_pass=single_pass)
+            cell = Cell(
+                arch,
+                dtype,
+                profile,
+                device,
+                attn if attn != "sdpa" else f"sdpa-{sdpa_backend or 'math'}",
+                schedule=schedule,
+                single_pass=single_pass,
+            )
             try:
-                manifest = tiny_manifest(arch, workdir, dtype=dtype, profile=profile, device=device,
-                                         attn_implementation=attn, threads=threads, sdpa_backend=sdpa_backend,
-                                         schedule=schedule)
+                manifest = tiny_manifest(
+                    arch,
+                    workdir,
+                    dtype=dtype,
+                    profile=profile,
+                    device=device,
+                    attn_implementation=attn,
+                    threads=threads,
+                    sdpa_backend=sdpa_backend,
+                    schedule=schedule,
+                )
                 try:
                     engine = load_engine(manifest)
                 except ValueError as e:  # transformers refuses this attention implementation for the architecture
@@ -186,8 +219,7 @@ def markdown_table(cells: list[Cell]) -> str:
 
     by = {(c.arch, c.dtype, c.profile, c.device, c.attn): c for c in cells}
     archs = list(dict.fromkeys(c.arch for c in cells))
-    lines = ["| architecture | " + " | ".join(head(k) for k in cols) + " |",
-             "|---|" + "---|" * len(cols)]
+    lines = ["| architecture | " + " | ".join(head(k) for k in cols) + " |", "|---|" + "---|" * len(cols)]
     for a in archs:
         row = []
         for k in cols:
@@ -204,18 +236,52 @@ def describe(c: Cell) -> str:
     return f"{c.sha_equal}/{c.samples}, KL {c.max_kl:.3g}, {100 * c.argmax_agreement:.0f}%"
 
 
-def profile_job(profile: str, workdir: str, archs: list[str], dtypes: list[str], samples: int, device: str,
-                attn: str, sdpa_backend: str | None, threads: int | None, emit, schedule: str = "single",
-                single_pass: bool = False) -> None:
+def profile_job(
+    profile: str,
+    workdir: str,
+    archs: list[str],
+    dtypes: list[str],
+    samples: int,
+    device: str,
+    attn: str,
+    sdpa_backend: str | None,
+    threads: int | None,
+    emit,
+    schedule: str = "single",
+    single_pass: bool = False,
+) -> None:
     """The worker job behind :func:`run_matrix`: one profile's cells, each emitted as a record when done."""
-    run_profile(profile, Path(workdir), archs, dtypes, samples, device=device, attn=attn, sdpa_backend=sdpa_backend,
-                threads=threads, schedule=schedule, single_pass=single_pass, on_cell=lambda c: emit(c.to_json()))
+    run_profile(
+        profile,
+        Path(workdir),
+        archs,
+        dtypes,
+        samples,
+        device=device,
+        attn=attn,
+        sdpa_backend=sdpa_backend,
+        threads=threads,
+        schedule=schedule,
+        single_pass=single_pass,
+        on_cell=lambda c: emit(c.to_json()),
+    )
 
 
-def run_matrix(archs: list[str], dtypes: list[str], profiles: list[str], samples: int, *, device: str = "cpu",
-               attn: str = "eager", sdpa_backend: str | None = None, threads: int | None = None,
-               workdir: Path | None = None, schedule: str = "single", single_pass: bool = False,
-               on_cell=None) -> list[Cell]:
+def run_matrix(
+    archs: list[str],
+    dtypes: list[str],
+    profiles: list[str],
+    samples: int,
+    *,
+    device: str = "cpu",
+    attn: str = "eager",
+    sdpa_backend: str | None = None,
+    threads: int | None = None,
+    workdir: Path | None = None,
+    schedule: str = "single",
+    single_pass: bool = False,
+    on_cell=None,
+) -> list[Cell]:
     """Every arch x dtype x profile cell, each profile in a fresh worker process (its own kernel flags)."""
     import tempfile
 
@@ -226,14 +292,28 @@ def run_matrix(archs: list[str], dtypes: list[str], profiles: list[str], samples
     with tempfile.TemporaryDirectory(prefix="kvgraft-matrix-") as tmp:
         base = Path(workdir) if workdir is not None else Path(tmp)
         for prof in profiles:
+
             def arrived(record: dict) -> None:
                 cells.append(Cell.from_json(record))
                 if on_cell:
                     on_cell(cells[-1])
 
-            run_job("matrix-profile", {"profile": prof, "workdir": str(base / prof), "archs": archs, "dtypes": dtypes,
-                                       "samples": samples, "device": device, "attn": attn,
-                                       "sdpa_backend": sdpa_backend, "threads": threads, "schedule": schedule,
-                                       "single_pass": single_pass},
-                    arrived, where=f"matrix worker for profile {prof}")
+            run_job(
+                "matrix-profile",
+                {
+                    "profile": prof,
+                    "workdir": str(base / prof),
+                    "archs": archs,
+                    "dtypes": dtypes,
+                    "samples": samples,
+                    "device": device,
+                    "attn": attn,
+                    "sdpa_backend": sdpa_backend,
+                    "threads": threads,
+                    "schedule": schedule,
+                    "single_pass": single_pass,
+                },
+                arrived,
+                where=f"matrix worker for profile {prof}",
+            )
     return cells

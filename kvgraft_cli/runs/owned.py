@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from .context import RunContext
 
 
-def owner_of(path: Path, ctx: "RunContext | None" = None, ledger: Path | None = None,
-             inputs: dict[str, Path] | None = None) -> str | None:
+def owner_of(
+    path: Path, ctx: RunContext | None = None, ledger: Path | None = None, inputs: dict[str, Path] | None = None
+) -> str | None:
     """What kvgraft file ``path`` is (``"the ledger"``, ``"the store ..."``, an input's name), or None when it is
     none of them. ``ctx`` gives the ledger, store and manifest; ``ledger`` a ledger without a context."""
     path = Path(path)
@@ -35,8 +36,11 @@ def owner_of(path: Path, ctx: "RunContext | None" = None, ledger: Path | None = 
     if ctx is not None:
         # The store's own files; its scores/ and replay/ folders hold records kvgraft writes for the user.
         store = Path(ctx.store)
-        if inside(path, store / "objects") or same_file(path, store / "remote.json") or (
-                inside(path.parent, store) and path.name.startswith("index.sqlite")):  # and -wal, -shm, -journal
+        if (
+            inside(path, store / "objects")
+            or same_file(path, store / "remote.json")
+            or (inside(path.parent, store) and path.name.startswith("index.sqlite"))
+        ):  # and -wal, -shm, -journal
             return f"the store {store} (its index and objects)"
         source = ctx.manifest.source
         if not source.startswith("builtin:") and same_file(path, Path(source)):
@@ -47,25 +51,34 @@ def owner_of(path: Path, ctx: "RunContext | None" = None, ledger: Path | None = 
     return None
 
 
-def check_output(path: Path, option: str, ctx: "RunContext | None" = None, ledger: Path | None = None,
-                 inputs: dict[str, Path] | None = None, folder_must_exist: bool = False) -> None:
+def check_output(
+    path: Path,
+    option: str,
+    ctx: RunContext | None = None,
+    ledger: Path | None = None,
+    inputs: dict[str, Path] | None = None,
+    folder_must_exist: bool = False,
+) -> None:
     """Refuse an output ``path`` (given as ``option``) that is a file kvgraft owns (:func:`owner_of`), whatever
     ``--force`` says, or whose folder is a file (and, with ``folder_must_exist``, a folder that does not exist: for
     writers that do not create it, as util.fsio.atomic_write_bytes does). Call it before any work."""
     path = Path(path)
     owner = owner_of(path, ctx, ledger, inputs)
     if owner is not None:
-        raise InputError(f"{option} {path} is {owner}; it would be overwritten",
-                         "write the output elsewhere (--force replaces an earlier output file, never a file "
-                         "kvgraft keeps)")
+        raise InputError(
+            f"{option} {path} is {owner}; it would be overwritten",
+            "write the output elsewhere (--force replaces an earlier output file, never a file kvgraft keeps)",
+        )
     # The nearest existing ancestor must be a folder (else creating the path fails); the folder itself must exist
     # for writers that do not create one.
     parent = path.parent
     while not parent.exists() and parent != parent.parent and not folder_must_exist:
         parent = parent.parent
     if not parent.exists():
-        raise InputError(f"{option} {path}: folder {path.parent} does not exist",
-                         "create the folder first, or write the output elsewhere")
+        raise InputError(
+            f"{option} {path}: folder {path.parent} does not exist",
+            "create the folder first, or write the output elsewhere",
+        )
     if not parent.is_dir():
         raise InputError(f"{option} {path}: {parent} is not a folder", "write the output elsewhere")
 
@@ -81,8 +94,9 @@ def check_manifest_output(path: Path, model: str) -> None:
     check_output(path, "--output", ledger=Path(DEFAULT_PATHS["ledger"]))
     store = Path(DEFAULT_PATHS["store"])
     if inside(path, store):
-        raise InputError(f"--output {path} is inside the store {store}; it would be overwritten",
-                         "write the manifest elsewhere")
+        raise InputError(
+            f"--output {path} is inside the store {store}; it would be overwritten", "write the manifest elsewhere"
+        )
     if ":" in model and not Path(model).exists():  # builtin:NAME, package:DIST: nothing of the user's to overwrite
         return
     source = Path(model)

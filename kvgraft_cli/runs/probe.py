@@ -25,12 +25,12 @@ import inspect
 import sys
 from dataclasses import asdict, dataclass, field
 
-from ..ledger import log as ledger
 from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
 from ..errors import InputError, UnsupportedModel
-from .graft import Loaded, check_suffixes, compare_logits, fit_artifact
+from ..ledger import log as ledger
 from ..util.hashing import digest, sha256_bytes
 from .context import RunContext
+from .graft import Loaded, check_suffixes, compare_logits, fit_artifact
 
 DEFAULT_OFFSETS = (0, 1, 2, 3, 8, 64, 512)
 
@@ -86,10 +86,17 @@ class ProbeReport:
         return self.exact_offsets == [0]
 
     def to_json(self) -> dict:
-        return {"artifact": self.artifact, "prefix_tokens": self.prefix_tokens, "positions": self.positions,
-                "method": self.method, "note": self.note, "exact_offsets": self.exact_offsets,
-                "own_position_unique": self.own_position_unique, "ledger_seq": self.ledger_seq,
-                "offsets": [asdict(o) for o in self.offsets]}
+        return {
+            "artifact": self.artifact,
+            "prefix_tokens": self.prefix_tokens,
+            "positions": self.positions,
+            "method": self.method,
+            "note": self.note,
+            "exact_offsets": self.exact_offsets,
+            "own_position_unique": self.own_position_unique,
+            "ledger_seq": self.ledger_seq,
+            "offsets": [asdict(o) for o in self.offsets],
+        }
 
 
 # Configs that mark some layers as position-free (SmolLM3, Llama-4: ``no_rope_layers``) or cache a mixed
@@ -115,14 +122,18 @@ def positions_kind(engine: Engine) -> str:
     cfg = engine.model.config.get_text_config(decoder=True)
     mixed = [f for f in _MIXED_ROPE_FIELDS if getattr(cfg, f, None) is not None]
     if mixed or getattr(cfg, "model_type", None) in _MIXED_ROPE_TYPES:
-        raise UnsupportedModel(f"{type(engine.model).__name__}: not every cached key is rotary "
-                               f"({', '.join(mixed) or cfg.model_type}); the probe re-rotates uniform RoPE layouts only")
+        raise UnsupportedModel(
+            f"{type(engine.model).__name__}: not every cached key is rotary "
+            f"({', '.join(mixed) or cfg.model_type}); the probe re-rotates uniform RoPE layouts only"
+        )
     if getattr(dec, "rotary_emb", None) is not None:
         return "rotary"
     if any(getattr(dec, name, None) is not None for name in ("wpe", "embed_positions")):
         return "learned"
-    raise UnsupportedModel(f"{type(engine.model).__name__} has neither a rotary embedding nor a learned position "
-                           "table; the probe cannot tell how it encodes positions")
+    raise UnsupportedModel(
+        f"{type(engine.model).__name__} has neither a rotary embedding nor a learned position "
+        "table; the probe cannot tell how it encodes positions"
+    )
 
 
 def rerotate(engine: Engine, cache, offset: int) -> None:
@@ -154,49 +165,68 @@ def rerotate(engine: Engine, cache, offset: int) -> None:
             pos = torch.tensor([[0, offset]], device=keys.device)
             cos, sin = rotary(keys, pos, *args)
             if cos.shape[-1] > keys.shape[-1] or keys.shape[-1] % 2:
-                raise UnsupportedModel(f"layer {i}: rotary dimension {cos.shape[-1]} does not fit cached keys of "
-                                       f"dimension {keys.shape[-1]}")
+                raise UnsupportedModel(
+                    f"layer {i}: rotary dimension {cos.shape[-1]} does not fit cached keys of "
+                    f"dimension {keys.shape[-1]}"
+                )
             if not (torch.all(cos[0, 0] == 1) and torch.all(sin[0, 0] == 0)):
-                raise UnsupportedModel(f"layer {i}: the rotary embedding at position 0 is not the identity "
-                                       "(scaled rope); re-rotating its keys would not be a pure rotation")
+                raise UnsupportedModel(
+                    f"layer {i}: the rotary embedding at position 0 is not the identity "
+                    "(scaled rope); re-rotating its keys would not be a pure rotation"
+                )
             n = keys.shape[-2]
             cos_k, sin_k = cos[:, 1:].expand(1, n, -1), sin[:, 1:].expand(1, n, -1)
-            moved = apply(keys, keys, cos_k, sin_k, unsqueeze_dim=1)[1] if takes_pair else \
-                apply(keys, cos_k, sin_k, unsqueeze_dim=1)
+            moved = (
+                apply(keys, keys, cos_k, sin_k, unsqueeze_dim=1)[1]
+                if takes_pair
+                else apply(keys, cos_k, sin_k, unsqueeze_dim=1)
+            )
             layer.keys = moved.to(keys.dtype).contiguous()
 
 
-def probe(ctx: RunContext, engine: Engine, ref: Loaded | str | None, offsets: list[int], samples: int,
-          on_offset=None) -> ProbeReport:
+def probe(
+    ctx: RunContext, engine: Engine, ref: Loaded | str | None, offsets: list[int], samples: int, on_offset=None
+) -> ProbeReport:
     """Graft the artifact at each offset, compare with the prefix computed there; append a ``probe`` ledger entry."""
 
     if not offsets or any(k < 0 for k in offsets) or 0 not in offsets:
-        raise InputError("offsets must be non-negative integers and include 0 (the artifact's own position, the "
-                         "reference point)", "e.g. --offsets 0,1,8,64")
+        raise InputError(
+            "offsets must be non-negative integers and include 0 (the artifact's own position, the reference point)",
+            "e.g. --offsets 0,1,8,64",
+        )
     if samples < 1:
         raise InputError("the probe needs at least one sample")
     loaded = fit_artifact(ref, ctx, engine)
     art = loaded.artifact
     if art.parent is not None:
-        raise InputError(f"{loaded.source}: a chain link (it continues {art.parent[:16]}...); the probe moves a "
-                         "whole prefix, so give it a root artifact")
+        raise InputError(
+            f"{loaded.source}: a chain link (it continues {art.parent[:16]}...); the probe moves a "
+            "whole prefix, so give it a root artifact"
+        )
     prefix = art.token_ids
     if len(prefix) < 2:
         # Position 0's key is unrotated, so a one-token prefix re-rotates exactly at every offset: nothing to probe.
         raise InputError(f"{loaded.source}: the probe needs a prefix of at least 2 tokens, this one has {len(prefix)}")
     kind = positions_kind(engine)
-    suffixes = [engine.encode(engine.prompts.question_text(t))
-                for t in check_suffixes(ctx.manifest.data["runtime"]["seed"], samples)]
+    suffixes = [
+        engine.encode(engine.prompts.question_text(t))
+        for t in check_suffixes(ctx.manifest.data["runtime"]["seed"], samples)
+    ]
     limit = engine.max_positions
     longest = len(prefix) + max(len(s) for s in suffixes)
     too_far = [k for k in offsets if limit and k + longest > limit]
     if too_far:
         hint = f"use offsets up to {limit - longest}" if limit > longest else "use a shorter prefix"
-        raise InputError(f"offsets {too_far} put the prefix and suffix ({longest} tokens) past the model's {limit} "
-                         "positions", hint)
-    report = ProbeReport(loaded.sha256, len(prefix), kind,
-                         "re-rotated keys" if kind == "rotary" else "unmoved cache",
-                         ROTARY_NOTE if kind == "rotary" else LEARNED_NOTE)
+        raise InputError(
+            f"offsets {too_far} put the prefix and suffix ({longest} tokens) past the model's {limit} positions", hint
+        )
+    report = ProbeReport(
+        loaded.sha256,
+        len(prefix),
+        kind,
+        "re-rotated keys" if kind == "rotary" else "unmoved cache",
+        ROTARY_NOTE if kind == "rotary" else LEARNED_NOTE,
+    )
     ref_hashes = []
     for k in sorted(set(offsets)):
         row = OffsetResult(k, len(suffixes), 0, 0.0, 0.0, 1.0)
@@ -224,10 +254,16 @@ def probe(ctx: RunContext, engine: Engine, ref: Loaded | str | None, offsets: li
             on_offset(row)
     entry = ctx.entry_base(engine)
     entry.update(
-        inputs={"artifact": digest(loaded.sha256), "offsets": sorted(set(offsets)), "samples": samples,
-                "suffixes": digest(sha256_bytes("\n".join(token_ids_sha256(s) for s in suffixes).encode()))},
-        outputs={"reference_logits": digest(sha256_bytes("\n".join(ref_hashes).encode())),
-                 "result": {k: v for k, v in report.to_json().items() if k not in ("artifact", "ledger_seq")}},
+        inputs={
+            "artifact": digest(loaded.sha256),
+            "offsets": sorted(set(offsets)),
+            "samples": samples,
+            "suffixes": digest(sha256_bytes("\n".join(token_ids_sha256(s) for s in suffixes).encode())),
+        },
+        outputs={
+            "reference_logits": digest(sha256_bytes("\n".join(ref_hashes).encode())),
+            "result": {k: v for k, v in report.to_json().items() if k not in ("artifact", "ledger_seq")},
+        },
     )
     report.ledger_seq = ledger.append(ctx.ledger, "probe", entry)["seq"]
     return report

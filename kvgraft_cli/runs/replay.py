@@ -10,22 +10,31 @@ library's ``solve`` runner, so this module never imports the library.
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from ..config.manifest import (
+    BUILTIN_PREFIX,
+    DEFAULT_MANIFEST,
+    MAX_YAML_CHARS,
+    Manifest,
+    clip,
+    dump_yaml,
+    load_manifest,
+    parse_text,
+    with_overrides,
+)
+from ..errors import InputError, KvgraftError, LedgerError
 from ..ledger import log as ledger_mod
 from ..util import jsonio
-from ..errors import InputError, KvgraftError, LedgerError
 from ..util.hashing import digest, sha256_bytes, sha256_file
-from ..config.manifest import (BUILTIN_PREFIX, DEFAULT_MANIFEST, MAX_YAML_CHARS, Manifest, clip, dump_yaml, load_manifest,
-                               parse_text, with_overrides)
 from .context import RunContext
 
 KINDS = ("deposit", "graft-check", "score", "solve", "solve-outputs")
@@ -55,8 +64,9 @@ def load_prereg(path: Path) -> Prereg:
     if not path.is_file():
         raise InputError(f"prereg not found: {path}")
     if path.stat().st_size > 4 * MAX_YAML_CHARS:  # parse_text refuses it anyway; not read into memory first
-        raise InputError(f"{path}: {path.stat().st_size:,} bytes, more than a prereg may have",
-                         "is this the right file?")
+        raise InputError(
+            f"{path}: {path.stat().st_size:,} bytes, more than a prereg may have", "is this the right file?"
+        )
     raw = path.read_bytes()
     data = parse_text(raw.decode("utf-8", errors="replace"), str(path))
     check_prereg(data, str(path))
@@ -67,16 +77,20 @@ def check_prereg(data: Any, source: str) -> None:
     """Raise InputError listing what is wrong with a prereg's content (schema, duplicate ids, unknown run ids)."""
     import jsonschema
 
-    problems = [f"{clip('.'.join(map(str, e.absolute_path)) or '(top level)', 120)}: {clip(e.message, 160)}"
-                for e in jsonschema.Draft202012Validator(_schema()).iter_errors(data)]
+    problems = [
+        f"{clip('.'.join(map(str, e.absolute_path)) or '(top level)', 120)}: {clip(e.message, 160)}"
+        for e in jsonschema.Draft202012Validator(_schema()).iter_errors(data)
+    ]
     if not problems:
         ids = [r["id"] for r in data["runs"]]
         problems += [f"runs: duplicate id {clip(i, 80)}" for i in sorted({i for i in ids if ids.count(i) > 1})]
         for t, exp in data["targets"].items():
             problems += [f"targets.{clip(t, 80)}.{clip(r, 80)}: no run with that id" for r in exp if r not in ids]
     if problems:
-        raise InputError(f"{source}: " + "; ".join(problems[:5]) + (" ..." if len(problems) > 5 else ""),
-                         "see kvgraft_cli/schemas/prereg.schema.json")
+        raise InputError(
+            f"{source}: " + "; ".join(problems[:5]) + (" ..." if len(problems) > 5 else ""),
+            "see kvgraft_cli/schemas/prereg.schema.json",
+        )
 
 
 def prereg_manifest(pr: Prereg) -> Manifest:
@@ -84,16 +98,25 @@ def prereg_manifest(pr: Prereg) -> Manifest:
     ref = pr.data["manifest"]["path"]
     m = load_manifest(None) if ref == BUILTIN_PREFIX + DEFAULT_MANIFEST else load_manifest(pr.resolve(ref))
     if m.file_sha256 != pr.data["manifest"]["sha256"]:
-        raise InputError(f"{pr.path}: manifest {ref} has sha256 {m.file_sha256[:16]}..., the prereg pins "
-                         f"{pr.data['manifest']['sha256'][:16]}...", "the manifest changed since the prereg was written")
+        raise InputError(
+            f"{pr.path}: manifest {ref} has sha256 {m.file_sha256[:16]}..., the prereg pins "
+            f"{pr.data['manifest']['sha256'][:16]}...",
+            "the manifest changed since the prereg was written",
+        )
     return m
 
 
 def register(ctx: RunContext, pr: Prereg) -> dict[str, Any]:
     """Append a ``register`` entry pinning the prereg's hash (before anything runs)."""
     entry = ctx.entry_base()
-    entry.update(inputs={"prereg": {"path": ctx.rel(pr.path), **digest(pr.sha256)}, "name": pr.data["name"],
-                         "runs": [r["id"] for r in pr.data["runs"]], "targets": sorted(pr.data["targets"])})
+    entry.update(
+        inputs={
+            "prereg": {"path": ctx.rel(pr.path), **digest(pr.sha256)},
+            "name": pr.data["name"],
+            "runs": [r["id"] for r in pr.data["runs"]],
+            "targets": sorted(pr.data["targets"]),
+        }
+    )
     return ledger_mod.append(ctx.ledger, "register", entry)
 
 
@@ -107,7 +130,11 @@ def find_registration(ledger_path: Path, prereg_sha256: str) -> tuple[int, str] 
             e = jsonio.loads(raw)
         except ValueError:
             continue  # not an entry, so not a register entry (`kvgraft verify` reports the line)
-        if isinstance(e, dict) and e.get("kind") == "register" and (e.get("inputs") or {}).get("prereg", {}).get("sha256") == prereg_sha256:
+        if (
+            isinstance(e, dict)
+            and e.get("kind") == "register"
+            and (e.get("inputs") or {}).get("prereg", {}).get("sha256") == prereg_sha256
+        ):
             return e["seq"], hashlib.sha256(raw).hexdigest()
     return None
 
@@ -139,10 +166,16 @@ class ReplayReport:
         return bool(self.comparisons) and all(c.match for c in self.comparisons)
 
     def to_json(self) -> dict[str, Any]:
-        return {"prereg": self.prereg, "target": self.target, "registration_seq": self.registration_seq,
-                "passed": self.passed, "matched": sum(c.match for c in self.comparisons),
-                "mismatched": sum(not c.match for c in self.comparisons), "ledger_seq": self.ledger_seq,
-                "comparisons": [{**asdict(c), "match": c.match} for c in self.comparisons]}
+        return {
+            "prereg": self.prereg,
+            "target": self.target,
+            "registration_seq": self.registration_seq,
+            "passed": self.passed,
+            "matched": sum(c.match for c in self.comparisons),
+            "mismatched": sum(not c.match for c in self.comparisons),
+            "ledger_seq": self.ledger_seq,
+            "comparisons": [{**asdict(c), "match": c.match} for c in self.comparisons],
+        }
 
 
 def with_mapping(m: Manifest, mapping: dict) -> Manifest:
@@ -150,8 +183,13 @@ def with_mapping(m: Manifest, mapping: dict) -> Manifest:
     return with_overrides(m, {f"input.{k}": v for k, v in mapping.items()})
 
 
-def replay(ctx: RunContext, pr: Prereg, target: str | None,
-           on_run: Callable[[str], None] | None = None, runners: dict[str, Callable] | None = None) -> ReplayReport:
+def replay(
+    ctx: RunContext,
+    pr: Prereg,
+    target: str | None,
+    on_run: Callable[[str], None] | None = None,
+    runners: dict[str, Callable] | None = None,
+) -> ReplayReport:
     """Run a registered prereg and compare every output hash with the target's expectations. ``runners`` maps a
     run kind to its runner (default :data:`RUNNERS`); a run of a kind without one is reported as not run."""
     runners = RUNNERS if runners is None else runners
@@ -164,8 +202,10 @@ def replay(ctx: RunContext, pr: Prereg, target: str | None,
         raise InputError(f"{pr.path}: no target {target!r} (has {', '.join(sorted(targets))})")
     reg = find_registration(ctx.ledger, pr.sha256)
     if reg is None:
-        raise InputError(f"{pr.path} (sha256 {pr.sha256[:16]}...) is not registered in {ctx.ledger}",
-                         "register it first: kvgraft replay --register PREREG")
+        raise InputError(
+            f"{pr.path} (sha256 {pr.sha256[:16]}...) is not registered in {ctx.ledger}",
+            "register it first: kvgraft replay --register PREREG",
+        )
     expected = targets[target]
     report = ReplayReport(str(pr.path), target, reg[0])
     engine = None
@@ -195,10 +235,17 @@ def replay(ctx: RunContext, pr: Prereg, target: str | None,
     entry = ctx.entry_base(engine)
     summary = report.to_json()
     entry.update(
-        inputs={"prereg": {"path": ctx.rel(pr.path), **digest(pr.sha256)}, "target": target,
-                "registration": {"seq": reg[0], **digest(reg[1])}},
-        outputs={"passed": report.passed, "matched": summary["matched"], "mismatched": summary["mismatched"],
-                 "comparisons": summary["comparisons"]},
+        inputs={
+            "prereg": {"path": ctx.rel(pr.path), **digest(pr.sha256)},
+            "target": target,
+            "registration": {"seq": reg[0], **digest(reg[1])},
+        },
+        outputs={
+            "passed": report.passed,
+            "matched": summary["matched"],
+            "mismatched": summary["mismatched"],
+            "comparisons": summary["comparisons"],
+        },
     )
     report.ledger_seq = ledger_mod.append(ctx.ledger, "replay", entry)["seq"]
     return report
@@ -222,8 +269,9 @@ def _run_deposit(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str
     s = run["settings"]
     c = dataclasses.replace(ctx, manifest=with_mapping(ctx.manifest, s["mapping"]))
     # recompute: a replay prefills again even when the store already holds the prefix (and fails on other bytes).
-    rep = deposit(c, path, limit=s["limit"], allow_unverified=s["allow_unverified"], engine=get_engine(),
-                  recompute=True)
+    rep = deposit(
+        c, path, limit=s["limit"], allow_unverified=s["allow_unverified"], engine=get_engine(), recompute=True
+    )
     for r in rep.results:
         if r.artifact:
             got[f"artifact {r.id}"] = r.artifact
@@ -253,27 +301,32 @@ def _run_score(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str, 
     # The score rules, extractor and grader the registered run used (a prereg without them: rules 1, extractor 2).
     from ..eval.scoring import ScoreSettings
 
-    result, rec_sha, _ = score_and_record(c, outputs, answers, records, s["id_field"], s["output_field"],
-                                          ScoreSettings.from_recorded(s))
+    result, rec_sha, _ = score_and_record(
+        c, outputs, answers, records, s["id_field"], s["output_field"], ScoreSettings.from_recorded(s)
+    )
     return {**got, "records": rec_sha, "n": result.n, "correct": result.correct}
 
 
 RUNNERS = {"deposit": _run_deposit, "graft-check": _run_check, "score": _run_score}
 
 
-def prereg_from_ledger(ledger_path: Path, target: str, out_path: Path, name: str | None = None,
-                       from_seq: int = 0) -> dict[str, Any]:
+def prereg_from_ledger(
+    ledger_path: Path, target: str, out_path: Path, name: str | None = None, from_seq: int = 0
+) -> dict[str, Any]:
     """Turn a finished run's ledger entries (deposit, graft-check, score; from ``from_seq`` on) into a prereg whose
     ``target`` expects exactly the hashes that run produced. Paths are rewritten relative to ``out_path``."""
     try:
         return _prereg_from_ledger(ledger_path, target, out_path, name, from_seq)
     except (AttributeError, KeyError, TypeError) as e:  # an entry that is not what kvgraft writes
-        raise LedgerError(f"{ledger_path}: an entry lacks what a kvgraft run writes ({type(e).__name__}: "
-                          f"{str(e)[:80]})", f"run `kvgraft verify {ledger_path}`") from None
+        raise LedgerError(
+            f"{ledger_path}: an entry lacks what a kvgraft run writes ({type(e).__name__}: {str(e)[:80]})",
+            f"run `kvgraft verify {ledger_path}`",
+        ) from None
 
 
-def _prereg_from_ledger(ledger_path: Path, target: str, out_path: Path, name: str | None,
-                        from_seq: int) -> dict[str, Any]:
+def _prereg_from_ledger(
+    ledger_path: Path, target: str, out_path: Path, name: str | None, from_seq: int
+) -> dict[str, Any]:
     ledger_path, out_dir = Path(ledger_path), Path(out_path).resolve().parent
     if not ledger_path.is_file():
         raise InputError(f"ledger not found: {ledger_path}")
@@ -286,10 +339,11 @@ def _prereg_from_ledger(ledger_path: Path, target: str, out_path: Path, name: st
 
     manifests = {(e["manifest"].get("path") or e["manifest"]["source"], e["manifest"]["sha256"]) for e in entries}
     if len(manifests) != 1:
-        raise InputError(f"{ledger_path}: the entries use {len(manifests)} manifests",
-                         f"pick a range with --from-seq: `kvgraft ledger log {ledger_path}` lists each entry's seq "
-                         "and manifest")
-    (mref, msha), = manifests
+        raise InputError(
+            f"{ledger_path}: the entries use {len(manifests)} manifests",
+            f"pick a range with --from-seq: `kvgraft ledger log {ledger_path}` lists each entry's seq and manifest",
+        )
+    ((mref, msha),) = manifests
     runs: dict[str, dict] = {}
     exp: dict[str, dict] = {}
     solved: list[dict] = []  # the solve entries of a run, until its solve-outputs entry closes it
@@ -301,14 +355,28 @@ def _prereg_from_ledger(ledger_path: Path, target: str, out_path: Path, name: st
         if e["kind"] == "solve-outputs":
             s = ins["settings"]
             n = sum(k[0] == "solve" for k in runs) + 1
-            settings = {"mapping": s["mapping"], "k": s["k"], "min_score": s["min_score"], "library": s["library"],
-                        "deposit_verified": s["deposit_verified"], "limit": s["limit"]}
-            rid = runs.setdefault(("solve", n), {"id": f"solve-{n}", "kind": "solve",
-                                                 "input": rel(ins["problems_file"]["path"]),
-                                                 "input_sha256": ins["problems_file"]["sha256"],
-                                                 "outputs": rel(outs["outputs"]["path"]), "settings": settings})["id"]
-            x = exp.setdefault(rid, {"input_sha256": ins["problems_file"]["sha256"],
-                                     "outputs_sha256": outs["outputs"]["sha256"]})
+            settings = {
+                "mapping": s["mapping"],
+                "k": s["k"],
+                "min_score": s["min_score"],
+                "library": s["library"],
+                "deposit_verified": s["deposit_verified"],
+                "limit": s["limit"],
+            }
+            rid = runs.setdefault(
+                ("solve", n),
+                {
+                    "id": f"solve-{n}",
+                    "kind": "solve",
+                    "input": rel(ins["problems_file"]["path"]),
+                    "input_sha256": ins["problems_file"]["sha256"],
+                    "outputs": rel(outs["outputs"]["path"]),
+                    "settings": settings,
+                },
+            )["id"]
+            x = exp.setdefault(
+                rid, {"input_sha256": ins["problems_file"]["sha256"], "outputs_sha256": outs["outputs"]["sha256"]}
+            )
             for se in solved:
                 x[f"output {se['inputs']['record']['id']}"] = se["outputs"]["output"]["sha256"]
                 x[f"hit {se['inputs']['record']['id']}"] = se["inputs"]["library"]["hit"]
@@ -318,35 +386,67 @@ def _prereg_from_ledger(ledger_path: Path, target: str, out_path: Path, name: st
             continue  # a verified answer deposited by solve --deposit-verified: the solve run replays it
         if e["kind"] == "deposit":
             if "settings" not in ins:
-                raise InputError(f"{ledger_path}:{e['seq'] + 1}: deposit entry without settings (older kvgraft)",
-                                 "re-run the deposit, then make the prereg from the new entries")
+                raise InputError(
+                    f"{ledger_path}:{e['seq'] + 1}: deposit entry without settings (older kvgraft)",
+                    "re-run the deposit, then make the prereg from the new entries",
+                )
             key = ("deposit", ins["problems_file"]["path"], json.dumps(ins["settings"], sort_keys=True))
-            rid = runs.setdefault(key, {"id": f"deposit-{sum(k[0] == 'deposit' for k in runs) + 1}", "kind": "deposit",
-                                        "input": rel(ins["problems_file"]["path"]),
-                                        "input_sha256": ins["problems_file"]["sha256"],
-                                        "settings": ins["settings"]})["id"]
+            rid = runs.setdefault(
+                key,
+                {
+                    "id": f"deposit-{sum(k[0] == 'deposit' for k in runs) + 1}",
+                    "kind": "deposit",
+                    "input": rel(ins["problems_file"]["path"]),
+                    "input_sha256": ins["problems_file"]["sha256"],
+                    "settings": ins["settings"],
+                },
+            )["id"]
             x = exp.setdefault(rid, {"input_sha256": ins["problems_file"]["sha256"]})
             x[f"artifact {ins['record']['id']}"] = outs["artifact"]["sha256"]
             x[f"logits {ins['record']['id']}"] = outs["logits"]["sha256"]
         elif e["kind"] == "graft-check":
             art = ins["artifact"]["sha256"]
             key = ("graft-check", art, ins["samples"], ins["max_new_tokens"])
-            rid = runs.setdefault(key, {"id": f"check-{art[:12]}", "kind": "graft-check", "artifact": art,
-                                        "samples": ins["samples"], "max_new_tokens": ins["max_new_tokens"]})["id"]
+            rid = runs.setdefault(
+                key,
+                {
+                    "id": f"check-{art[:12]}",
+                    "kind": "graft-check",
+                    "artifact": art,
+                    "samples": ins["samples"],
+                    "max_new_tokens": ins["max_new_tokens"],
+                },
+            )["id"]
             exp[rid] = {"fresh_logits": outs["fresh_logits"]["sha256"], "passed": outs["result"]["passed"]}
         else:
             key = ("score", ins["outputs"]["path"], ins["answers"]["path"], json.dumps(ins["settings"], sort_keys=True))
-            rid = runs.setdefault(key, {"id": f"score-{sum(k[0] == 'score' for k in runs) + 1}", "kind": "score",
-                                        "outputs": rel(ins["outputs"]["path"]), "outputs_sha256": ins["outputs"]["sha256"],
-                                        "answers": rel(ins["answers"]["path"]), "answers_sha256": ins["answers"]["sha256"],
-                                        "settings": ins["settings"]})["id"]
-            exp[rid] = {"outputs_sha256": ins["outputs"]["sha256"], "answers_sha256": ins["answers"]["sha256"],
-                        "records": outs["records"]["sha256"], "n": outs["result"]["n"],
-                        "correct": outs["result"]["correct"]}
+            rid = runs.setdefault(
+                key,
+                {
+                    "id": f"score-{sum(k[0] == 'score' for k in runs) + 1}",
+                    "kind": "score",
+                    "outputs": rel(ins["outputs"]["path"]),
+                    "outputs_sha256": ins["outputs"]["sha256"],
+                    "answers": rel(ins["answers"]["path"]),
+                    "answers_sha256": ins["answers"]["sha256"],
+                    "settings": ins["settings"],
+                },
+            )["id"]
+            exp[rid] = {
+                "outputs_sha256": ins["outputs"]["sha256"],
+                "answers_sha256": ins["answers"]["sha256"],
+                "records": outs["records"]["sha256"],
+                "n": outs["result"]["n"],
+                "correct": outs["result"]["correct"],
+            }
     manifest_path = mref if mref.startswith(BUILTIN_PREFIX) else rel(mref)
-    return {"kvgraft_prereg": 1, "name": name or f"{ledger_path.stem}-from-{from_seq}",
-            "manifest": {"path": manifest_path, "sha256": msha}, "runs": list(runs.values()),
-            "targets": {target: exp}}
+    return {
+        "kvgraft_prereg": 1,
+        "name": name or f"{ledger_path.stem}-from-{from_seq}",
+        "manifest": {"path": manifest_path, "sha256": msha},
+        "runs": list(runs.values()),
+        "targets": {target: exp},
+    }
 
 
 def write_prereg(path: Path, data: dict[str, Any]) -> None:
@@ -354,6 +454,8 @@ def write_prereg(path: Path, data: dict[str, Any]) -> None:
     from ..util.fsio import atomic_write_bytes
 
     check_prereg(data, str(path))  # nothing is written for an invalid prereg
-    text = ("# kvgraft pre-registration: register it (kvgraft replay --register), then replay it anywhere.\n"
-            + dump_yaml(data))
+    text = (
+        "# kvgraft pre-registration: register it (kvgraft replay --register), then replay it anywhere.\n"
+        + dump_yaml(data)
+    )
     atomic_write_bytes(Path(path), text.encode())

@@ -19,17 +19,24 @@ def default_records_path(store: Path, outputs: Path, records_sha256: str) -> Pat
     return Path(store) / "scores" / f"{Path(outputs).stem}-{records_sha256[:12]}.scores.jsonl"
 
 
-def score_and_record(ctx, outputs: Path, answers_path: Path, records_path: Path | None, id_field: str = "id",
-                     output_field: str = "output", settings: ScoreSettings | None = None,
-                     ) -> tuple[ScoreResult, str, dict[str, Any]]:
+def score_and_record(
+    ctx,
+    outputs: Path,
+    answers_path: Path,
+    records_path: Path | None,
+    id_field: str = "id",
+    output_field: str = "output",
+    settings: ScoreSettings | None = None,
+) -> tuple[ScoreResult, str, dict[str, Any]]:
     """Score, write the records file, append a ``score`` ledger entry. ``records_path`` None: the default
     (:func:`default_records_path`). ``settings`` None: the current rules, extractor and exact grader; a replay
     passes the recorded ones. Returns (result, records sha256, entry)."""
     mapping = ctx.manifest.data["input"]
     settings = settings or ScoreSettings()
     if records_path is not None:  # never over an input, the ledger or the store's own files (runs.owned)
-        check_output(records_path, "--records", ctx, inputs={"the outputs file": outputs,
-                                                             "the answers file": answers_path})
+        check_output(
+            records_path, "--records", ctx, inputs={"the outputs file": outputs, "the answers file": answers_path}
+        )
     result = score(outputs, answers_path, mapping, id_field, output_field, settings)
     in_hashes = (sha256_file(outputs), sha256_file(answers_path))  # before anything is written
     ledger.check_appendable(ctx.ledger)
@@ -39,10 +46,16 @@ def score_and_record(ctx, outputs: Path, answers_path: Path, records_path: Path 
     entry = ctx.entry_base()
     entry.update(
         environment=effective_environment(ctx.manifest.data["runtime"]),
-        inputs={"outputs": {"path": ctx.rel(outputs), **digest(in_hashes[0])},
-                "answers": {"path": ctx.rel(answers_path), **digest(in_hashes[1])},
-                "settings": {"mapping": mapping, "id_field": id_field, "output_field": output_field,
-                             **settings.to_settings()}},
+        inputs={
+            "outputs": {"path": ctx.rel(outputs), **digest(in_hashes[0])},
+            "answers": {"path": ctx.rel(answers_path), **digest(in_hashes[1])},
+            "settings": {
+                "mapping": mapping,
+                "id_field": id_field,
+                "output_field": output_field,
+                **settings.to_settings(),
+            },
+        },
         outputs={"records": {"path": ctx.rel(records_path), **digest(rec_sha)}, "result": result.summary()},
     )
     return result, rec_sha, ledger.append(ctx.ledger, "score", entry)

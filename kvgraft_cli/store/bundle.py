@@ -26,7 +26,7 @@ from typing import Any
 
 from ..artifacts import format as kvg
 from ..artifacts.inspect import read_info
-from ..errors import ArtifactError, IntegrityError, InputError
+from ..errors import ArtifactError, InputError, IntegrityError
 from ..util import jsonio
 from ..util.fsio import fsync_dir
 from ..util.hashing import canonical_json, sha256_bytes, sha256_file
@@ -43,9 +43,16 @@ MAX_LISTING = 256 << 20
 MAX_CHECKPOINT = 64 << 10
 MAX_LINES = 256 << 20
 COPY_CHUNK = 4 << 20
-_TYPES = {tarfile.SYMTYPE: "a symbolic link", tarfile.LNKTYPE: "a hard link", tarfile.CHRTYPE: "a character device",
-          tarfile.BLKTYPE: "a block device", tarfile.FIFOTYPE: "a fifo", tarfile.DIRTYPE: "a directory",
-          tarfile.CONTTYPE: "a contiguous file", tarfile.GNUTYPE_SPARSE: "a GNU sparse file"}
+_TYPES = {
+    tarfile.SYMTYPE: "a symbolic link",
+    tarfile.LNKTYPE: "a hard link",
+    tarfile.CHRTYPE: "a character device",
+    tarfile.BLKTYPE: "a block device",
+    tarfile.FIFOTYPE: "a fifo",
+    tarfile.DIRTYPE: "a directory",
+    tarfile.CONTTYPE: "a contiguous file",
+    tarfile.GNUTYPE_SPARSE: "a GNU sparse file",
+}
 _HINT = "ask for a fresh export (`kvgraft store export`); a bundle holds exactly the members docs/BUNDLE.md lists"
 
 
@@ -57,6 +64,7 @@ def object_name(sha256: str) -> str:
 # -- the store's rows, read for an export --------------------------------------------------------------------------
 # Read-only SQL over the store's own tables, kept in this package so local.py (shared) stays as it is.
 
+
 def recorded_artifacts(store: Store) -> list[str]:
     """Every artifact a ledger line has recorded, by identity."""
     q = "SELECT sha256 FROM artifacts" + (" WHERE recorded = 1" if store._tracks_recording else "")
@@ -65,10 +73,15 @@ def recorded_artifacts(store: Store) -> list[str]:
 
 def index_rows(store: Store, sha256: str) -> tuple[list[dict], dict | None]:
     """(the index entries naming an artifact, sorted by key; its library row or None), as a listing holds them."""
-    entries = [{"key": k, "problem_id": p, "verified": bool(v)} for k, p, v in store._db.execute(
-        "SELECT key, problem_id, verified FROM entries WHERE artifact = ? ORDER BY key", (sha256,))]
-    row = store._db.execute("SELECT problem_id, problem_key, problem, solution, answer FROM library WHERE artifact = ?",
-                            (sha256,)).fetchone()
+    entries = [
+        {"key": k, "problem_id": p, "verified": bool(v)}
+        for k, p, v in store._db.execute(
+            "SELECT key, problem_id, verified FROM entries WHERE artifact = ? ORDER BY key", (sha256,)
+        )
+    ]
+    row = store._db.execute(
+        "SELECT problem_id, problem_key, problem, solution, answer FROM library WHERE artifact = ?", (sha256,)
+    ).fetchone()
     library = None if row is None else dict(zip(("problem_id", "problem_key", "problem", "solution", "answer"), row))
     return entries, library
 
@@ -78,23 +91,39 @@ def listing_row(store: Store, sha256: str, recorded_by: int) -> dict:
     path = store.object_path(sha256)
     info = read_info(path)
     entries, library = index_rows(store, sha256)
-    return {"sha256": sha256, "path": object_name(sha256), "file_sha256": sha256_file(path),
-            "file_bytes": path.stat().st_size, "payload_bytes": info.payload_bytes, "num_tokens": info.num_tokens,
-            "model_sha256": info.model_sha256, "manifest_sha256": info.compute_sha256,
-            "parent_sha256": info.parent_sha256, "start_position": info.start_position, "entries": entries,
-            "library": library, "recorded_by": recorded_by}
+    return {
+        "sha256": sha256,
+        "path": object_name(sha256),
+        "file_sha256": sha256_file(path),
+        "file_bytes": path.stat().st_size,
+        "payload_bytes": info.payload_bytes,
+        "num_tokens": info.num_tokens,
+        "model_sha256": info.model_sha256,
+        "manifest_sha256": info.compute_sha256,
+        "parent_sha256": info.parent_sha256,
+        "start_position": info.start_position,
+        "entries": entries,
+        "library": library,
+        "recorded_by": recorded_by,
+    }
 
 
 # -- writing -------------------------------------------------------------------------------------------------------
+
 
 def write_bundle(path: Path, listing: dict, objects: dict[str, Path], checkpoint: bytes, lines: bytes) -> str:
     """Write a bundle atomically (temporary file beside ``path``, fsync, rename); returns its SHA-256.
 
     ``listing`` holds format, version, artifacts and provenance.lines; the hashes and sizes of the two provenance
     members are filled in here. ``objects`` maps each listed identity to its object file."""
-    listing = dict(listing, provenance=dict(listing["provenance"],
-                                            checkpoint=_member_digest(CHECKPOINT, checkpoint),
-                                            ledger=_member_digest(LINES, lines)))
+    listing = dict(
+        listing,
+        provenance=dict(
+            listing["provenance"],
+            checkpoint=_member_digest(CHECKPOINT, checkpoint),
+            ledger=_member_digest(LINES, lines),
+        ),
+    )
     members: list[tuple[str, Any, int]] = [(LISTING, canonical_json(listing), 0)]
     for a in sorted(listing["artifacts"], key=lambda a: a["path"]):
         members.append((a["path"], objects[a["sha256"]], a["file_bytes"]))
@@ -147,6 +176,7 @@ class _HashingWriter:
 
 
 # -- reading -------------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Staged:
@@ -214,8 +244,9 @@ def _read_members(tar: tarfile.TarFile, source: str, bundle_sha: str, size: int,
     while (m := tar.next()) is not None:
         _check_member(m, source)
         if m.name in seen:
-            raise ArtifactError(f"{source}: entry {m.name!r} appears twice (a later copy would replace the first)",
-                                _HINT)
+            raise ArtifactError(
+                f"{source}: entry {m.name!r} appears twice (a later copy would replace the first)", _HINT
+            )
         if m.name not in expected:
             raise ArtifactError(f"{source}: entry {m.name!r} is not in the listing", _HINT)
         seen.add(m.name)
@@ -223,8 +254,9 @@ def _read_members(tar: tarfile.TarFile, source: str, bundle_sha: str, size: int,
         want_bytes = row["file_bytes"] if what == "object" else row["bytes"]
         want_sha = row["file_sha256"] if what == "object" else row["sha256"]
         if m.size != want_bytes:
-            raise ArtifactError(f"{source}: entry {m.name!r} holds {m.size:,} bytes, the listing says "
-                                f"{want_bytes:,}", _HINT)
+            raise ArtifactError(
+                f"{source}: entry {m.name!r} holds {m.size:,} bytes, the listing says {want_bytes:,}", _HINT
+            )
         if what == "object":
             dest = staging / f"{row['sha256']}.kvg"
             got = _copy_hashed(tar, m, dest)
@@ -234,13 +266,18 @@ def _read_members(tar: tarfile.TarFile, source: str, bundle_sha: str, size: int,
             got = sha256_bytes(data)
             setattr(staged, what, data)
         if got != want_sha:
-            raise IntegrityError(f"{source}: entry {m.name!r}: SHA-256 {got[:16]}... differs from the listing's "
-                                 f"{want_sha[:16]}... (tampered or damaged in transit)",
-                                 "fetch the bundle again from its source")
+            raise IntegrityError(
+                f"{source}: entry {m.name!r}: SHA-256 {got[:16]}... differs from the listing's "
+                f"{want_sha[:16]}... (tampered or damaged in transit)",
+                "fetch the bundle again from its source",
+            )
     missing = sorted(set(expected) - seen)
     if missing:
-        raise ArtifactError(f"{source}: entry {missing[0]!r} is in the listing but not in the bundle"
-                            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""), _HINT)
+        raise ArtifactError(
+            f"{source}: entry {missing[0]!r} is in the listing but not in the bundle"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
+            _HINT,
+        )
     return staged
 
 
@@ -260,8 +297,9 @@ def _check_member(m: tarfile.TarInfo, source: str) -> None:
 
 def _read_small(tar: tarfile.TarFile, m: tarfile.TarInfo, limit: int, source: str) -> bytes:
     if m.size > limit:
-        raise ArtifactError(f"{source}: entry {m.name!r} is {m.size:,} bytes, more than the {limit:,} a reader "
-                            "accepts", _HINT)
+        raise ArtifactError(
+            f"{source}: entry {m.name!r} is {m.size:,} bytes, more than the {limit:,} a reader accepts", _HINT
+        )
     f = tar.extractfile(m)
     data = f.read() if f is not None else b""
     if len(data) != m.size:
@@ -288,13 +326,25 @@ def _copy_hashed(tar: tarfile.TarFile, m: tarfile.TarInfo, dest: Path) -> str:
 
 # -- the listing ---------------------------------------------------------------------------------------------------
 
-_ROW = {"sha256": str, "path": str, "file_sha256": str, "file_bytes": int, "payload_bytes": int, "num_tokens": int,
-        "model_sha256": str, "manifest_sha256": str, "start_position": int, "entries": list, "recorded_by": int}
+_ROW = {
+    "sha256": str,
+    "path": str,
+    "file_sha256": str,
+    "file_bytes": int,
+    "payload_bytes": int,
+    "num_tokens": int,
+    "model_sha256": str,
+    "manifest_sha256": str,
+    "start_position": int,
+    "entries": list,
+    "recorded_by": int,
+}
 
 
 def check_listing(listing: Any, where: str) -> None:
     """Refuse a listing that is not what docs/BUNDLE.md describes (types, hex digests, names derived from hashes,
     no identity twice), naming the first bad field."""
+
     def bad(msg: str) -> ArtifactError:
         return ArtifactError(f"{where}: {msg}", _HINT)
 
@@ -328,31 +378,50 @@ def check_listing(listing: Any, where: str) -> None:
             raise bad(f"{at}: artifact {a['sha256'][:16]}... is listed twice")
         seen.add(a["sha256"])
         for j, e in enumerate(a["entries"]):
-            if not (isinstance(e, dict) and isinstance(e.get("key"), str) and hex64(e["key"])
-                    and isinstance(e.get("problem_id"), str) and isinstance(e.get("verified"), bool)):
+            if not (
+                isinstance(e, dict)
+                and isinstance(e.get("key"), str)
+                and hex64(e["key"])
+                and isinstance(e.get("problem_id"), str)
+                and isinstance(e.get("verified"), bool)
+            ):
                 raise bad(f"{at}.entries[{j}] needs key (64 hex), problem_id (string) and verified (boolean)")
         lib = a.get("library")
-        if lib is not None and not (isinstance(lib, dict) and all(isinstance(lib.get(k), str) for k in
-                                                                  ("problem_id", "problem_key", "problem", "solution"))
-                                    and hex64(lib["problem_key"]) and isinstance(lib.get("answer"), (str, type(None)))):
+        if lib is not None and not (
+            isinstance(lib, dict)
+            and all(isinstance(lib.get(k), str) for k in ("problem_id", "problem_key", "problem", "solution"))
+            and hex64(lib["problem_key"])
+            and isinstance(lib.get("answer"), (str, type(None)))
+        ):
             raise bad(f"{at}.library needs problem_id, problem_key (64 hex), problem, solution and answer")
     for name, member in (("checkpoint", CHECKPOINT), ("ledger", LINES)):
         d = prov.get(name)
-        if not (isinstance(d, dict) and d.get("path") == member and hex64(d.get("sha256"))
-                and type(d.get("bytes")) is int and d["bytes"] >= 0):
+        if not (
+            isinstance(d, dict)
+            and d.get("path") == member
+            and hex64(d.get("sha256"))
+            and type(d.get("bytes")) is int
+            and d["bytes"] >= 0
+        ):
             raise bad(f"provenance.{name} needs path {member!r}, sha256 (64 hex) and bytes")
     lines = prov.get("lines")
     if not isinstance(lines, list):
         raise bad("provenance.lines must be a list")
     for i, ln in enumerate(lines):
-        if not (isinstance(ln, dict) and type(ln.get("seq")) is int and ln["seq"] >= 0
-                and isinstance(ln.get("proof"), list) and all(hex64(p) for p in ln["proof"])):
+        if not (
+            isinstance(ln, dict)
+            and type(ln.get("seq")) is int
+            and ln["seq"] >= 0
+            and isinstance(ln.get("proof"), list)
+            and all(hex64(p) for p in ln["proof"])
+        ):
             raise bad(f"provenance.lines[{i}] needs seq (integer) and proof (list of 64-hex hashes)")
         if i and ln["seq"] <= lines[i - 1]["seq"]:
             raise bad(f"provenance.lines[{i}]: seq {ln['seq']} does not follow {lines[i - 1]['seq']} (ascending)")
 
 
 # -- the objects ---------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ObjectFacts:
@@ -376,18 +445,25 @@ def check_objects(staged: Staged) -> dict[str, ObjectFacts]:
         try:
             info = read_info(path)  # header only: a lying size is refused before anything is decompressed
             if info.payload_bytes > a["payload_bytes"]:
-                raise IntegrityError(f"declares a payload of {info.payload_bytes:,} bytes, the listing says "
-                                     f"{a['payload_bytes']:,}")
+                raise IntegrityError(
+                    f"declares a payload of {info.payload_bytes:,} bytes, the listing says {a['payload_bytes']:,}"
+                )
             sha, art = kvg.open_file(path, expected_sha256=a["sha256"])
         except ArtifactError as e:
             raise type(e)(f"{where}: {e.message.replace(str(path) + ': ', '')}", e.hint) from None
-        got = {"payload_bytes": info.payload_bytes, "num_tokens": art.num_tokens,
-               "model_sha256": art.meta.get("model_sha256"), "manifest_sha256": art.meta.get("manifest_sha256"),
-               "parent_sha256": art.parent, "start_position": art.start}
+        got = {
+            "payload_bytes": info.payload_bytes,
+            "num_tokens": art.num_tokens,
+            "model_sha256": art.meta.get("model_sha256"),
+            "manifest_sha256": art.meta.get("manifest_sha256"),
+            "parent_sha256": art.parent,
+            "start_position": art.start,
+        }
         for k, v in got.items():
             if a.get(k) != v:
-                raise ArtifactError(f"{where}: the listing says {k} {str(a.get(k))[:64]}, the artifact holds "
-                                    f"{str(v)[:64]}", _HINT)
+                raise ArtifactError(
+                    f"{where}: the listing says {k} {str(a.get(k))[:64]}, the artifact holds {str(v)[:64]}", _HINT
+                )
         facts[sha] = ObjectFacts(sha, art.token_ids, art.parent, art.start, art.num_tokens)
         del art  # one artifact's tensors in memory at a time
     return facts

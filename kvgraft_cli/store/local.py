@@ -21,14 +21,13 @@ import sqlite3
 import stat
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ..artifacts import format as kvg
-from . import search
 from ..errors import ArtifactError, InputError, StoreError
 from ..util.hashing import sha256_json
-from . import writers
+from . import search, writers
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS artifacts (
@@ -103,8 +102,9 @@ def prefix_key(manifest_sha256: str, token_ids_sha256: str) -> str:
 
 def link_key(manifest_sha256: str, parent_sha256: str, token_ids_sha256: str) -> str:
     """The index key of a chain link: its segment's token ids after one parent artifact, under one compute pin."""
-    return sha256_json({"manifest_sha256": manifest_sha256, "parent_sha256": parent_sha256,
-                        "token_ids_sha256": token_ids_sha256})
+    return sha256_json(
+        {"manifest_sha256": manifest_sha256, "parent_sha256": parent_sha256, "token_ids_sha256": token_ids_sha256}
+    )
 
 
 def problem_key(manifest_sha256: str, normalized_problem: str) -> str:
@@ -173,9 +173,15 @@ class Store:
         """Inside the caller's transaction: library_grams filled from every library row, loaded unsorted into a
         temporary table and copied in key order (appended, not scattered: minutes, not hours, for a million rows)."""
         self._db.execute("CREATE TEMP TABLE IF NOT EXISTS grams_load (gram INTEGER, size INTEGER, entry INTEGER)")
-        self._db.executemany("INSERT INTO grams_load VALUES (?,?,?)", (
-            (g, len(gs), rowid) for rowid, problem in self._db.execute("SELECT rowid, problem FROM library")
-            for gs in (search.grams(problem),) for g in gs))
+        self._db.executemany(
+            "INSERT INTO grams_load VALUES (?,?,?)",
+            (
+                (g, len(gs), rowid)
+                for rowid, problem in self._db.execute("SELECT rowid, problem FROM library")
+                for gs in (search.grams(problem),)
+                for g in gs
+            ),
+        )
         self._db.execute("INSERT OR IGNORE INTO library_grams SELECT * FROM grams_load ORDER BY gram, size, entry")
         self._db.execute("DROP TABLE grams_load")
 
@@ -186,7 +192,7 @@ class Store:
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -202,17 +208,36 @@ class Store:
         row = self._db.execute(_SELECT + " WHERE e.key = ?", (key,)).fetchone()
         return _entry(row) if row else None
 
-    def put(self, sha256: str, payload: bytes, *, key: str, problem_id: str, num_tokens: int, model_sha256: str,
-            manifest_sha256: str, verified: bool, level: int = 3,
-            library: dict | None = None) -> tuple[Entry, bool]:
+    def put(
+        self,
+        sha256: str,
+        payload: bytes,
+        *,
+        key: str,
+        problem_id: str,
+        num_tokens: int,
+        model_sha256: str,
+        manifest_sha256: str,
+        verified: bool,
+        level: int = 3,
+        library: dict | None = None,
+    ) -> tuple[Entry, bool]:
         """Store an artifact payload under its identity and index it. Returns (entry, whether a new object was written).
 
         ``library`` (problem_key, problem, solution, answer) adds a verified root to the library and its full-text
         index, in the same transaction as the index rows."""
         created = self.put_object(sha256, payload, level)
-        return self.index(sha256, payload_bytes=len(payload), key=key, problem_id=problem_id, num_tokens=num_tokens,
-                          model_sha256=model_sha256, manifest_sha256=manifest_sha256, verified=verified,
-                          library=library), created
+        return self.index(
+            sha256,
+            payload_bytes=len(payload),
+            key=key,
+            problem_id=problem_id,
+            num_tokens=num_tokens,
+            model_sha256=model_sha256,
+            manifest_sha256=manifest_sha256,
+            verified=verified,
+            library=library,
+        ), created
 
     def put_object(self, sha256: str, payload: bytes, level: int = 3) -> bool:
         """Write an artifact's object file (atomically) unless the store has it; returns whether it was written.
@@ -225,12 +250,23 @@ class Store:
             kvg.write_file(path, payload, level, self.codec)
         return True
 
-    def index(self, sha256: str, *, payload_bytes: int, key: str, problem_id: str, num_tokens: int,
-              model_sha256: str, manifest_sha256: str, verified: bool, library: dict | None = None) -> Entry:
+    def index(
+        self,
+        sha256: str,
+        *,
+        payload_bytes: int,
+        key: str,
+        problem_id: str,
+        num_tokens: int,
+        model_sha256: str,
+        manifest_sha256: str,
+        verified: bool,
+        library: dict | None = None,
+    ) -> Entry:
         """Index an object already in the store (see :meth:`put`); both rows land in one transaction."""
         path = self.object_path(sha256)
         with _store_errors(self.root, "write to"):
-            now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            now = datetime.now(UTC).isoformat(timespec="seconds")
             with self._db:  # one transaction: both rows or neither
                 self._db.execute("BEGIN IMMEDIATE")
                 self._db.execute(
@@ -263,24 +299,37 @@ class Store:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany("UPDATE artifacts SET recorded = 1 WHERE sha256 = ?", [(s,) for s in sha256s])
 
-    def add_to_library(self, sha256: str, problem_id: str, manifest_sha256: str, num_tokens: int,
-                       library: dict) -> None:
+    def add_to_library(
+        self, sha256: str, problem_id: str, manifest_sha256: str, num_tokens: int, library: dict
+    ) -> None:
         """Add an already stored, verified root artifact to the library (a store made before the library existed)."""
         with _store_errors(self.root, "write to"), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._add_library(sha256, problem_id, manifest_sha256, num_tokens, library)
 
-    def _add_library(self, sha256: str, problem_id: str, manifest_sha256: str, num_tokens: int, library: dict,
-                     grams: bool = True) -> None:
+    def _add_library(
+        self, sha256: str, problem_id: str, manifest_sha256: str, num_tokens: int, library: dict, grams: bool = True
+    ) -> None:
         # Inside the caller's transaction: the library row, its full-text row and its sequences land together or not
         # at all. ``grams`` False: the caller fills library_grams itself (_fill_grams).
         cur = self._db.execute(
             "INSERT OR IGNORE INTO library VALUES (?,?,?,?,?,?,?,?)",
-            (sha256, problem_id, library["problem_key"], manifest_sha256, library["problem"], library["solution"],
-             library.get("answer"), num_tokens))
+            (
+                sha256,
+                problem_id,
+                library["problem_key"],
+                manifest_sha256,
+                library["problem"],
+                library["solution"],
+                library.get("answer"),
+                num_tokens,
+            ),
+        )
         if cur.rowcount:
-            self._db.execute("INSERT INTO library_fts(rowid, problem, solution) VALUES (?,?,?)",
-                             (cur.lastrowid, library["problem"], library["solution"]))
+            self._db.execute(
+                "INSERT INTO library_fts(rowid, problem, solution) VALUES (?,?,?)",
+                (cur.lastrowid, library["problem"], library["solution"]),
+            )
             if self._has_grams and grams:
                 self._add_grams(cur.lastrowid, library["problem"])
 
@@ -297,12 +346,21 @@ class Store:
             for i, row in enumerate(rows, start=start + 1):
                 sha = sha256_json({"made_up_row": i, "problem": row["problem"]})
                 self._db.execute("INSERT INTO artifacts VALUES (?,0,0,1,?,?,'',1)", (sha, "0" * 64, manifest_sha256))
-                self._add_library(sha, row.get("problem_id", f"row-{i}"), manifest_sha256, 1, {
-                    "problem_key": row["problem_key"],
-                    "problem": row["problem"], "solution": row["solution"], "answer": row.get("answer")},
-                    grams)
+                self._add_library(
+                    sha,
+                    row.get("problem_id", f"row-{i}"),
+                    manifest_sha256,
+                    1,
+                    {
+                        "problem_key": row["problem_key"],
+                        "problem": row["problem"],
+                        "solution": row["solution"],
+                        "answer": row.get("answer"),
+                    },
+                    grams,
+                )
 
-    def garbage(self, keep: set[str], grace_s: float = 3600.0) -> "Garbage":
+    def garbage(self, keep: set[str], grace_s: float = 3600.0) -> Garbage:
         """What ``kvgraft store gc`` may delete: temporary files left by an interrupted write, and objects that no
         index row names and whose hash is not in ``keep`` (the digests the ledgers name), each untouched for at
         least ``grace_s`` seconds (a writer at work writes its object before its index row) and older than the
@@ -334,7 +392,7 @@ class Store:
                         found.unindexed.append((f, st.st_size))
         return found
 
-    def collect(self, garbage: "Garbage") -> int:
+    def collect(self, garbage: Garbage) -> int:
         """Delete what :meth:`garbage` found, re-checking each object under the index's write lock (a run may have
         indexed it since); returns the bytes freed."""
         freed = 0
@@ -357,9 +415,13 @@ class Store:
         db = self._db
         if ref is None:
             q = "SELECT artifact FROM entries" + (" WHERE manifest_sha256 = ?" if manifest_sha256 else "")
-            row = db.execute(q + " ORDER BY rowid DESC LIMIT 1", (manifest_sha256,) if manifest_sha256 else ()).fetchone()
+            row = db.execute(
+                q + " ORDER BY rowid DESC LIMIT 1", (manifest_sha256,) if manifest_sha256 else ()
+            ).fetchone()
             if not row:
-                raise InputError(f"store {self.root} holds no artifacts for this manifest", "run `kvgraft deposit FILE.jsonl` first")
+                raise InputError(
+                    f"store {self.root} holds no artifacts for this manifest", "run `kvgraft deposit FILE.jsonl` first"
+                )
             return row[0]
         if HEX64.match(ref):
             return ref
@@ -371,18 +433,25 @@ class Store:
         ).fetchall()
         if rows:
             return rows[0][0]
-        if re.fullmatch(r"[0-9a-f]{%d,63}" % MIN_PREFIX, ref.lower()):
+        if re.fullmatch(rf"[0-9a-f]{{{MIN_PREFIX},63}}", ref.lower()):
             ref = ref.lower()
             hits = [r[0] for r in db.execute("SELECT sha256 FROM artifacts WHERE sha256 LIKE ? LIMIT 3", (ref + "%",))]
             if len(hits) == 1:
                 return hits[0]
             if len(hits) > 1:
-                raise InputError(f"artifact prefix {ref} is ambiguous ({', '.join(h[:12] for h in hits)}, ...)", "give more hex digits")
-        if re.fullmatch(r"[0-9a-f]{1,%d}" % (MIN_PREFIX - 1), ref.lower()):
-            raise InputError(f"artifact hash prefix {ref!r} is too short (need >= {MIN_PREFIX} hex characters)",
-                             "give more of the hash; `kvgraft store list` shows them")
-        raise InputError(f"no artifact {ref!r} in store {self.root} (neither a problem id nor an artifact hash)",
-                         "list what is there with `kvgraft store list`")
+                raise InputError(
+                    f"artifact prefix {ref} is ambiguous ({', '.join(h[:12] for h in hits)}, ...)",
+                    "give more hex digits",
+                )
+        if re.fullmatch(rf"[0-9a-f]{{1,{MIN_PREFIX - 1}}}", ref.lower()):
+            raise InputError(
+                f"artifact hash prefix {ref!r} is too short (need >= {MIN_PREFIX} hex characters)",
+                "give more of the hash; `kvgraft store list` shows them",
+            )
+        raise InputError(
+            f"no artifact {ref!r} in store {self.root} (neither a problem id nor an artifact hash)",
+            "list what is there with `kvgraft store list`",
+        )
 
     def _is_problem_id(self, ref: str) -> bool:
         return self._db.execute("SELECT 1 FROM entries WHERE problem_id = ? LIMIT 1", (ref,)).fetchone() is not None
@@ -413,8 +482,9 @@ class Store:
             VERIFIED.put(sha256, loaded)
         return loaded
 
-    def load_chain(self, sha256: str, max_links: int = 256, remember: bool = True,
-                   device: str = "cpu", room: int = 0) -> list[tuple[str, kvg.Artifact]]:
+    def load_chain(
+        self, sha256: str, max_links: int = 256, remember: bool = True, device: str = "cpu", room: int = 0
+    ) -> list[tuple[str, kvg.Artifact]]:
         """An artifact and the parents it continues, root first, each re-hashed (``remember``, ``room``: as
         :meth:`load`; room for the artifact asked for, whose cache it becomes when it has no parents); refuses a
         broken chain (a missing parent, a link that does not start where its parent chain ends)."""
@@ -432,20 +502,31 @@ class Store:
 
     def library_exact(self, key: str) -> LibraryHit | None:
         """The verified library entry for a problem key (the newest, if several solutions were deposited)."""
-        row = self._db.execute(_LIB + self._recorded_join + " WHERE l.problem_key = ?" + self._recorded_only
-                               + " ORDER BY l.rowid DESC LIMIT 1", (key,)).fetchone()
+        row = self._db.execute(
+            _LIB
+            + self._recorded_join
+            + " WHERE l.problem_key = ?"
+            + self._recorded_only
+            + " ORDER BY l.rowid DESC LIMIT 1",
+            (key,),
+        ).fetchone()
         return LibraryHit(*row, None) if row else None
 
-    def library_search(self, text: str, manifest_sha256: str, k: int, min_score: float | None = None,
-                       work: search.Work | None = None) -> list[LibraryHit]:
+    def library_search(
+        self, text: str, manifest_sha256: str, k: int, min_score: float | None = None, work: search.Work | None = None
+    ) -> list[LibraryHit]:
         """The ``k`` verified entries under this compute pin whose problems are most related to ``text``, by bm25
         with bounded work whatever the library's size (store/search.py; ``work`` counts it). ``min_score`` keeps
         hits whose relevance (-bm25, higher is better) is at least that."""
         if k <= 0:
             return []
-        fetch = ("SELECT l.rowid, l.problem, l.artifact, l.problem_id, l.problem, l.solution, l.answer, l.num_tokens "
-                 "FROM library l" + self._recorded_join + " WHERE l.rowid IN ({ids}) AND l.manifest_sha256 = ?"
-                 + self._recorded_only)
+        fetch = (
+            "SELECT l.rowid, l.problem, l.artifact, l.problem_id, l.problem, l.solution, l.answer, l.num_tokens "
+            "FROM library l"
+            + self._recorded_join
+            + " WHERE l.rowid IN ({ids}) AND l.manifest_sha256 = ?"
+            + self._recorded_only
+        )
         ranked = search.search(self._db, text, fetch, (manifest_sha256,), work, self._has_grams)
         hits = [LibraryHit(*row[2:], score) for score, row in ranked]
         if min_score is not None:
@@ -472,25 +553,41 @@ class Store:
 
     def stats(self) -> dict[str, int]:
         n_obj, n_bytes, n_tok = self._db.execute(
-            "SELECT count(*), coalesce(sum(file_bytes),0), coalesce(sum(num_tokens),0) FROM artifacts").fetchone()
+            "SELECT count(*), coalesce(sum(file_bytes),0), coalesce(sum(num_tokens),0) FROM artifacts"
+        ).fetchone()
         n_ent, n_ver = self._db.execute("SELECT count(*), coalesce(sum(verified),0) FROM entries").fetchone()
         n_lib, lib_tok = self._db.execute("SELECT count(*), coalesce(sum(num_tokens),0) FROM library").fetchone()
-        unrecorded = (self._db.execute("SELECT count(*) FROM artifacts WHERE recorded = 0").fetchone()[0]
-                      if self._tracks_recording else 0)
-        return {"objects": n_obj, "entries": n_ent, "verified_entries": n_ver, "file_bytes": n_bytes,
-                "tokens": n_tok, "library_entries": n_lib, "library_tokens": lib_tok, "unrecorded": unrecorded}
+        unrecorded = (
+            self._db.execute("SELECT count(*) FROM artifacts WHERE recorded = 0").fetchone()[0]
+            if self._tracks_recording
+            else 0
+        )
+        return {
+            "objects": n_obj,
+            "entries": n_ent,
+            "verified_entries": n_ver,
+            "file_bytes": n_bytes,
+            "tokens": n_tok,
+            "library_entries": n_lib,
+            "library_tokens": lib_tok,
+            "unrecorded": unrecorded,
+        }
 
 
 _LIB = "SELECT l.artifact, l.problem_id, l.problem, l.solution, l.answer, l.num_tokens FROM library l"
-def check_chain(links: list[tuple[str, "kvg.Artifact"]], source: str) -> None:
+
+
+def check_chain(links: list[tuple[str, kvg.Artifact]], source: str) -> None:
     """Refuse links that do not follow each other: each names the previous one and starts where it ends."""
     pos = 0
     for i, (sha, art) in enumerate(links):
         want_parent = links[i - 1][0] if i else None
         if art.parent != want_parent or art.start != pos:
-            raise ArtifactError(f"{source}: artifact {sha[:16]}... does not continue its chain (parent "
-                                f"{(art.parent or 'none')[:16]}, start {art.start}; expected parent "
-                                f"{(want_parent or 'none')[:16]}, start {pos})")
+            raise ArtifactError(
+                f"{source}: artifact {sha[:16]}... does not continue its chain (parent "
+                f"{(art.parent or 'none')[:16]}, start {art.start}; expected parent "
+                f"{(want_parent or 'none')[:16]}, start {pos})"
+            )
         pos += art.num_tokens
 
 
@@ -507,7 +604,7 @@ class VerifiedCache:
     def __init__(self):
         from collections import OrderedDict
 
-        self._items: "OrderedDict[str, tuple]" = OrderedDict()
+        self._items: OrderedDict[str, tuple] = OrderedDict()
         self.bytes = 0
 
     @staticmethod
@@ -540,7 +637,7 @@ class VerifiedCache:
 VERIFIED = VerifiedCache()
 
 
-def _artifact_bytes(art: "kvg.Artifact") -> int:
+def _artifact_bytes(art: kvg.Artifact) -> int:
     return sum(t.numel() * t.element_size() for st in art.layers for t in (st.keys, st.values) if t is not None)
 
 
@@ -570,9 +667,11 @@ class _store_errors:
     def __exit__(self, typ, exc, tb):
         if isinstance(exc, (OSError, sqlite3.Error)):
             reason = os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else str(exc)
-            raise StoreError(f"cannot {self.doing} store {self.root}: {reason}",
-                             "check free space and permissions; a failed write leaves nothing half-written, and "
-                             "`kvgraft store gc` removes what it left unindexed") from exc
+            raise StoreError(
+                f"cannot {self.doing} store {self.root}: {reason}",
+                "check free space and permissions; a failed write leaves nothing half-written, and "
+                "`kvgraft store gc` removes what it left unindexed",
+            ) from exc
         return False
 
 

@@ -33,9 +33,9 @@ import os
 import secrets
 import shutil
 import sqlite3
-from datetime import datetime, timezone
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Iterable
 
 from ..artifacts import format as kvg
 from ..errors import ArtifactError, InputError, IntegrityError, KvgraftError, StoreError
@@ -110,10 +110,16 @@ class RemoteStore(Store):
                 if remote_of(self.root) != self.url:
                     atomic_write_bytes(self.root / MARKER, json.dumps({"url": self.url}).encode() + b"\n")
             merged = self.refresh()
-            if not create and not merged and not self._has_batches() and not self.skipped_batches \
-                    and not self._remote_has_objects():
-                raise InputError(f"no store at {self.url}",
-                                 f"deposit with --store {self.url}, or `kvgraft store push {self.url}`")
+            if (
+                not create
+                and not merged
+                and not self._has_batches()
+                and not self.skipped_batches
+                and not self._remote_has_objects()
+            ):
+                raise InputError(
+                    f"no store at {self.url}", f"deposit with --store {self.url}, or `kvgraft store push {self.url}`"
+                )
         except BaseException:
             empty = made and self._is_empty()
             super().close()
@@ -137,7 +143,7 @@ class RemoteStore(Store):
         self.skipped_batches = []
         known = {r[0] for r in self._db.execute("SELECT name FROM remote_batches")}
         for rel, size in self.remote.list(INDEX):
-            name = rel[len(INDEX):]
+            name = rel[len(INDEX) :]
             if name in known or not name.endswith(".jsonl"):
                 continue
             where = self.remote.where.url(rel)
@@ -174,8 +180,10 @@ class RemoteStore(Store):
     def conflicts(self) -> list[dict]:
         """The merged batches some of whose rows were refused ({"batch": URL, "rows": how many}): rows restating a
         key, artifact or library row the cache already held differently (the first row stands)."""
-        return [{"batch": self.remote.where.url(INDEX + name), "rows": n}
-                for name, n in self._db.execute("SELECT name, rows FROM remote_conflicts ORDER BY name")]
+        return [
+            {"batch": self.remote.where.url(INDEX + name), "rows": n}
+            for name, n in self._db.execute("SELECT name, rows FROM remote_conflicts ORDER BY name")
+        ]
 
     def _has_batches(self) -> bool:
         return self._db.execute("SELECT 1 FROM remote_batches LIMIT 1").fetchone() is not None
@@ -268,10 +276,15 @@ class RemoteStore(Store):
         uploaded = want is not None
         if uploaded:
             head = self.remote.head(rel)
-            if head is None or head["ContentLength"] != path.stat().st_size or \
-                    head.get("Metadata", {}).get("file-sha256") != want:
-                raise StoreError(f"upload of {self.object_url(sha256)} did not arrive as sent (size or SHA-256 "
-                                 "differs)", "run the command again; the object is content-addressed")
+            if (
+                head is None
+                or head["ContentLength"] != path.stat().st_size
+                or head.get("Metadata", {}).get("file-sha256") != want
+            ):
+                raise StoreError(
+                    f"upload of {self.object_url(sha256)} did not arrive as sent (size or SHA-256 differs)",
+                    "run the command again; the object is content-addressed",
+                )
         return uploaded
 
     def local_object(self, sha256: str) -> Path:
@@ -292,8 +305,9 @@ class RemoteStore(Store):
         if not HEX64.match(sha256):
             raise ArtifactError(f"not an artifact identity: {sha256!r}")
         path = self.object_path(sha256)
-        loaded = self._keep_if_verified(sha256, self._download(sha256), path,
-                                        lambda tmp: kvg.open_file(tmp, sha256, 0 if remember else room))
+        loaded = self._keep_if_verified(
+            sha256, self._download(sha256), path, lambda tmp: kvg.open_file(tmp, sha256, 0 if remember else room)
+        )
         if remember:
             VERIFIED.put(sha256, loaded)
         return loaded
@@ -314,8 +328,10 @@ class RemoteStore(Store):
         def check(path: Path) -> int:
             got = kvg_payload_sha256(path)
             if got != sha256:
-                raise IntegrityError(f"{self.object_url(sha256)}: payload hashes to {got[:16]}..., not its identity "
-                                     f"{sha256[:16]}...: the remote object was altered; not copied")
+                raise IntegrityError(
+                    f"{self.object_url(sha256)}: payload hashes to {got[:16]}..., not its identity "
+                    f"{sha256[:16]}...: the remote object was altered; not copied"
+                )
             return path.stat().st_size
 
         return self._keep_if_verified(sha256, tmp, dest, check)
@@ -344,8 +360,10 @@ class RemoteStore(Store):
                 self.remote.get_to(object_key(sha256), f)
         except FileNotFoundError:
             tmp.unlink(missing_ok=True)
-            raise ArtifactError(f"artifact {sha256[:16]}... is not in store {self.url} (no {self.object_url(sha256)})",
-                                f"`kvgraft store push {self.url}` uploads a local store's objects") from None
+            raise ArtifactError(
+                f"artifact {sha256[:16]}... is not in store {self.url} (no {self.object_url(sha256)})",
+                f"`kvgraft store push {self.url}` uploads a local store's objects",
+            ) from None
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -385,24 +403,38 @@ def _tmp_beside(dest: Path) -> Path:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def new_batch_name() -> str:
     """``<utc-time>-<random>.jsonl``: sorts by time; the random part keeps two writers' names apart."""
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ") + f"-{secrets.token_hex(8)}.jsonl"
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ") + f"-{secrets.token_hex(8)}.jsonl"
 
 
 # -- index rows: the wire format of a batch, shared with store.sync ---------------------------------------------
 # One JSON object a line, "t" naming the table. Column values are checked on the way in: a batch is data from
 # the network.
 _COLUMNS = {
-    "artifact": {"sha256": str, "file_bytes": int, "payload_bytes": int, "num_tokens": int, "model_sha256": str,
-                 "manifest_sha256": str, "created": str},
-    "entry": {"key": str, "problem_id": str, "artifact": str, "manifest_sha256": str, "verified": int,
-              "created": str},
-    "library": {"artifact": str, "problem_id": str, "problem_key": str, "manifest_sha256": str, "problem": str,
-                "solution": str, "answer": (str, type(None)), "num_tokens": int},
+    "artifact": {
+        "sha256": str,
+        "file_bytes": int,
+        "payload_bytes": int,
+        "num_tokens": int,
+        "model_sha256": str,
+        "manifest_sha256": str,
+        "created": str,
+    },
+    "entry": {"key": str, "problem_id": str, "artifact": str, "manifest_sha256": str, "verified": int, "created": str},
+    "library": {
+        "artifact": str,
+        "problem_id": str,
+        "problem_key": str,
+        "manifest_sha256": str,
+        "problem": str,
+        "solution": str,
+        "answer": (str, type(None)),
+        "num_tokens": int,
+    },
 }
 _HASHES = ("sha256", "artifact", "model_sha256", "manifest_sha256", "key", "problem_key")
 
@@ -412,16 +444,25 @@ def export_rows(store: Store, sha256s: Iterable[str]) -> list[dict]:
     Reads the store's SQLite directly: the rows are the store's own (this module and local.py share a package)."""
     db, rows = store._db, []
     for sha in sha256s:
-        a = db.execute("SELECT sha256, file_bytes, payload_bytes, num_tokens, model_sha256, manifest_sha256, created "
-                       "FROM artifacts WHERE sha256 = ?", (sha,)).fetchone()
+        a = db.execute(
+            "SELECT sha256, file_bytes, payload_bytes, num_tokens, model_sha256, manifest_sha256, created "
+            "FROM artifacts WHERE sha256 = ?",
+            (sha,),
+        ).fetchone()
         if a is None:
             continue
         rows.append({"t": "artifact", **dict(zip(_COLUMNS["artifact"], a))})
-        for e in db.execute("SELECT key, problem_id, artifact, manifest_sha256, verified, created FROM entries "
-                            "WHERE artifact = ? ORDER BY rowid", (sha,)):
+        for e in db.execute(
+            "SELECT key, problem_id, artifact, manifest_sha256, verified, created FROM entries "
+            "WHERE artifact = ? ORDER BY rowid",
+            (sha,),
+        ):
             rows.append({"t": "entry", **dict(zip(_COLUMNS["entry"], e))})
-        lib = db.execute("SELECT artifact, problem_id, problem_key, manifest_sha256, problem, solution, answer, "
-                         "num_tokens FROM library WHERE artifact = ?", (sha,)).fetchone()
+        lib = db.execute(
+            "SELECT artifact, problem_id, problem_key, manifest_sha256, problem, solution, answer, "
+            "num_tokens FROM library WHERE artifact = ?",
+            (sha,),
+        ).fetchone()
         if lib is not None:
             rows.append({"t": "library", **dict(zip(_COLUMNS["library"], lib))})
     return rows
@@ -446,7 +487,7 @@ def parse_batch(data: bytes, source: str) -> list[dict]:
         try:
             row = json.loads(line)
             if not isinstance(row, dict) or "t" not in row:
-                raise ValueError("not a JSON object with a row type \"t\"")
+                raise ValueError('not a JSON object with a row type "t"')
             if row["t"] not in _COLUMNS:
                 raise ValueError(f"unknown row type {str(row['t'])[:40]!r} (a newer kvgraft's?)")
             cols = _COLUMNS[row["t"]]
@@ -483,12 +524,15 @@ def merge_rows(store: Store, rows: list[dict]) -> int:
     db, refused = store._db, 0
     for r in sorted(rows, key=lambda r: r["t"] != "artifact"):
         if r["t"] == "artifact":
-            have = db.execute("SELECT " + ", ".join(_SAME_ARTIFACT) + " FROM artifacts WHERE sha256 = ?",
-                              (r["sha256"],)).fetchone()
+            have = db.execute(
+                "SELECT " + ", ".join(_SAME_ARTIFACT) + " FROM artifacts WHERE sha256 = ?", (r["sha256"],)
+            ).fetchone()
             if have is None:
-                db.execute("INSERT INTO artifacts (sha256, file_bytes, payload_bytes, num_tokens, model_sha256, "
-                           "manifest_sha256, created, recorded) VALUES (?,?,?,?,?,?,?,1)",
-                           tuple(r[c] for c in _COLUMNS["artifact"]))
+                db.execute(
+                    "INSERT INTO artifacts (sha256, file_bytes, payload_bytes, num_tokens, model_sha256, "
+                    "manifest_sha256, created, recorded) VALUES (?,?,?,?,?,?,?,1)",
+                    tuple(r[c] for c in _COLUMNS["artifact"]),
+                )
             elif have != tuple(r[c] for c in _SAME_ARTIFACT):
                 refused += 1
             elif store._tracks_recording:
@@ -500,11 +544,17 @@ def merge_rows(store: Store, rows: list[dict]) -> int:
             elif have[0] != r["artifact"]:
                 refused += 1
         else:
-            have = db.execute("SELECT " + ", ".join(_SAME_LIBRARY) + " FROM library WHERE artifact = ?",
-                              (r["artifact"],)).fetchone()
+            have = db.execute(
+                "SELECT " + ", ".join(_SAME_LIBRARY) + " FROM library WHERE artifact = ?", (r["artifact"],)
+            ).fetchone()
             if have is None:
-                store._add_library(r["artifact"], r["problem_id"], r["manifest_sha256"], r["num_tokens"],
-                                   {k: r[k] for k in ("problem_key", "problem", "solution", "answer")})
+                store._add_library(
+                    r["artifact"],
+                    r["problem_id"],
+                    r["manifest_sha256"],
+                    r["num_tokens"],
+                    {k: r[k] for k in ("problem_key", "problem", "solution", "answer")},
+                )
             elif have != tuple(r[c] for c in _SAME_LIBRARY):
                 refused += 1
     return refused

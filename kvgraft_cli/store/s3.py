@@ -17,9 +17,10 @@ import base64
 import hashlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from ..errors import InputError, StoreError
 
@@ -56,11 +57,13 @@ def parse_url(url: str) -> S3URL:
     """Split ``s3://bucket[/prefix]``; refuse anything else with an InputError that shows the expected form."""
     if not is_remote(url):
         raise InputError(f"not an S3 URL: {url!r}", "a remote store is s3://BUCKET/PREFIX")
-    bucket, _, prefix = url[len(SCHEME):].partition("/")
+    bucket, _, prefix = url[len(SCHEME) :].partition("/")
     parts = [p for p in prefix.split("/") if p]
     if not _BUCKET.match(bucket) or any(p in (".", "..") for p in parts):
-        raise InputError(f"not a usable S3 URL: {url!r}", "a remote store is s3://BUCKET/PREFIX (a bucket name of "
-                         "lower-case letters, digits, dots and hyphens)")
+        raise InputError(
+            f"not a usable S3 URL: {url!r}",
+            "a remote store is s3://BUCKET/PREFIX (a bucket name of lower-case letters, digits, dots and hyphens)",
+        )
     return S3URL(bucket, "".join(p + "/" for p in parts))
 
 
@@ -106,26 +109,32 @@ class S3Remote:
             import boto3
             from botocore.config import Config
         except ImportError:
-            raise InputError(f"the remote store {self.where} needs boto3, which is not installed here",
-                             "pip install 'kvgraft[s3]'") from None
+            raise InputError(
+                f"the remote store {self.where} needs boto3, which is not installed here", "pip install 'kvgraft[s3]'"
+            ) from None
         # Few, quick retries: an endpoint that is down should fail in seconds, not after botocore's minutes.
-        config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5, read_timeout=60,
-                        user_agent_extra="kvgraft")
+        config = Config(
+            retries={"max_attempts": 3, "mode": "standard"},
+            connect_timeout=5,
+            read_timeout=60,
+            user_agent_extra="kvgraft",
+        )
         with self.errors("connect to"):
             try:
                 self.client = boto3.session.Session().client("s3", config=config)
             except ValueError as e:  # botocore: "Invalid endpoint: ..." (and urllib's "Invalid IPv6 URL")
                 named = endpoint_hint()
                 what = repr(redact(named)) if named else "the endpoint_url of the AWS config file"
-                raise StoreError(f"cannot connect to {self.where}: {what} is not a usable endpoint URL "
-                                 f"({redact(str(e))})", "set AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3) to "
-                                 "http(s)://HOST[:PORT], or unset it for AWS") from None
+                raise StoreError(
+                    f"cannot connect to {self.where}: {what} is not a usable endpoint URL ({redact(str(e))})",
+                    "set AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3) to http(s)://HOST[:PORT], or unset it for AWS",
+                ) from None
         self.endpoint = redact(self.client.meta.endpoint_url or "") or None
 
     def __str__(self) -> str:
         return str(self.where)
 
-    def errors(self, doing: str, rel: str = "") -> "_s3_errors":
+    def errors(self, doing: str, rel: str = "") -> _s3_errors:
         return _s3_errors(self, doing, rel)
 
     def head(self, rel: str) -> dict | None:
@@ -154,9 +163,13 @@ class S3Remote:
 
                 # Past one PUT's limit: parts, each with its SHA-256 checked by the server; no conditional PUT in
                 # the transfer manager, so a concurrent writer may replace it (with the same payload: same identity).
-                self.client.upload_file(str(path), self.where.bucket, key, ExtraArgs={
-                    "Metadata": meta, "ChecksumAlgorithm": "SHA256"},
-                    Config=TransferConfig(multipart_threshold=SINGLE_PUT_MAX, multipart_chunksize=256 * 1024**2))
+                self.client.upload_file(
+                    str(path),
+                    self.where.bucket,
+                    key,
+                    ExtraArgs={"Metadata": meta, "ChecksumAlgorithm": "SHA256"},
+                    Config=TransferConfig(multipart_threshold=SINGLE_PUT_MAX, multipart_chunksize=256 * 1024**2),
+                )
                 return sha_hex
             with open(path, "rb") as body:
                 return sha_hex if self._put(key, body, size, sha_raw, md5_raw, meta) else None
@@ -164,18 +177,29 @@ class S3Remote:
     def put_bytes(self, rel: str, data: bytes, metadata: dict[str, str] | None = None) -> bool:
         """Upload bytes unless the key exists (see :meth:`put_file`); returns whether this call wrote them."""
         with self.errors("write", rel):
-            return self._put(self.where.key(rel), data, len(data), hashlib.sha256(data).digest(),
-                             hashlib.md5(data, usedforsecurity=False).digest(),
-                             {**(metadata or {}), "file-sha256": hashlib.sha256(data).hexdigest()})
+            return self._put(
+                self.where.key(rel),
+                data,
+                len(data),
+                hashlib.sha256(data).digest(),
+                hashlib.md5(data, usedforsecurity=False).digest(),
+                {**(metadata or {}), "file-sha256": hashlib.sha256(data).hexdigest()},
+            )
 
     def _put(self, key: str, body, size: int, sha_raw: bytes, md5_raw: bytes, meta: dict[str, str]) -> bool:
         from botocore.exceptions import ClientError
 
         try:
-            self.client.put_object(Bucket=self.where.bucket, Key=key, Body=body, ContentLength=size,
-                                   ContentMD5=base64.b64encode(md5_raw).decode(),
-                                   ChecksumSHA256=base64.b64encode(sha_raw).decode(), Metadata=meta,
-                                   IfNoneMatch="*")
+            self.client.put_object(
+                Bucket=self.where.bucket,
+                Key=key,
+                Body=body,
+                ContentLength=size,
+                ContentMD5=base64.b64encode(md5_raw).decode(),
+                ChecksumSHA256=base64.b64encode(sha_raw).decode(),
+                Metadata=meta,
+                IfNoneMatch="*",
+            )
         except ClientError as e:
             if _code(e) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
                 return False  # someone has it already (content-addressed or uniquely named: the same bytes)
@@ -207,8 +231,9 @@ class S3Remote:
         if head is None:
             raise FileNotFoundError(self.where.url(rel))
         if head["ContentLength"] > limit:
-            raise StoreError(f"{self.where.url(rel)} is {head['ContentLength']} bytes, more than an index batch "
-                             f"may be ({limit})")
+            raise StoreError(
+                f"{self.where.url(rel)} is {head['ContentLength']} bytes, more than an index batch may be ({limit})"
+            )
         buf = io.BytesIO()
         self.get_to(rel, buf)
         return buf.getvalue()
@@ -222,7 +247,7 @@ class S3Remote:
         with self.errors("list"):
             for page in self.client.get_paginator("list_objects_v2").paginate(**kw):
                 for obj in page.get("Contents", ()):
-                    yield obj["Key"][len(self.where.prefix):], obj["Size"]
+                    yield obj["Key"][len(self.where.prefix) :], obj["Size"]
 
     def _secrets(self) -> list[str]:
         """The credential strings an error message must never show (never printed, only blanked out)."""
@@ -231,8 +256,15 @@ class S3Remote:
             frozen = creds.get_frozen_credentials() if creds else None
         except Exception:
             return []
-        return [v for v in (getattr(frozen, "access_key", None), getattr(frozen, "secret_key", None),
-                            getattr(frozen, "token", None)) if v]
+        return [
+            v
+            for v in (
+                getattr(frozen, "access_key", None),
+                getattr(frozen, "secret_key", None),
+                getattr(frozen, "token", None),
+            )
+            if v
+        ]
 
 
 def _code(e) -> str:
@@ -267,8 +299,13 @@ class _s3_errors:
         if exc is None or isinstance(exc, (StoreError, FileNotFoundError)):
             return False
         try:
-            from botocore.exceptions import (BotoCoreError, ClientError, EndpointConnectionError,
-                                             NoCredentialsError, PartialCredentialsError)
+            from botocore.exceptions import (
+                BotoCoreError,
+                ClientError,
+                EndpointConnectionError,
+                NoCredentialsError,
+                PartialCredentialsError,
+            )
         except ImportError:
             return False
         if not isinstance(exc, (BotoCoreError, ClientError)):
@@ -279,10 +316,11 @@ class _s3_errors:
         hint = None
         if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
             reason = "no AWS credentials found"
-            hint = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (the standard AWS credential "
-                    "chain)")
-        elif isinstance(exc, EndpointConnectionError) or type(exc).__name__ in ("ConnectTimeoutError",
-                                                                                 "ReadTimeoutError"):
+            hint = "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (the standard AWS credential chain)"
+        elif isinstance(exc, EndpointConnectionError) or type(exc).__name__ in (
+            "ConnectTimeoutError",
+            "ReadTimeoutError",
+        ):
             reason = f"cannot reach the endpoint {endpoint}"
             hint = "check AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3) and that the server is up"
         elif isinstance(exc, ClientError):
@@ -297,6 +335,6 @@ class _s3_errors:
                 hint = "create the bucket, or check the URL and the endpoint (AWS_ENDPOINT_URL)"
         else:
             reason = str(exc)
-        for secret in (r._secrets() if isinstance(r, S3Remote) and hasattr(r, "client") else []):
+        for secret in r._secrets() if isinstance(r, S3Remote) and hasattr(r, "client") else []:
             reason = reason.replace(secret, "***")
         raise StoreError(f"cannot {self.doing} {where}: {redact(reason)}", hint) from None

@@ -72,10 +72,14 @@ def grams(text: str) -> list[int]:
 def _sequences(text: str) -> list[tuple[int, int]]:
     """(unmasked characters, hash) of each GRAM-word sequence of ``text``, in order."""
     masked = ["0" if w.isdigit() else "a" if len(w) == 1 else w for w in words(text)]
-    seqs = [masked[i:i + GRAM] for i in range(max(1, len(masked) - GRAM + 1))] if masked else []
-    return [(sum(len(w) for w in g if len(w) > 1),
-             int.from_bytes(hashlib.blake2b(" ".join(g).encode(), digest_size=8).digest(), "big", signed=True))
-            for g in seqs]
+    seqs = [masked[i : i + GRAM] for i in range(max(1, len(masked) - GRAM + 1))] if masked else []
+    return [
+        (
+            sum(len(w) for w in g if len(w) > 1),
+            int.from_bytes(hashlib.blake2b(" ".join(g).encode(), digest_size=8).digest(), "big", signed=True),
+        )
+        for g in seqs
+    ]
 
 
 def _informative(text: str) -> tuple[list[int], int]:
@@ -92,8 +96,14 @@ def phrase(w: str) -> str:
     return '"' + w.replace('"', '""') + '"'
 
 
-def search(db: sqlite3.Connection, text: str, fetch_sql: str, fetch_args: tuple, work: Work | None = None,
-           sequences: bool = True) -> list[tuple[float, tuple]]:
+def search(
+    db: sqlite3.Connection,
+    text: str,
+    fetch_sql: str,
+    fetch_args: tuple,
+    work: Work | None = None,
+    sequences: bool = True,
+) -> list[tuple[float, tuple]]:
     """Rank library problems against ``text``; returns (bm25, row) best first, at most RANK_ROWS, where row is what
     ``fetch_sql`` (a SELECT whose first column is the library rowid and second the problem text, with a ``{ids}``
     placeholder for the candidate rowids, and filters such as the compute pin bound by ``fetch_args``) returns.
@@ -132,8 +142,9 @@ def search(db: sqlite3.Connection, text: str, fetch_sql: str, fetch_args: tuple,
 
 def _rows(db: sqlite3.Connection, match: str, work: Work) -> list[int]:
     work.statements += 1
-    rows = [r[0] for r in db.execute("SELECT rowid FROM library_fts WHERE library_fts MATCH ? LIMIT ?",
-                                     (match, PROBE_ROWS))]
+    rows = [
+        r[0] for r in db.execute("SELECT rowid FROM library_fts WHERE library_fts MATCH ? LIMIT ?", (match, PROBE_ROWS))
+    ]
     work.rows_read += len(rows)
     return rows
 
@@ -147,9 +158,14 @@ def _shared_sequences(db: sqlite3.Connection, hashes: list[int], size: int, work
         return {}
     work.statements += 1
     up = "SELECT * FROM (SELECT entry, size FROM library_grams WHERE gram = ? AND size >= ? ORDER BY size LIMIT ?)"
-    down = "SELECT * FROM (SELECT entry, size FROM library_grams WHERE gram = ? AND size < ? ORDER BY size DESC LIMIT ?)"
-    sql = ("SELECT entry, count(*) * 1.0 / (? + max(size) - count(*)) AS j, sum(count(*)) OVER () FROM ("
-           + " UNION ALL ".join([up, down] * len(hashes)) + ") GROUP BY entry ORDER BY j DESC, entry LIMIT ?")
+    down = (
+        "SELECT * FROM (SELECT entry, size FROM library_grams WHERE gram = ? AND size < ? ORDER BY size DESC LIMIT ?)"
+    )
+    sql = (
+        "SELECT entry, count(*) * 1.0 / (? + max(size) - count(*)) AS j, sum(count(*)) OVER () FROM ("
+        + " UNION ALL ".join([up, down] * len(hashes))
+        + ") GROUP BY entry ORDER BY j DESC, entry LIMIT ?"
+    )
     half = GRAM_ROWS // 2
     args = [size] + [v for h in hashes for v in (h, size, half, h, size, half)] + [RANK_ROWS]
     rows = db.execute(sql, args).fetchall()

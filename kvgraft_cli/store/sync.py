@@ -17,8 +17,8 @@ checksum already proved.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 from ..artifacts.payload import kvg_payload_sha256
 from ..errors import IntegrityError, StoreError
@@ -53,8 +53,12 @@ def recorded(store: Store) -> list[str]:
     return [r[0] for r in store._db.execute(q)]
 
 
-def push(local: Store, remote: RemoteStore, on_start: Callable[[int], None] | None = None,
-         on_progress: Progress | None = None) -> SyncReport:
+def push(
+    local: Store,
+    remote: RemoteStore,
+    on_start: Callable[[int], None] | None = None,
+    on_progress: Progress | None = None,
+) -> SyncReport:
     """Copy a local store's recorded artifacts and their index rows to a remote store (see the module doc)."""
     report = SyncReport("push", str(local.root), remote.url)
     shas = recorded(local)
@@ -70,9 +74,11 @@ def push(local: Store, remote: RemoteStore, on_start: Callable[[int], None] | No
         if remote.remote.head(f"objects/{sha[:2]}/{sha}.kvg") is None:
             got = kvg_payload_sha256(path)
             if got != sha:
-                raise IntegrityError(f"{path}: payload hashes to {got[:16]}..., not its identity {sha[:16]}...: the "
-                                     "local object is damaged; nothing of it was sent",
-                                     "re-deposit it, or pull a good copy")
+                raise IntegrityError(
+                    f"{path}: payload hashes to {got[:16]}..., not its identity {sha[:16]}...: the "
+                    "local object is damaged; nothing of it was sent",
+                    "re-deposit it, or pull a good copy",
+                )
             copied = remote.upload(sha, source=path)
         size = path.stat().st_size
         report.copied += copied
@@ -87,8 +93,12 @@ def push(local: Store, remote: RemoteStore, on_start: Callable[[int], None] | No
     return report
 
 
-def pull(remote: RemoteStore, local: Store, on_start: Callable[[int], None] | None = None,
-         on_progress: Progress | None = None) -> SyncReport:
+def pull(
+    remote: RemoteStore,
+    local: Store,
+    on_start: Callable[[int], None] | None = None,
+    on_progress: Progress | None = None,
+) -> SyncReport:
     """Copy a remote store's recorded artifacts (every index batch, merged when it opened) and their index rows
     into a local store, each object re-hashed before it is renamed into place (see the module doc)."""
     if isinstance(local, RemoteStore):

@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 WRITERS = "writers"
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import rfc8785
 
+
 def sha256_bytes(data: bytes) -> str:
     """Hex SHA-256 of ``data``."""
     return hashlib.sha256(data).hexdigest()

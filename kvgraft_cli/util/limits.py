@@ -25,8 +25,10 @@ def size_setting(name: str, default: int, allow_zero: bool = True) -> int:
     m = re.fullmatch(r"([0-9]{1,20})\s*([kmgt]?)(?:i?b)?", raw, re.IGNORECASE)
     if not m or (int(m.group(1)) == 0 and not allow_zero):
         shown = raw if len(raw) <= 40 else raw[:40] + f"...({len(raw)} chars)"
-        raise InputError(f"{name}={shown!r} is not a size",
-                         f"set {name} to a number of bytes, optionally with K, M, G or T (binary), e.g. 64G")
+        raise InputError(
+            f"{name}={shown!r} is not a size",
+            f"set {name} to a number of bytes, optionally with K, M, G or T (binary), e.g. 64G",
+        )
     return int(m.group(1)) << (10 * "_kmgt".index(m.group(2).lower() or "_"))
 
 
@@ -50,7 +52,10 @@ def read_lines(path: Path, what: str = "file") -> list[tuple[int, bytes]]:
             n += 1
             ends = line.endswith(b"\n")
             if len(line) - ends > limit:
-                raise ProblemFileError(f"{path}:{n}: a line longer than {limit:,} bytes ({ENV_MAX_LINE}, the limit "
-                                       f"on one line of a {what})", f"each line must be one JSON object; if the file "
-                                       f"is genuine, raise {ENV_MAX_LINE} (bytes, or e.g. 256M)")
+                raise ProblemFileError(
+                    f"{path}:{n}: a line longer than {limit:,} bytes ({ENV_MAX_LINE}, the limit "
+                    f"on one line of a {what})",
+                    f"each line must be one JSON object; if the file "
+                    f"is genuine, raise {ENV_MAX_LINE} (bytes, or e.g. 256M)",
+                )
             out.append((n, line[:-1] if ends else line))

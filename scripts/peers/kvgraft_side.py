@@ -38,8 +38,15 @@ class KvgraftSide:
 
         self.tmp = Path(tempfile.mkdtemp(prefix=f"bench-peers-kvgraft-{dtype}-"))
         self.manifest_path = self.tmp / "manifest.yaml"
-        text, _ = manifest_for_gguf(gguf, self.manifest_path, profile=profile, device="cpu", dtype=dtype,
-                                    threads=threads, attn_implementation=attn)
+        text, _ = manifest_for_gguf(
+            gguf,
+            self.manifest_path,
+            profile=profile,
+            device="cpu",
+            dtype=dtype,
+            threads=threads,
+            attn_implementation=attn,
+        )
         data = yaml.safe_load(text)
         if schedule != "single":  # chunked:N
             data["prefill"] = {"schedule": "chunked", "chunk_size": int(schedule.split(":")[1])}
@@ -53,9 +60,15 @@ class KvgraftSide:
         import transformers
 
         m = self.eng.manifest.data
-        return {"torch": torch.__version__, "transformers": transformers.__version__, "model_sha256": m["model"]["sha256"],
-                "threads": torch.get_num_threads(), "env": {k: v for k, v in m["runtime"]["env"].items() if v},
-                "schedule": m["prefill"], "attn": m["model"]["attn_implementation"]}
+        return {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "model_sha256": m["model"]["sha256"],
+            "threads": torch.get_num_threads(),
+            "env": {k: v for k, v in m["runtime"]["env"].items() if v},
+            "schedule": m["prefill"],
+            "attn": m["model"]["attn_implementation"],
+        }
 
     def ids(self, n: int) -> dict:
         """The first ``n`` tokens of MATH-500's worked solutions joined, as bench_graft cuts them."""
@@ -79,8 +92,15 @@ class KvgraftSide:
         del payload
         fresh = eng.forward(cache, query, last_only=True)[-1]
         tokens, _ = eng.greedy(cache, fresh, decode)
-        self.state = {"ids": ids, "query": query, "decode": decode, "path": path, "sha": sha,
-                      "fresh": tensor_sha256(fresh), "tokens": tokens}
+        self.state = {
+            "ids": ids,
+            "query": query,
+            "decode": decode,
+            "path": path,
+            "sha": sha,
+            "fresh": tensor_sha256(fresh),
+            "tokens": tokens,
+        }
         # save_s: the deposit; the same key as llama.cpp's state save, so the table reads both alike.
         return {"prefill_s": pre.s, "save_s": dep.s, "artifact_bytes": size, "file_bytes": path.stat().st_size}
 
@@ -96,8 +116,14 @@ class KvgraftSide:
         with stopwatch() as dec:
             tokens, _ = eng.greedy(cache, logits, s["decode"])
         sha = tensor_sha256(logits)
-        return {"restore_s": graft.s, "first_token_s": first.s, "decode_tok_s": s["decode"] / dec.s,
-                "exact": sha == s["fresh"], "same_tokens": tokens == s["tokens"], "logits_sha256": sha}
+        return {
+            "restore_s": graft.s,
+            "first_token_s": first.s,
+            "decode_tok_s": s["decode"] / dec.s,
+            "exact": sha == s["fresh"],
+            "same_tokens": tokens == s["tokens"],
+            "logits_sha256": sha,
+        }
 
     def tamper(self) -> dict:
         """One byte of the artifact flipped, three quarters in (inside the KV data), then opened as `kvgraft graft`
@@ -123,15 +149,16 @@ class KvgraftSide:
         counted once: as the head it is read whole every step), and the seconds of its linear layers alone on one
         token (each layer's matrix-vector product, nothing between them): a decode step cannot be faster."""
         import torch
-
         from timing import timed
 
         model = self.eng.model
         weight_bytes = sum({p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}.values())
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         dtype = next(model.parameters()).dtype
-        rows = {m.in_features: torch.randn(1, m.in_features, generator=torch.Generator().manual_seed(0)).to(dtype)
-                for m in linears}
+        rows = {
+            m.in_features: torch.randn(1, m.in_features, generator=torch.Generator().manual_seed(0)).to(dtype)
+            for m in linears
+        }
 
         def one_token():
             with torch.inference_mode():
@@ -144,21 +171,49 @@ class KvgraftSide:
 
     def check(self, samples: int, max_new_tokens: int) -> dict:
         """`kvgraft graft --check` on the deposited file, as a user runs it; its --json verdict."""
-        cmd = [sys.executable, "-m", "kvgraft_cli", "graft", str(self.state["path"]), "--check", "--samples",
-               str(samples), "-n", str(max_new_tokens), "-m", str(self.manifest_path), "--json"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "kvgraft_cli",
+            "graft",
+            str(self.state["path"]),
+            "--check",
+            "--samples",
+            str(samples),
+            "-n",
+            str(max_new_tokens),
+            "-m",
+            str(self.manifest_path),
+            "--json",
+        ]
         with stopwatch() as lap:
             p = subprocess.run(cmd, capture_output=True, text=True, cwd=self.tmp)
         if p.returncode not in (0, 1):  # 1 is a failed check: a verdict, reported
             raise RuntimeError(f"graft --check exited {p.returncode}: {p.stderr.strip()[-1500:]}")
         r = json.loads(p.stdout)
-        return {"passed": r["passed"], "sha_equal": r["sha_equal"], "samples": r["samples"], "check_s": lap.s,
-                "deposit_reproduced": r["deposit_reproduced"], "single_pass_sha_equal": r["single_pass_sha_equal"],
-                "single_pass_max_abs_diff": r["single_pass_max_abs_diff"]}
+        return {
+            "passed": r["passed"],
+            "sha_equal": r["sha_equal"],
+            "samples": r["samples"],
+            "check_s": lap.s,
+            "deposit_reproduced": r["deposit_reproduced"],
+            "single_pass_sha_equal": r["single_pass_sha_equal"],
+            "single_pass_max_abs_diff": r["single_pass_max_abs_diff"],
+        }
 
 
 def serve_kvgraft(gguf: str, dtype: str, profile: str, attn: str, threads: int, schedule: str) -> None:
     from peers.wire import serve
 
     side = KvgraftSide(gguf, dtype, profile, attn, threads, schedule)
-    serve({"info": side.info, "ids": side.ids, "setup": side.setup, "round": side.round, "check": side.check,
-           "tamper": side.tamper, "weights": side.weights})
+    serve(
+        {
+            "info": side.info,
+            "ids": side.ids,
+            "setup": side.setup,
+            "round": side.round,
+            "check": side.check,
+            "tamper": side.tamper,
+            "weights": side.weights,
+        }
+    )

@@ -21,7 +21,9 @@ import time
 from pathlib import Path
 
 VERSION = "0.3.36"
-LLAMA_CPP_COMMIT = "0c1e57098"  # llama-cpp-python 0.3.36's CHANGELOG: "update llama.cpp to ggml-org/llama.cpp@0c1e57098"
+LLAMA_CPP_COMMIT = (
+    "0c1e57098"  # llama-cpp-python 0.3.36's CHANGELOG: "update llama.cpp to ggml-org/llama.cpp@0c1e57098"
+)
 # This CPU's own instructions (AVX-512 here), as a user building llama.cpp for their machine gets by default;
 # the multimodal library left out (not used, a third of the build).
 CMAKE_ARGS = "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DCMAKE_BUILD_TYPE=Release"
@@ -63,21 +65,31 @@ def ensure_built(root: Path | None = None, say=print) -> dict:
     def pip(*args: str) -> None:
         log.write(f"$ pip {' '.join(args)}\n")
         log.flush()
-        rc = subprocess.run([sys.executable, "-m", "pip", *args], stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        rc = subprocess.run(
+            [sys.executable, "-m", "pip", *args], stdout=log, stderr=subprocess.STDOUT, env=env
+        ).returncode
         if rc:
             raise SystemExit(f"building llama.cpp failed (pip {args[0]} exited {rc}); see {work / 'build.log'}")
 
     t0 = time.perf_counter()
-    say(f"building llama-cpp-python {VERSION} (llama.cpp {LLAMA_CPP_COMMIT}) from source into {dest} "
-        f"(once; about 4 minutes on 2 cores)")
+    say(
+        f"building llama-cpp-python {VERSION} (llama.cpp {LLAMA_CPP_COMMIT}) from source into {dest} "
+        f"(once; about 4 minutes on 2 cores)"
+    )
     pip("download", "--no-deps", "--no-binary", ":all:", f"llama-cpp-python=={VERSION}", "-d", str(work / "src"))
     (sdist,) = (work / "src").glob("*.tar.gz")
     pip("wheel", "--no-deps", str(sdist), "-w", str(work / "wheel"))
     (wheel,) = (work / "wheel").glob("*.whl")
     pip("install", "--no-deps", "--target", str(work / "site"), str(wheel), f"diskcache=={DISKCACHE}")
-    info = {"package": f"llama-cpp-python=={VERSION}", "llama_cpp_commit": LLAMA_CPP_COMMIT, "cmake_args": CMAKE_ARGS,
-            "compiler": _compiler(), "machine": platform.machine(),
-            "sdist_sha256": hashlib.sha256(sdist.read_bytes()).hexdigest(), "build_s": round(time.perf_counter() - t0)}
+    info = {
+        "package": f"llama-cpp-python=={VERSION}",
+        "llama_cpp_commit": LLAMA_CPP_COMMIT,
+        "cmake_args": CMAKE_ARGS,
+        "compiler": _compiler(),
+        "machine": platform.machine(),
+        "sdist_sha256": hashlib.sha256(sdist.read_bytes()).hexdigest(),
+        "build_s": round(time.perf_counter() - t0),
+    }
     (work / "build.json").write_text(json.dumps(info, indent=1) + "\n")
     log.close()
     shutil.rmtree(work / "src")

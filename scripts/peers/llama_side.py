@@ -26,9 +26,8 @@ from timing import stopwatch
 class LlamaSide:
     def __init__(self, site: str, gguf: str, threads: int):
         sys.path.append(site)  # appended: the venv's numpy comes first
-        import numpy as np
-
         import llama_cpp as L
+        import numpy as np
 
         self.np, self.L = np, L
         self._quiet = L.llama_log_callback(lambda level, text, user: None)  # kept alive: llama.cpp holds the pointer
@@ -46,9 +45,16 @@ class LlamaSide:
         import llama_cpp
 
         p = self.L.llama_context_default_params()
-        return {"version": llama_cpp.__version__, "system_info": self.L.llama_print_system_info().decode().strip(),
-                "n_vocab": self.n_vocab, "n_batch": p.n_batch, "n_ubatch": p.n_ubatch,
-                "flash_attn_type": p.flash_attn_type, "type_k": p.type_k, "type_v": p.type_v}
+        return {
+            "version": llama_cpp.__version__,
+            "system_info": self.L.llama_print_system_info().decode().strip(),
+            "n_vocab": self.n_vocab,
+            "n_batch": p.n_batch,
+            "n_ubatch": p.n_ubatch,
+            "flash_attn_type": p.flash_attn_type,
+            "type_k": p.type_k,
+            "type_v": p.type_v,
+        }
 
     # -- the C API, thinly ----------------------------------------------------------------------------------------
     @contextmanager
@@ -125,8 +131,15 @@ class LlamaSide:
                 size = self._save(ctx, path, ids)
             fresh = self._decode(ctx, query, len(ids))
             tokens = self._greedy(ctx, fresh, len(ids) + len(query), decode)
-        self.state = {"ids": ids, "query": query, "decode": decode, "n_ctx": n_ctx, "path": path,
-                      "fresh": fresh.tobytes(), "tokens": tokens}
+        self.state = {
+            "ids": ids,
+            "query": query,
+            "decode": decode,
+            "n_ctx": n_ctx,
+            "path": path,
+            "fresh": fresh.tobytes(),
+            "tokens": tokens,
+        }
         return {"prefill_s": pre.s, "save_s": save.s, "state_bytes": size, "file_bytes": path.stat().st_size}
 
     def round(self) -> dict:
@@ -140,9 +153,14 @@ class LlamaSide:
                 logits = self._decode(ctx, s["query"], n)
             with stopwatch() as dec:
                 tokens = self._greedy(ctx, logits, at, s["decode"])
-        return {"restore_s": restore.s, "first_token_s": first.s, "decode_tok_s": s["decode"] / dec.s,
-                "exact": logits.tobytes() == s["fresh"], "same_tokens": tokens == s["tokens"],
-                "logits_sha256": hashlib.sha256(logits.tobytes()).hexdigest()}
+        return {
+            "restore_s": restore.s,
+            "first_token_s": first.s,
+            "decode_tok_s": s["decode"] / dec.s,
+            "exact": logits.tobytes() == s["fresh"],
+            "same_tokens": tokens == s["tokens"],
+            "logits_sha256": hashlib.sha256(logits.tobytes()).hexdigest(),
+        }
 
     def exactness(self, threads: list[int]) -> dict:
         """Per thread count: fresh prefill + save + query in one fresh context, restore + query in another, and one
@@ -164,10 +182,13 @@ class LlamaSide:
                 one = self._decode(ctx, ids + query, 0).tobytes()
             os.unlink(path)
             fresh_by_threads[t] = fresh
-            out[str(t)] = {"restore_exact": restored == fresh, "fresh_equals_one_pass": fresh == one,
-                           "restored_equals_one_pass": restored == one,
-                           "max_abs_diff": self._max_abs_diff(restored, fresh),
-                           "one_pass_max_abs_diff": self._max_abs_diff(fresh, one)}
+            out[str(t)] = {
+                "restore_exact": restored == fresh,
+                "fresh_equals_one_pass": fresh == one,
+                "restored_equals_one_pass": restored == one,
+                "max_abs_diff": self._max_abs_diff(restored, fresh),
+                "one_pass_max_abs_diff": self._max_abs_diff(fresh, one),
+            }
         first = fresh_by_threads[threads[0]]
         out["fresh_same_across_threads"] = all(v == first for v in fresh_by_threads.values())
         return out
@@ -202,5 +223,12 @@ def serve_llama(site: str, gguf: str, threads: int) -> None:
     from peers.wire import serve
 
     side = LlamaSide(site, gguf, threads)
-    serve({"info": side.info, "setup": side.setup, "round": side.round, "exactness": side.exactness,
-           "tamper": side.tamper})
+    serve(
+        {
+            "info": side.info,
+            "setup": side.setup,
+            "round": side.round,
+            "exactness": side.exactness,
+            "tamper": side.tamper,
+        }
+    )

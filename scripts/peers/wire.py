@@ -10,7 +10,8 @@ import os
 import subprocess
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def serve(handlers: dict[str, Callable[..., dict]]) -> None:
@@ -37,8 +38,9 @@ class Worker:
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None, log=None):
         self.name = name
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log or sys.stderr,
-                                     text=True, env=env, bufsize=1)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log or sys.stderr, text=True, env=env, bufsize=1
+        )
 
     def call(self, op: str, **args: Any) -> dict:
         self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")

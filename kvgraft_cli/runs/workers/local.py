@@ -20,7 +20,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ... import errors
 from ...config.profiles import environ_without_pins
@@ -46,8 +47,9 @@ def error_from_record(rec: dict[str, Any], where: str) -> KvgraftError:
     message = f"{where}: {str(rec.get('message', '')).rstrip('.')}"
     if isinstance(cls, type) and issubclass(cls, KvgraftError) and cls is not KvgraftError:
         return cls(message, rec.get("hint"))
-    err = KvgraftError(message if rec.get("type") != "internal" else f"{where}: internal error: {rec.get('message')}",
-                       rec.get("hint"))
+    err = KvgraftError(
+        message if rec.get("type") != "internal" else f"{where}: internal error: {rec.get('message')}", rec.get("hint")
+    )
     err.exit_code = int(rec.get("exit_code") or 1)
     return err
 
@@ -61,8 +63,14 @@ def run_job(job: str, args: dict[str, Any], on_record: Callable[[dict], None], w
     final: dict | None = None
     debug = os.environ.get("KVGRAFT_DEBUG") == "1"  # then the worker's tracebacks go straight to the terminal
     with tempfile.TemporaryFile("w+") as errfile:  # a file, not a pipe: a chatty child cannot block on it
-        with subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=None if debug else errfile, text=True, env=environ_without_pins()) as proc:
+        with subprocess.Popen(
+            [sys.executable, "-m", __name__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None if debug else errfile,
+            text=True,
+            env=environ_without_pins(),
+        ) as proc:
             try:
                 assert proc.stdin is not None and proc.stdout is not None
                 proc.stdin.write(request)
@@ -84,9 +92,11 @@ def run_job(job: str, args: dict[str, Any], on_record: Callable[[dict], None], w
         if final is None or not final.get("done") or proc.returncode != 0:
             errfile.seek(0)
             tail = errfile.read().strip().splitlines()[-3:]
-            raise KvgraftError(f"{where}: the worker process ended without a result (exit status {proc.returncode})"
-                               + (f"; its stderr ended with: {' | '.join(tail)[:500]}" if tail else ""),
-                               "re-run with KVGRAFT_DEBUG=1 for the worker's traceback")
+            raise KvgraftError(
+                f"{where}: the worker process ended without a result (exit status {proc.returncode})"
+                + (f"; its stderr ended with: {' | '.join(tail)[:500]}" if tail else ""),
+                "re-run with KVGRAFT_DEBUG=1 for the worker's traceback",
+            )
     return records
 
 

@@ -3,12 +3,18 @@ under the embedded default manifest without drift (the CLI does this itself; pyt
 
 from __future__ import annotations
 
+import atexit as _atexit
 import os
+import shutil as _shutil
 import subprocess
 import sys
+import tempfile as _tempfile
 from pathlib import Path
 
 import pytest
+
+# Tests that share a service run on one xdist worker (tests/xdist_groups.py says why loadgroup needs this).
+from xdist_groups import pytest_runtest_setup, pytest_xdist_make_scheduler  # noqa: F401
 
 from kvgraft_cli.config.profiles import KNOWN_BIT_ENV, environ_without_pins
 
@@ -21,10 +27,6 @@ os.environ["ONEDNN_MAX_CPU_ISA"] = "SSE41"
 
 # `kvgraft verify` keeps its cache of verified files in the user's cache folder: tests (and the CLI processes they
 # start, which inherit the environment) use one of their own, never the developer's ~/.cache.
-import atexit as _atexit
-import shutil as _shutil
-import tempfile as _tempfile
-
 os.environ["XDG_CACHE_HOME"] = _tempfile.mkdtemp(prefix="kvgraft-test-cache-")
 _atexit.register(_shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
 
@@ -39,8 +41,9 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, check_rc: int | None
     full_env = environ_without_pins()
     full_env.pop("KVGRAFT_DEBUG", None)
     full_env.update(env or {})
-    p = subprocess.run([sys.executable, "-m", "kvgraft_cli", *args], cwd=cwd, env=full_env,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-m", "kvgraft_cli", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=600
+    )
     if check_rc is not None:
         assert p.returncode == check_rc, f"rc={p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     return p
@@ -49,8 +52,8 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, check_rc: int | None
 @pytest.fixture(scope="session")
 def engine():
     """The embedded default model, loaded once for the session."""
-    from kvgraft_cli.engine.engine import load_engine
     from kvgraft_cli.config.manifest import load_manifest
+    from kvgraft_cli.engine.engine import load_engine
 
     return load_engine(load_manifest(None))
 
@@ -66,8 +69,8 @@ def ctx(tmp_path, engine):
 @pytest.fixture(scope="session")
 def deposited(tmp_path_factory, engine):
     """The examples deposited once into a session store (read-only for tests)."""
-    from kvgraft_cli.runs.deposit import deposit
     from kvgraft_cli.runs.context import RunContext
+    from kvgraft_cli.runs.deposit import deposit
 
     d = tmp_path_factory.mktemp("deposited")
     c = RunContext.make(engine.manifest, d / "store", d / "ledger.jsonl")
@@ -90,8 +93,9 @@ main()
 
 def run_without_torch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """Run the CLI in a process where importing torch, transformers or safetensors fails."""
-    return subprocess.run([sys.executable, "-c", BLOCK_TORCH, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", BLOCK_TORCH, *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture(scope="session")
@@ -100,10 +104,14 @@ def report_ledger(tmp_path_factory):
     deposit, solve --compare, a score of each run, graft --check and probe. Read-only for tests."""
     d = tmp_path_factory.mktemp("report")
     (d / "problems.jsonl").write_text("".join(line + "\n" for line in EXAMPLES.read_text().splitlines()[:4]))
-    for args in (["deposit", "problems.jsonl"], ["solve", "problems.jsonl", "--compare", "--k", "2"],
-                 ["score", "problems.solve.jsonl", "--answers", "problems.jsonl"],
-                 ["score", "problems.baseline.jsonl", "--answers", "problems.jsonl"],
-                 ["graft", "--check", "--samples", "2"], ["probe", "--offsets", "0,1,8", "--samples", "2"]):
+    for args in (
+        ["deposit", "problems.jsonl"],
+        ["solve", "problems.jsonl", "--compare", "--k", "2"],
+        ["score", "problems.solve.jsonl", "--answers", "problems.jsonl"],
+        ["score", "problems.baseline.jsonl", "--answers", "problems.jsonl"],
+        ["graft", "--check", "--samples", "2"],
+        ["probe", "--offsets", "0,1,8", "--samples", "2"],
+    ):
         run_cli(*args, cwd=d, check_rc=0)
     return d
 
@@ -134,8 +142,13 @@ print(json.dumps(res))
 
 def every_help(columns: int) -> dict:
     """{command path ("" for the root, "store list"...): {"raw": [help strings], "rendered": its --help}}."""
-    p = subprocess.run([sys.executable, "-c", HELP_WALK], capture_output=True, text=True, timeout=120,
-                       env={"COLUMNS": str(columns), "PATH": "/usr/bin:/bin"})
+    p = subprocess.run(
+        [sys.executable, "-c", HELP_WALK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": str(columns), "PATH": "/usr/bin:/bin"},
+    )
     assert p.returncode == 0, p.stderr
     import json
 

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-START_TIMEOUT_S = 60.0
+# Generous: a loaded 2-core machine has taken tens of seconds; the wait ends as soon as a write succeeds.
+START_TIMEOUT_S = 180.0
 
 
 @dataclass(frozen=True)
@@ -34,19 +35,31 @@ class S3Server:
     secret_key: str
     bucket: str
     region: str = "us-east-1"
+    pid: int = 0  # the `weed server` process (its children serve too)
 
     def env(self, **extra: str) -> dict[str, str]:
         """The standard AWS variables that point boto3 (in this process or a child) at this server."""
-        return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
-                "AWS_ENDPOINT_URL": self.endpoint, "AWS_DEFAULT_REGION": self.region,
-                # No shared config or credentials file of the developer's may leak in.
-                "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull, **extra}
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_DEFAULT_REGION": self.region,
+            # No shared config or credentials file of the developer's may leak in.
+            "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+            **extra,
+        }
 
     def client(self):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
-                            aws_secret_access_key=self.secret_key, region_name=self.region)
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=self.region,
+        )
 
 
 def _free_ports(n: int) -> list[int]:
@@ -75,25 +88,55 @@ def start_server(workdir: Path) -> tuple[subprocess.Popen, S3Server]:
     (master, master_g, volume, volume_g, filer, filer_g, s3, s3_g) = _free_ports(8)
     access, secret = "KVGTEST" + secrets.token_hex(6).upper(), secrets.token_hex(20)
     config = workdir / "s3.json"
-    config.write_text(json.dumps({"identities": [{
-        "name": "kvgraft-test", "credentials": [{"accessKey": access, "secretKey": secret}],
-        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    config.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "kvgraft-test",
+                        "credentials": [{"accessKey": access, "secretKey": secret}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    }
+                ]
+            }
+        )
+    )
     data = workdir / "data"
     data.mkdir()
-    cmd = [_weed(), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-           f"-master.port={master}", f"-master.port.grpc={master_g}", "-master.telemetry=false",
-           "-master.volumeSizeLimitMB=64", f"-volume.port={volume}", f"-volume.port.grpc={volume_g}",
-           "-volume.max=20", "-volume.preStopSeconds=0",
-           "-filer", f"-filer.port={filer}", f"-filer.port.grpc={filer_g}",
-           "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3_g}", f"-s3.config={config}",
-           "-s3.port.iceberg=0", "-s3.port.lance=0",
-           f"-s3.localSocket={workdir / 's3.sock'}", f"-filer.localSocket={workdir / 'filer.sock'}"]
+    cmd = [
+        _weed(),
+        "server",
+        f"-dir={data}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-master.port={master}",
+        f"-master.port.grpc={master_g}",
+        "-master.telemetry=false",
+        "-master.volumeSizeLimitMB=64",
+        f"-volume.port={volume}",
+        f"-volume.port.grpc={volume_g}",
+        "-volume.max=20",
+        "-volume.preStopSeconds=0",
+        "-filer",
+        f"-filer.port={filer}",
+        f"-filer.port.grpc={filer_g}",
+        "-s3",
+        f"-s3.port={s3}",
+        f"-s3.port.grpc={s3_g}",
+        f"-s3.config={config}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        f"-s3.localSocket={workdir / 's3.sock'}",
+        f"-filer.localSocket={workdir / 'filer.sock'}",
+    ]
     log = open(workdir / "weed.log", "wb")
     proc = subprocess.Popen(cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     # weed puts its gRPC unix sockets in /tmp whatever TMPDIR says: these are removed when it stops.
-    proc.sockets = [Path(f"/tmp/seaweedfs-{kind}-{port}.sock") for kind, port in
-                    (("master-grpc", master_g), ("volume-grpc", volume_g), ("s3-grpc", s3_g), ("s3", s3))]
-    server = S3Server(f"http://127.0.0.1:{s3}", access, secret, "kvgraft-test")
+    proc.sockets = [
+        Path(f"/tmp/seaweedfs-{kind}-{port}.sock")
+        for kind, port in (("master-grpc", master_g), ("volume-grpc", volume_g), ("s3-grpc", s3_g), ("s3", s3))
+    ]
+    server = S3Server(f"http://127.0.0.1:{s3}", access, secret, "kvgraft-test", pid=proc.pid)
     try:
         _wait_for_bucket(proc, server, workdir / "weed.log")
     except BaseException:
@@ -104,13 +147,17 @@ def start_server(workdir: Path) -> tuple[subprocess.Popen, S3Server]:
 
 def _wait_for_bucket(proc: subprocess.Popen, server: S3Server, log: Path) -> None:
     """Retry making the test bucket until the S3 gateway answers and its filer and volume server are up."""
+    import boto3
     from botocore.config import Config
 
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=server.access_key,
-                          aws_secret_access_key=server.secret_key, region_name=server.region,
-                          config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10))
+    client = boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id=server.access_key,
+        aws_secret_access_key=server.secret_key,
+        region_name=server.region,
+        config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10),
+    )
     deadline, last = time.monotonic() + START_TIMEOUT_S, None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -130,8 +177,9 @@ def _wait_for_bucket(proc: subprocess.Popen, server: S3Server, log: Path) -> Non
         except Exception as e:
             last = e
             time.sleep(0.3)
-    raise RuntimeError(f"SeaweedFS did not come up in {START_TIMEOUT_S:.0f} s ({last}):\n"
-                       f"{log.read_text(errors='replace')[-3000:]}")
+    raise RuntimeError(
+        f"SeaweedFS did not come up in {START_TIMEOUT_S:.0f} s ({last}):\n{log.read_text(errors='replace')[-3000:]}"
+    )
 
 
 def stop_server(proc: subprocess.Popen) -> None:

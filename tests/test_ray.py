@@ -8,16 +8,23 @@ Ray not installed). Every test runs the CLI in a fresh process, as a user would;
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
-
 from conftest import EXAMPLES, MATH500, run_cli
+from loopback import assert_loopback_only, listeners, watch, with_descendants
+
 from kvgraft_cli.config.profiles import environ_without_pins
 
 pytest.importorskip("ray")
@@ -26,7 +33,7 @@ pytest.importorskip("ray")
 pytestmark = pytest.mark.xdist_group("ray-s3")
 
 from kvgraft_cli.eval import answers  # noqa: E402
-from kvgraft_cli.runs.workers.ray import EXIT_ONCE_ENV  # noqa: E402
+from kvgraft_cli.runs.workers.ray import EXIT_ONCE_ENV, LOCAL_ONLY_ENV  # noqa: E402
 
 LEDGER = "kvgraft-ledger.jsonl"
 STORE = "kvgraft-store"
@@ -71,21 +78,26 @@ def inputs(tmp_path_factory) -> tuple[Path, Path]:
     rows = [json.loads(line) for line in EXAMPLES.read_text().splitlines()]
     math = [json.loads(line) for line in MATH500.read_text().splitlines()]
     short = sorted((r for r in math if answers.extract(r["answer"]) is not None), key=lambda r: len(r["answer"]))[:3]
-    rows += [{"id": f"math-{i}", "problem": r["question"], "solution": r["answer"],
-              "answer": answers.extract(r["answer"])} for i, r in enumerate(short)]
+    rows += [
+        {"id": f"math-{i}", "problem": r["question"], "solution": r["answer"], "answer": answers.extract(r["answer"])}
+        for i, r in enumerate(short)
+    ]
     rows.append({**rows[0], "id": rows[0]["id"] + "-again"})
     queries = [{"id": r["id"], "problem": r["problem"], "answer": r["answer"]} for r in rows[:3] + rows[-3:-1]]
-    queries += [{"id": "new-1", "problem": "What is $17 + 26$?", "answer": "43"},
-                {"id": "new-2", "problem": "Simplify $\\frac{9}{12}$.", "answer": "\\frac{3}{4}"},
-                {"id": "new-3", "problem": "Solve $2x + 5 = 21$ for $x$.", "answer": "8"}]
+    queries += [
+        {"id": "new-1", "problem": "What is $17 + 26$?", "answer": "43"},
+        {"id": "new-2", "problem": "Simplify $\\frac{9}{12}$.", "answer": "\\frac{3}{4}"},
+        {"id": "new-3", "problem": "Solve $2x + 5 = 21$ for $x$.", "answer": "8"},
+    ]
     return write_jsonl(d / "problems.jsonl", rows), write_jsonl(d / "queries.jsonl", queries)
 
 
 def deposit_and_solve(d: Path, problems: Path, queries: Path, *ray: str, env: dict | None = None) -> dict:
     d.mkdir()
     dep = run_cli("deposit", str(problems), "--json", *ray, cwd=d, env=env, check_rc=0)
-    sol = run_cli("solve", str(queries), "--compare", "--k", "2", "-o", "out.jsonl", "--json", *ray, cwd=d,
-                  env=env, check_rc=0)
+    sol = run_cli(
+        "solve", str(queries), "--compare", "--k", "2", "-o", "out.jsonl", "--json", *ray, cwd=d, env=env, check_rc=0
+    )
     assert "Traceback" not in dep.stderr + sol.stderr
     return {"deposit": json.loads(dep.stdout), "solve": json.loads(sol.stdout)}
 
@@ -96,27 +108,75 @@ def single(tmp_path_factory, inputs) -> tuple[Path, dict]:
     return d, deposit_and_solve(d, *inputs)
 
 
-def _ray(*args: str, timeout: float = 120, auth: bool = False) -> subprocess.CompletedProcess:
-    env = {**environ_without_pins(), "RAY_USAGE_STATS_ENABLED": "0", **({"RAY_AUTH_MODE": "token"} if auth else {})}
-    return subprocess.run([str(Path(sys.executable).parent / "ray"), *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+@dataclass(frozen=True)
+class Cluster:
+    """A cluster the tests started with `ray start --head`, on loopback, in a Ray temp folder of its own."""
+
+    address: str
+    temp_dir: Path
+    token: str
+
+    def env(self) -> dict[str, str]:
+        """What a client on this machine needs to join it: token authentication with the cluster's own token (no
+        ~/.ray/auth_token is read or written), and Ray's single-node mode, without which Ray rewrites the address
+        127.0.0.1 into this machine's network address, where the cluster does not listen."""
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token, LOCAL_ONLY_ENV: "0"}
+
+    def processes(self) -> list[psutil.Process]:
+        """The cluster's processes (each names the temp folder on its command line) and the workers they started."""
+        mine = []
+        for p in psutil.process_iter(["cmdline"]):
+            if any(str(self.temp_dir) in arg for arg in p.info["cmdline"] or ()):
+                mine.append(p.pid)
+        return with_descendants(mine)
+
+
+def _ray(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**environ_without_pins(), "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "ray"), *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
-def cluster() -> str:
+def cluster() -> Cluster:
     """A Ray cluster someone else started (`ray start --head`, as on a head node), for the runs to join with
-    --ray-address; stopped at the end of the module. (A local instance that kvgraft starts itself is exercised by
-    the drift test here and by tests/test_s3.py's sharded deposit into S3.)"""
+    --ray-address; its processes ended at the end of the module (only its own: `ray stop` would end every Ray
+    process on the machine). (A local instance that kvgraft starts itself is exercised by the drift test here and
+    by tests/test_s3.py's sharded deposit into S3.)"""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    started = _ray("start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
-                   "--include-dashboard=false", "--disable-usage-stats")
-    assert started.returncode == 0, started.stdout + started.stderr
-    yield f"127.0.0.1:{port}"
-    _ray("stop", "--force", "--grace-period", "2")
+    # A short folder of its own (Ray's unix sockets live under it; their paths are limited to 107 bytes): its
+    # ray_current_cluster file is not /tmp/ray's, so no ray.init() elsewhere on the machine discovers this cluster.
+    temp = Path(tempfile.mkdtemp(prefix="kvg-ray-", dir="/tmp"))
+    c = Cluster(f"127.0.0.1:{port}", temp, secrets.token_hex(16))
+    try:
+        started = _ray(
+            "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+            "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}",
+            env=c.env(),
+        )  # fmt: skip
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield c
+    finally:
+        procs = c.processes()
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        _, alive = psutil.wait_procs(procs, timeout=10)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(alive, timeout=10)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_the_cluster_listens_on_loopback_only(cluster):
+    """Every server of the `ray start` cluster (GCS, raylet, agents, workers) listens on 127.0.0.1 only."""
+    assert_loopback_only(listeners(cluster.processes()), f"the Ray cluster at {cluster.address}")
 
 
 @pytest.fixture(scope="module")
@@ -126,16 +186,23 @@ def sharded(tmp_path_factory, inputs, cluster) -> tuple[Path, dict]:
     check of it holds across a retried shard."""
     runs = tmp_path_factory.mktemp("runs")
     d = runs / "ray"
-    # `ray start --head` turns on token authentication (its token in ~/.ray/auth_token); a client joins with
-    # RAY_AUTH_MODE=token, as the README says.
-    result = deposit_and_solve(d, *inputs, "--ray-address", cluster, "--workers", "2",
-                               env={EXIT_ONCE_ENV: str(runs / "died"), "RAY_AUTH_MODE": "token"})
+    # `ray start --head` turns on token authentication; a client joins with RAY_AUTH_MODE=token and the token, as
+    # docs/STORE.md says (here the cluster's own, in RAY_AUTH_TOKEN).
+    result = deposit_and_solve(
+        d,
+        *inputs,
+        "--ray-address",
+        cluster.address,
+        "--workers",
+        "2",
+        env={EXIT_ONCE_ENV: str(runs / "died"), **cluster.env()},
+    )
     return d, result
 
 
 def test_a_joined_cluster_is_left_running(sharded, cluster):
     """kvgraft stops only a Ray instance it started: the cluster it joined is still up after deposit and solve."""
-    status = _ray("status", f"--address={cluster}", timeout=60, auth=True)
+    status = _ray("status", f"--address={cluster.address}", timeout=60, env=cluster.env())
     assert status.returncode == 0, status.stdout + status.stderr
 
 
@@ -156,13 +223,16 @@ def test_sharded_solve_writes_the_same_outputs(single, sharded):
     (d1, r1), (d2, r2) = single, sharded
     for mode in ("library", "baseline"):
         out1, out2 = d1 / f"out.{mode}.jsonl", d2 / f"out.{mode}.jsonl"
-        assert sha256(out2) == sha256(out1) == r1["solve"][mode]["outputs_sha256"] == r2["solve"][mode]["outputs_sha256"]
+        assert (
+            sha256(out2) == sha256(out1) == r1["solve"][mode]["outputs_sha256"] == r2["solve"][mode]["outputs_sha256"]
+        )
     hits = [r["hit"] for r in r1["solve"]["library"]["records"]]
     assert "exact" in hits and "related" in hits  # both paths ran in the workers (related: chains of 2)
     solves1 = [stable(e) for e in entries(d1) if e["kind"] != "deposit"]
     solves2 = [stable(e) for e in entries(d2) if e["kind"] != "deposit"]
-    assert [e["outputs"]["output"] for e in solves2 if e["kind"] == "solve"] == \
-        [e["outputs"]["output"] for e in solves1 if e["kind"] == "solve"]
+    assert [e["outputs"]["output"] for e in solves2 if e["kind"] == "solve"] == [
+        e["outputs"]["output"] for e in solves1 if e["kind"] == "solve"
+    ]
     assert solves2 == solves1  # the rest of each entry too, in input order (costs aside)
     run_cli("verify", "--require-files", cwd=d2, check_rc=0)
 
@@ -190,9 +260,22 @@ def test_drift_is_refused_in_the_worker(tmp_path):
     data = json.loads(json.dumps(load_manifest(None).data))
     data["runtime"]["versions"]["torch"] = "0.0.0"
     (tmp_path / "drift.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    p = run_cli("deposit", str(EXAMPLES), "--limit", "2", "--manifest", "drift.yaml", "--ray", "--workers", "1",
-                cwd=tmp_path)
+    # Run as run_cli does, watching what the local Ray instance it starts listens on while it runs.
+    env = environ_without_pins()
+    env.pop("KVGRAFT_DEBUG", None)
+    args = ["deposit", str(EXAMPLES), "--limit", "2", "--manifest", "drift.yaml", "--ray", "--workers", "1"]
+    with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as errf:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvgraft_cli", *args], cwd=tmp_path, env=env, stdout=out, stderr=errf, text=True
+        )
+        seen = watch(proc.pid, lambda: proc.poll() is not None)
+        proc.wait(timeout=600)
+        out.seek(0), errf.seek(0)
+        p = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), errf.read())
     err = one_error_line(p)
+    # kvgraft's own local instance (GCS, raylet, agents, the worker) listened on loopback only.
+    assert "gcs_server" in {x.name for x in seen}, seen
+    assert_loopback_only(seen, "kvgraft's local Ray instance")
     assert err.startswith("Error: Ray worker: effective environment differs") and "runtime.versions.torch" in err
     assert "--allow-drift" in err
     assert not (tmp_path / LEDGER).exists() and not (tmp_path / STORE).exists()
@@ -225,15 +308,19 @@ main()
 
 def test_the_core_never_imports_ray(tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-c", BLOCK_RAY, *args], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-c", BLOCK_RAY, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
 
     p = run("deposit", str(EXAMPLES), "--limit", "2")
     assert p.returncode == 0, p.stderr
     assert p.stderr.strip().splitlines()[-1] == "NO-RAY"
     r = run("deposit", str(EXAMPLES), "--ray")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.splitlines()[0] == "Error: --ray needs Ray, which is not installed here. Hint: pip install 'kvgraft[ray]'."
+    assert (
+        r.stderr.splitlines()[0]
+        == "Error: --ray needs Ray, which is not installed here. Hint: pip install 'kvgraft[ray]'."
+    )
 
 
 def test_an_address_where_nothing_listens_is_one_error_in_seconds(tmp_path):
@@ -243,9 +330,18 @@ def test_an_address_where_nothing_listens_is_one_error_in_seconds(tmp_path):
     with socket.socket() as s:  # a free loopback port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    p = run_cli("deposit", str(EXAMPLES), "--ray-address", f"127.0.0.1:{port}", "--store", str(tmp_path / "st"),
-                "--ledger", str(tmp_path / "l.jsonl"), cwd=tmp_path, check_rc=2)
+    p = run_cli(
+        "deposit",
+        str(EXAMPLES),
+        "--ray-address",
+        f"127.0.0.1:{port}",
+        "--store",
+        str(tmp_path / "st"),
+        "--ledger",
+        str(tmp_path / "l.jsonl"),
+        cwd=tmp_path,
+        check_rc=2,
+    )
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: cannot join the Ray cluster at 127.0.0.1:{port}"), p.stderr
     assert not (tmp_path / "st").exists() and not (tmp_path / "l.jsonl").exists()
-

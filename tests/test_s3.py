@@ -10,12 +10,12 @@ import json
 import secrets
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLES, run_cli
+from loopback import assert_loopback_only, listeners, with_descendants
 from seaweed import s3_server  # noqa: F401  (the session fixture)
 
 pytest.importorskip("boto3")
@@ -42,7 +42,7 @@ def new_url(server, name: str) -> str:
 
 def remote_sha256(server, url: str, rel: str) -> str:
     """SHA-256 of a remote object's bytes, read straight from the server (not through kvgraft)."""
-    bucket, _, prefix = url[len("s3://"):].partition("/")
+    bucket, _, prefix = url[len("s3://") :].partition("/")
     body = server.client().get_object(Bucket=bucket, Key=f"{prefix}/{rel}")["Body"].read()
     return hashlib.sha256(body).hexdigest()
 
@@ -90,8 +90,7 @@ def test_deposit_to_s3_then_graft_from_a_fresh_cache(aws, engine, tmp_path):
     verified = run_cli("verify", str(tmp_path / "ledger.jsonl"), cwd=tmp_path)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "not checked: remote" in verified.stdout
-    no_credentials_in(aws, ledger_text, listed.stdout, listed.stderr, grafted.stdout, grafted.stderr,
-                      verified.stdout)
+    no_credentials_in(aws, ledger_text, listed.stdout, listed.stderr, grafted.stdout, grafted.stderr, verified.stdout)
 
 
 def test_push_then_pull_into_a_fresh_store(aws, deposited, tmp_path):
@@ -113,10 +112,13 @@ def test_push_then_pull_into_a_fresh_store(aws, deposited, tmp_path):
     for p in objects:
         twin = tmp_path / "pulled" / p.relative_to(c.store)
         assert sha256_file(twin) == sha256_file(p)
-    assert json.loads(cli(aws, tmp_path, "c3", "store", "pull", url, "--store", str(tmp_path / "pulled"),
-                          "--json").stdout)["skipped"] == len(objects)
-    listing = [json.loads(run_cli("store", "list", "--store", str(s), "--json", cwd=tmp_path).stdout)
-               for s in (c.store, tmp_path / "pulled")]
+    assert json.loads(
+        cli(aws, tmp_path, "c3", "store", "pull", url, "--store", str(tmp_path / "pulled"), "--json").stdout
+    )["skipped"] == len(objects)
+    listing = [
+        json.loads(run_cli("store", "list", "--store", str(s), "--json", cwd=tmp_path).stdout)
+        for s in (c.store, tmp_path / "pulled")
+    ]
     key = lambda e: e["key"]  # noqa: E731
     assert sorted(listing[0]["entries"], key=key) == sorted(listing[1]["entries"], key=key)
     assert listing[0]["stats"]["library_entries"] == listing[1]["stats"]["library_entries"] > 0
@@ -145,7 +147,7 @@ def test_two_writers_index_batches_are_both_seen(aws, deposited, tmp_path):
         # A batch that lands late, named (by a slower writer or a skewed clock) before the newest one merged.
         t = datetime.strptime(newest.split("-")[0], "%Y%m%dT%H%M%S.%fZ") - timedelta(minutes=10)
         reader.upload(shas[2], source=files[shas[2]])
-        late = t.replace(tzinfo=timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ") + "-late.jsonl"
+        late = t.replace(tzinfo=UTC).strftime("%Y%m%dT%H%M%S.%fZ") + "-late.jsonl"
         reader.remote.put_bytes(INDEX + late, b"".join(json.dumps(r).encode() + b"\n" for r in rows[shas[2]]))
     with RemoteStore(url, cache=tmp_path / "reader", create=False) as reader:
         assert shas[2] in {e.artifact for e in reader.entries()}
@@ -162,7 +164,7 @@ def test_tampered_remote_object_is_refused_and_not_cached(aws, deposited, tmp_pa
     with Store(c.store, create=False) as local, RemoteStore(url, cache=tmp_path / "w") as remote:
         sync.push(local, remote)
         sha = local.entries()[0].artifact
-    bucket, _, prefix = url[len("s3://"):].partition("/")
+    bucket, _, prefix = url[len("s3://") :].partition("/")
     client = aws.client()
     body = bytearray(client.get_object(Bucket=bucket, Key=f"{prefix}/{object_rel(sha)}")["Body"].read())
     body[len(body) // 2] ^= 0x01  # one bit, in the tensor data
@@ -194,8 +196,11 @@ def test_s3_failures_are_one_error_line(aws, tmp_path):
     cases = [
         (wrong_secret, url, "access denied"),
         (aws.env(XDG_CACHE_HOME=str(tmp_path / "x"), AWS_ACCESS_KEY_ID="NOSUCHKEY"), url, "access denied"),
-        (aws.env(XDG_CACHE_HOME=str(tmp_path / "x")), f"s3://no-such-bucket-{secrets.token_hex(3)}/p",
-         "bucket does not exist"),
+        (
+            aws.env(XDG_CACHE_HOME=str(tmp_path / "x")),
+            f"s3://no-such-bucket-{secrets.token_hex(3)}/p",
+            "bucket does not exist",
+        ),
         (down, url, "cannot reach the endpoint"),
     ]
     for env, where, why in cases:
@@ -208,12 +213,19 @@ def test_s3_failures_are_one_error_line(aws, tmp_path):
 
 
 def test_without_boto3_a_remote_store_is_one_input_error(tmp_path):
-    block = ("import sys\nclass B:\n    def find_spec(self, name, path=None, target=None):\n"
-             "        if name.split('.')[0] in ('boto3', 'botocore'):\n            raise ImportError(name)\n"
-             "sys.meta_path.insert(0, B())\nsys.argv = ['kvgraft'] + sys.argv[1:]\n"
-             "from kvgraft_cli.cli.app import main\nmain()\n")
-    p = subprocess.run([sys.executable, "-c", block, "store", "list", "--store", "s3://bucket/prefix"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    block = (
+        "import sys\nclass B:\n    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('boto3', 'botocore'):\n            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, B())\nsys.argv = ['kvgraft'] + sys.argv[1:]\n"
+        "from kvgraft_cli.cli.app import main\nmain()\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", block, "store", "list", "--store", "s3://bucket/prefix"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2 and p.stderr.count("Error:") == 1, p.stderr
     assert "pip install 'kvgraft[s3]'" in p.stderr
 
@@ -246,8 +258,21 @@ def test_ray_sharded_deposit_into_s3_records_what_one_process_records(aws, depos
     pytest.importorskip("ray")
     c, report = deposited
     url = new_url(aws, "ray")
-    p = cli(aws, tmp_path, "driver", "deposit", str(EXAMPLES), "--store", url, "--ledger", str(tmp_path / "l.jsonl"),
-            "--ray", "--workers", "2", "--json")
+    p = cli(
+        aws,
+        tmp_path,
+        "driver",
+        "deposit",
+        str(EXAMPLES),
+        "--store",
+        url,
+        "--ledger",
+        str(tmp_path / "l.jsonl"),
+        "--ray",
+        "--workers",
+        "2",
+        "--json",
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     sharded = [(r["id"], r["status"], r["artifact"]) for r in json.loads(p.stdout)["results"]]
     local = [(r.id, r.status, r.artifact) for r in report.results]
@@ -259,6 +284,7 @@ def test_ray_sharded_deposit_into_s3_records_what_one_process_records(aws, depos
 
 
 # -- the review's findings: a bucket writer cannot redirect, hide or break what readers see ----------------------
+
 
 def push_all(c, url: str, cache: Path) -> None:
     """The deposited session store, pushed to ``url`` (its objects and one honest index batch)."""
@@ -272,14 +298,14 @@ def push_all(c, url: str, cache: Path) -> None:
 
 def batch_name(tag: str, ahead: timedelta = timedelta(0)) -> str:
     """An index batch name as a writer whose clock reads now + ``ahead`` would choose it."""
-    return (datetime.now(timezone.utc) + ahead).strftime("%Y%m%dT%H%M%S.%fZ") + f"-{tag}.jsonl"
+    return (datetime.now(UTC) + ahead).strftime("%Y%m%dT%H%M%S.%fZ") + f"-{tag}.jsonl"
 
 
 def put_batch(server, url: str, name: str, body: bytes | list[dict]) -> None:
     """Write an index batch straight to the bucket, as any writer of the bucket (not kvgraft) could."""
     if isinstance(body, list):
         body = b"".join(json.dumps(r).encode() + b"\n" for r in body)
-    bucket, _, prefix = url[len("s3://"):].partition("/")
+    bucket, _, prefix = url[len("s3://") :].partition("/")
     server.client().put_object(Bucket=bucket, Key=f"{prefix}/index/{name}", Body=body)
 
 
@@ -299,20 +325,24 @@ def test_a_batch_cannot_redirect_a_key_or_rewrite_a_row_already_merged(aws, depo
     entry = next(r for r in rows if r["t"] == "entry" and r["key"] == honest.key)
     art = next(r for r in rows if r["t"] == "artifact" and r["sha256"] == other.artifact)
     lib = next(r for r in rows if r["t"] == "library" and r["artifact"] == honest.artifact)
-    lies = [{**entry},  # an honest restatement: identical, no conflict
-            {**entry, "artifact": other.artifact},  # sum-1's prefix -> gcd-1's artifact
-            {**art, "num_tokens": art["num_tokens"] + 1, "manifest_sha256": "0" * 64},
-            {**lib, "solution": "The answer is 41."}]
+    lies = [
+        {**entry},  # an honest restatement: identical, no conflict
+        {**entry, "artifact": other.artifact},  # sum-1's prefix -> gcd-1's artifact
+        {**art, "num_tokens": art["num_tokens"] + 1, "manifest_sha256": "0" * 64},
+        {**lib, "solution": "The answer is 41."},
+    ]
     put_batch(aws, url, batch_name("liar"), lies)
 
     with RemoteStore(url, cache=tmp_path / "fresh", create=False) as fresh:
         assert fresh.resolve("sum-1", c.manifest.compute_sha256) == honest.artifact
         assert fresh.lookup_key(honest.key).artifact == honest.artifact
-        a = fresh._db.execute("SELECT num_tokens, manifest_sha256 FROM artifacts WHERE sha256 = ?",
-                              (other.artifact,)).fetchone()
+        a = fresh._db.execute(
+            "SELECT num_tokens, manifest_sha256 FROM artifacts WHERE sha256 = ?", (other.artifact,)
+        ).fetchone()
         assert a == (art["num_tokens"], art["manifest_sha256"])
-        (solution,) = fresh._db.execute("SELECT solution FROM library WHERE artifact = ?",
-                                        (honest.artifact,)).fetchone()
+        (solution,) = fresh._db.execute(
+            "SELECT solution FROM library WHERE artifact = ?", (honest.artifact,)
+        ).fetchone()
         assert solution == lib["solution"]
         assert [(x["batch"].endswith("-liar.jsonl"), x["rows"]) for x in fresh.conflicts] == [(True, 3)]
 
@@ -398,8 +428,13 @@ def endpoint_failures(server, tmp_path: Path, url: str, endpoint: str) -> list[s
     """`store stats` and `store list` on ``url`` through ``endpoint``, each checked to be one Error line, exit 2."""
     runs = []
     for args in (("store", "stats"), ("store", "list")):
-        p = run_cli(*args, "--store", url, cwd=tmp_path,
-                    env=server.env(XDG_CACHE_HOME=str(tmp_path / "x"), AWS_ENDPOINT_URL=endpoint))
+        p = run_cli(
+            *args,
+            "--store",
+            url,
+            cwd=tmp_path,
+            env=server.env(XDG_CACHE_HOME=str(tmp_path / "x"), AWS_ENDPOINT_URL=endpoint),
+        )
         assert p.returncode == 2, p.stdout + p.stderr
         assert p.stderr.count("Error:") == 1 and "Traceback" not in p.stderr, p.stderr
         assert "internal error" not in p.stderr and url in p.stderr, p.stderr
@@ -447,3 +482,10 @@ def test_a_failed_open_leaves_no_cache_folder(aws, tmp_path):
     with pytest.raises(InputError):
         RemoteStore(url, create=False, cache=tmp_path / "c3")
     assert (tmp_path / "c3" / "index.sqlite").is_file()
+
+
+def test_the_server_listens_on_loopback_only(aws):
+    """Every port SeaweedFS opens (master, volume, filer, S3, and their gRPC ports) is on 127.0.0.1."""
+    found = listeners(with_descendants([aws.pid]))
+    assert len({x.port for x in found}) >= 8, found  # the eight ports start_server gives it, at least
+    assert_loopback_only(found, "SeaweedFS")

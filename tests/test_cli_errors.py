@@ -480,9 +480,14 @@ def test_deposit_torn_ledger_writes_nothing(engine_runs):
 
 
 def _as_from_a_shell():
-    """A child's SIGINT as a user's shell starts it: default disposition, not blocked. A process inherits an ignored
-    SIGINT and a blocked signal mask from its parent; in full-suite runs of this machine the deposit finished as if
-    it never got the interrupt (3 of 3 runs; alone and per module it passed), whatever the test process inherited."""
+    """A child's SIGINT as a user's shell starts it: default disposition, not blocked.
+
+    The cause of this test's flake: a non-interactive shell starts a background job (`cmd &`, as a CI runner or a
+    script launching the suite does) with SIGINT ignored (POSIX, job control off); pytest, its xdist workers and
+    every process they start inherit the ignored disposition, and Python, started with SIGINT ignored, installs no
+    KeyboardInterrupt handler, so the deposit ran to its end as if never interrupted. Measured: launched as
+    `bash -c 'python -m pytest ... & wait'`, red without this reset (rc 0 after the full deposit), green with it;
+    from an interactive terminal green either way, which is why it passed alone and failed in some full runs."""
     import signal
 
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -27,9 +27,10 @@ import logging
 import os
 import traceback
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ...errors import InputError, KvgraftError
 from .local import error_from_record, error_record
@@ -86,7 +87,7 @@ class RayPool:
         self.started_ray = False
         self.wall_s = 0.0
 
-    def __enter__(self) -> "RayPool":
+    def __enter__(self) -> RayPool:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -109,15 +110,22 @@ class RayPool:
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats notice on stderr
             _driver_output_to_stderr(debug)
             try:
-                ray.init(address=self.address, include_dashboard=False, logging_level=logging.ERROR,
-                         log_to_driver=debug, configure_logging=True)
+                ray.init(
+                    address=self.address,
+                    include_dashboard=False,
+                    logging_level=logging.ERROR,
+                    log_to_driver=debug,
+                    configure_logging=True,
+                )
             except Exception as e:  # noqa: BLE001  (ConnectionError, ValueError, RuntimeError: Ray's own)
-                raise InputError(f"cannot {'join the Ray cluster at ' + self.address if self.address else 'start a local Ray instance'}: "
-                                 f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-                                 "check the address (`ray status` on the cluster); a cluster with token "
-                                 "authentication (what `ray start --head` sets up) needs RAY_AUTH_MODE=token here, "
-                                 "with its token in ~/.ray/auth_token or RAY_AUTH_TOKEN; or run without --ray-address "
-                                 "for a local instance") from None
+                raise InputError(
+                    f"cannot {'join the Ray cluster at ' + self.address if self.address else 'start a local Ray instance'}: "
+                    f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                    "check the address (`ray status` on the cluster); a cluster with token "
+                    "authentication (what `ray start --head` sets up) needs RAY_AUTH_MODE=token here, "
+                    "with its token in ~/.ray/auth_token or RAY_AUTH_TOKEN; or run without --ray-address "
+                    "for a local instance",
+                ) from None
             self.started_ray = True
         gpu = runtime["device"] == "cuda"
         per_worker = {"num_gpus": 1, "num_cpus": 1} if gpu else {"num_cpus": max(1, int(runtime.get("threads") or 1))}
@@ -126,9 +134,12 @@ class RayPool:
         fits = int(total.get(unit, 0) // need)
         n = self.workers if self.workers is not None else max(1, fits)
         if n > fits:
-            raise InputError(f"{n} worker{'s' if n != 1 else ''} need {n * need} {unit}"
-                             f"{'s' if n * need != 1 else ''} (each: {need}, runtime.threads), the Ray cluster has "
-                             f"{total.get(unit, 0):g}", f"pass --workers {max(1, fits)} or fewer, or add nodes")
+            raise InputError(
+                f"{n} worker{'s' if n != 1 else ''} need {n * need} {unit}"
+                f"{'s' if n * need != 1 else ''} (each: {need}, runtime.threads), the Ray cluster has "
+                f"{total.get(unit, 0):g}",
+                f"pass --workers {max(1, fits)} or fewer, or add nodes",
+            )
         # The manifest's kernel flags, set when each worker process starts (before it imports torch); a null pin
         # ("must be unset") cannot be expressed there: the engine's pin_environment unsets it before torch loads.
         env = {k: v for k, v in (runtime.get("env") or {}).items() if v is not None}
@@ -176,7 +187,7 @@ class RayPool:
         self.start()
         n = len(items)
         size = self.shard_size or max(1, -(-n // (2 * len(self.actors))))
-        queue = deque((i, items[i:i + size]) for i in range(0, n, size))
+        queue = deque((i, items[i : i + size]) for i in range(0, n, size))
         idle = list(self.actors)
         pending: dict = {}  # task -> (first item's index, item count, worker)
         done: dict[int, list] = {}  # first item's index -> the shard's records, until yielded
@@ -209,13 +220,16 @@ class RayPool:
         try:
             return ray.get(tasks)
         except RayActorError as e:
-            raise KvgraftError(f"{WHERE} died and was restarted {MAX_RETRIES} times without finishing its shard "
-                               f"({type(e).__name__})",
-                               "re-run with KVGRAFT_DEBUG=1 to see the workers' logs; check the nodes' memory") from None
+            raise KvgraftError(
+                f"{WHERE} died and was restarted {MAX_RETRIES} times without finishing its shard ({type(e).__name__})",
+                "re-run with KVGRAFT_DEBUG=1 to see the workers' logs; check the nodes' memory",
+            ) from None
         except RayError as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise KvgraftError(f"{WHERE}: Ray failed: {type(e).__name__}: {first[:300]}",
-                               "re-run with KVGRAFT_DEBUG=1 to see the workers' logs") from None
+            raise KvgraftError(
+                f"{WHERE}: Ray failed: {type(e).__name__}: {first[:300]}",
+                "re-run with KVGRAFT_DEBUG=1 to see the workers' logs",
+            ) from None
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -230,10 +244,12 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as e:
-        raise InputError(f"cannot join the Ray cluster at {address}: nothing answers there "
-                         f"({os.strerror(e.errno) if e.errno else type(e).__name__})",
-                         "check the address (`ray status` on the cluster's head node prints it), or run without "
-                         "--ray-address for a local instance") from None
+        raise InputError(
+            f"cannot join the Ray cluster at {address}: nothing answers there "
+            f"({os.strerror(e.errno) if e.errno else type(e).__name__})",
+            "check the address (`ray status` on the cluster's head node prints it), or run without "
+            "--ray-address for a local instance",
+        ) from None
 
 
 def _driver_output_to_stderr(debug: bool) -> None:

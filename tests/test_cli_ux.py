@@ -155,6 +155,24 @@ def test_help_has_no_type_placeholders_and_documents_options():
     assert not re.search(r"│\s+--manifest\b", helps["replay"]) and "no --manifest" in " ".join(helps["replay"].split())
 
 
+def test_choice_enums_offer_what_the_config_and_the_artifacts_know():
+    from kvgraft_cli.artifacts.container import CODECS
+    from kvgraft_cli.artifacts.identity import SCHEMES
+    from kvgraft_cli.cli import _common as c
+    from kvgraft_cli.config import profiles
+
+    def values(enum):
+        return [m.value for m in enum]
+
+    assert values(c.Profile) == list(profiles.PROFILES)
+    assert values(c.Device) == list(profiles.DEVICES)
+    assert values(c.Dtype) == list(profiles.DTYPES)
+    assert values(c.Attn) == list(profiles.ATTN_IMPLEMENTATIONS)
+    assert values(c.SdpaBackend) == list(profiles.SDPA_BACKENDS)
+    assert sorted(values(c.Identity)) == sorted(SCHEMES)
+    assert values(c.Codec) == ["auto", *CODECS]
+
+
 def test_too_short_a_prefix_says_so(deposited):
     sha = _artifacts(deposited)[0].stem
     for args in (["graft", sha[:5]], ["inspect", sha[:5]]):

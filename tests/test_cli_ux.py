@@ -112,6 +112,13 @@ def test_ledger_log_lists_filters_and_prints_json(tmp_path):
     assert "--manifest" in p.stderr
 
 
+def test_ledger_log_lists_a_line_whose_kind_is_not_a_string(tmp_path):
+    ledger = tmp_path / "odd.jsonl"
+    ledger.write_text('{"kind": ["x"], "seq": 0}\n{"kind": {"a": 1}, "seq": 1}\n')
+    rows = json.loads(run_cli("ledger", "log", str(ledger), "--json", cwd=tmp_path, check_rc=0).stdout)["entries"]
+    assert [(r["seq"], r["kind"], r["outputs"]) for r in rows] == [(0, ["x"], {}), (1, {"a": 1}, {})]
+
+
 def test_ledger_log_redirected_keeps_every_hash_whole(tmp_path):
     p = run_cli("ledger", "log", str(REFERENCE), cwd=tmp_path, check_rc=0)
     last = json.loads(REFERENCE.read_text().splitlines()[-1])

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Self
 
 from ..artifacts import format as kvg
 from ..errors import ArtifactError, InputError, StoreError
@@ -192,7 +193,7 @@ class Store:
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -359,14 +359,14 @@ def record_solve(ctx: RunContext, store: Store | None, s: Solved) -> SolveRecord
     entry = ctx.entry_base()
     entry.update(s.facts)
     entry.update(s.body)
-    # A failed append leaves new links in the store, unrecorded: another run may already graft them (see
-    # store.local); `kvgraft store gc` is the only deleter.
 
     def after(_: dict) -> None:
         if s.chain:
             assert store is not None  # (a chain is grafted from the library: its store is open)
             store.mark_recorded(s.chain)
 
+    # A failed append leaves new links in the store, unrecorded: another run may already graft them (see
+    # store.local); `kvgraft store gc` is the only deleter.
     s.record.ledger_seq = ledger.append(ctx.ledger, "solve", entry, after=after)["seq"]
     return s.record
 

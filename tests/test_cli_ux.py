@@ -112,6 +112,13 @@ def test_ledger_log_lists_filters_and_prints_json(tmp_path):
     assert "--manifest" in p.stderr
 
 
+def test_ledger_log_lists_a_line_whose_kind_is_not_a_string(tmp_path):
+    ledger = tmp_path / "odd.jsonl"
+    ledger.write_text('{"kind": ["x"], "seq": 0}\n{"kind": {"a": 1}, "seq": 1}\n')
+    rows = json.loads(run_cli("ledger", "log", str(ledger), "--json", cwd=tmp_path, check_rc=0).stdout)["entries"]
+    assert [(r["seq"], r["kind"], r["outputs"]) for r in rows] == [(0, ["x"], {}), (1, {"a": 1}, {})]
+
+
 def test_ledger_log_redirected_keeps_every_hash_whole(tmp_path):
     p = run_cli("ledger", "log", str(REFERENCE), cwd=tmp_path, check_rc=0)
     last = json.loads(REFERENCE.read_text().splitlines()[-1])
@@ -153,6 +160,24 @@ def test_help_has_no_type_placeholders_and_documents_options():
         assert "at least 6 hex" in " ".join(helps[cmd].split()), cmd
     # replay runs the manifest its prereg names (hash pinned): no --manifest option, and its help says why.
     assert not re.search(r"│\s+--manifest\b", helps["replay"]) and "no --manifest" in " ".join(helps["replay"].split())
+
+
+def test_choice_enums_offer_what_the_config_and_the_artifacts_know():
+    from kvgraft_cli.artifacts.container import CODECS
+    from kvgraft_cli.artifacts.identity import SCHEMES
+    from kvgraft_cli.cli import _common as c
+    from kvgraft_cli.config import profiles
+
+    def values(enum):
+        return [m.value for m in enum]
+
+    assert values(c.Profile) == list(profiles.PROFILES)
+    assert values(c.Device) == list(profiles.DEVICES)
+    assert values(c.Dtype) == list(profiles.DTYPES)
+    assert values(c.Attn) == list(profiles.ATTN_IMPLEMENTATIONS)
+    assert values(c.SdpaBackend) == list(profiles.SDPA_BACKENDS)
+    assert sorted(values(c.Identity)) == sorted(SCHEMES)
+    assert values(c.Codec) == ["auto", *CODECS]
 
 
 def test_too_short_a_prefix_says_so(deposited):

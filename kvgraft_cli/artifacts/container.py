@@ -402,6 +402,7 @@ def _read_raw(f, c: Container, source: str, expected_sha256: str | None) -> byte
     finally:
         digest = hasher.digest() if hasher is not None else None
     if expected_sha256 is not None and digest != expected_sha256:
+        assert digest is not None  # (hashed whenever an identity is expected)
         raise identity_mismatch(source, digest, expected_sha256)
     return buf
 
@@ -544,11 +545,12 @@ def _read_shuffled(f, c: Container, file_size: int, source: str, expected_sha256
     finally:
         digest = hasher.digest() if hasher is not None else None
     if expected_sha256 is not None and digest != expected_sha256:
+        assert digest is not None  # (hashed whenever an identity is expected)
         raise identity_mismatch(source, digest, expected_sha256)
     return buf
 
 
-def iter_container(f, file_size: int, source: str, cap: int) -> Iterator[bytes]:
+def iter_container(f, file_size: int, source: str, cap: int) -> Iterator[bytes | bytearray]:
     """A v2 file's payload in chunks (for a streamed hash: memory is a few chunks)."""
     c = parse_container(f, file_size, source, cap)
     if c.codec == "shuffle-zstd":

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from pathlib import Path
+from typing import Any
 
 from ..errors import ArtifactError, DeviceError, InputError, IntegrityError, engine_not_installed
 from . import container, identity
@@ -142,7 +143,8 @@ def _staging(torch, chunk_bytes: int, ring: int, pinned: bool) -> list:
 def _pump(torch, f, dst, staging: list, hasher, stream, base: int, source: str) -> None:
     """Stream ``dst.numel()`` bytes of ``f`` into ``dst`` through the staging ring, handing each chunk to ``hasher``
     (``base``: the payload offset of the first byte)."""
-    events = [torch.cuda.Event() for _ in staging] if stream is not None else [None] * len(staging)
+    # A torch.cuda.Event per buffer with a stream, else None each (torch is read as Any: so is a list of either).
+    events: list[Any] = [torch.cuda.Event() for _ in staging] if stream is not None else [None] * len(staging)
     ends = [0] * len(staging)  # payload offset just after the bytes each buffer last held (0: not used yet)
     pos, k, size = 0, 0, dst.numel()
     # On the CPU a numpy copy (one memcpy, GIL released): torch's copy_ runs on its intra-op OpenMP pool, whose
@@ -159,6 +161,7 @@ def _pump(torch, f, dst, staging: list, hasher, stream, base: int, source: str) 
         _read_exact(f, view[:take], source)
         hasher.add(view[:take])
         if stream is None:
+            assert host is not None  # (dst's numpy view whenever there is no stream)
             host[pos : pos + take] = buf.numpy()[:take]
         else:
             with torch.cuda.stream(stream):

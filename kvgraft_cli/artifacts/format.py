@@ -124,7 +124,7 @@ def encode(token_ids: list[int], layers: list[LayerState], meta: dict[str, str])
     return canonical_safetensors(tensors, {k: str(v) for k, v in full_meta.items()})
 
 
-def with_scheme(payload: bytes, scheme: str) -> bytes:
+def with_scheme(payload: bytes | bytearray, scheme: str) -> bytes:
     """The same artifact named in another identity scheme: only the metadata's ``identity`` key changes (absent for
     sha256), in the canonical header form; the tensor bytes are copied as they are. What lets a check compare a
     re-deposit with an artifact named the other way (the scheme is no part of the compute pin)."""
@@ -139,7 +139,7 @@ def with_scheme(payload: bytes, scheme: str) -> bytes:
     return struct.pack("<Q", len(text)) + text + bytes(payload[8 + n :])
 
 
-def same_cache(payload: bytes, identity: str) -> bool:
+def same_cache(payload: bytes | bytearray, identity: str) -> bool:
     """Whether ``payload`` is the artifact named ``identity`` in either scheme (same bytes, whatever the name)."""
     if payload_identity(payload) == identity:
         return True
@@ -147,7 +147,7 @@ def same_cache(payload: bytes, identity: str) -> bool:
     return any(payload_identity(with_scheme(payload, s)) == identity for s in SCHEMES if s != named)
 
 
-def read_header(payload: bytes, source: str = "artifact") -> dict[str, Any]:
+def read_header(payload: bytes | bytearray, source: str = "artifact") -> dict[str, Any]:
     """Parse the safetensors JSON header of a payload (no tensor is touched)."""
     if len(payload) < 8:
         raise IntegrityError(f"{source}: truncated payload ({len(payload)} bytes)", "re-fetch or re-deposit it")
@@ -165,7 +165,7 @@ def read_header(payload: bytes, source: str = "artifact") -> dict[str, Any]:
     return header
 
 
-def decode(payload: bytes, source: str = "artifact", expected_sha256: str | None = None) -> Artifact:
+def decode(payload: bytes | bytearray, source: str = "artifact", expected_sha256: str | None = None) -> Artifact:
     """Check the identity (when expected), parse and validate a payload. Raises ArtifactError with the reason."""
     if expected_sha256 is not None:
         got = payload_identity(payload, source)
@@ -290,7 +290,7 @@ def write_file(path: Path, payload: bytes, level: int = 3, codec: str = "auto") 
     return codec
 
 
-def read_file(path: Path, expected_sha256: str | None = None) -> tuple[bytes, Artifact]:
+def read_file(path: Path, expected_sha256: str | None = None) -> tuple[bytearray, Artifact]:
     """Read, decompress, re-hash and decode a ``.kvg`` file. Returns (payload, artifact). Memory is bounded by the
     size the payload's own header describes (payload.read_payload), checked before the payload is allocated."""
     path = Path(path)
@@ -429,7 +429,7 @@ def check_compatible(meta: dict[str, str], want: dict[str, str], source: str) ->
             )
 
 
-def _short(v: str | None) -> str:
+def _short(v: str | None) -> str | None:
     return v if v is None or len(v) <= 24 else v[:16] + "..."
 
 

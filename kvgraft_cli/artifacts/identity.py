@@ -213,18 +213,20 @@ class PayloadHasher:
         """Hand over the next bytes of the payload (hashed in other threads)."""
         view = memoryview(chunk).cast("B") if not isinstance(chunk, memoryview) or chunk.format != "B" else chunk
         self.added += len(view)
-        if self.impl is None:
+        impl = self.impl
+        if impl is None:
             self.head += view
             scheme = scheme_of_head(self.head, self.source)
             if scheme is None:
                 return
-            self._start(scheme)
+            impl = self._start(scheme)
             view, self.head = memoryview(self.head), bytearray()
-        self.impl.add(view)
+        impl.add(view)
 
-    def _start(self, scheme: str) -> None:
+    def _start(self, scheme: str) -> _Stream | _Tree:
         self.scheme = scheme
         self.impl = _Tree() if scheme == "sha256-tree" else _Stream()
+        return self.impl
 
     def wait_hashed(self, upto: int) -> None:
         """Block until every payload byte before offset ``upto`` has been hashed, so the buffer that held them can
@@ -238,7 +240,8 @@ class PayloadHasher:
     def digest(self) -> str:
         """The identity (hex) of everything handed over. A payload too short to hold its header is hashed as one
         SHA-256 stream (no such payload is readable; its digest simply will not match)."""
-        if self.impl is None:
-            self._start(DEFAULT_SCHEME)
-            self.impl.add(memoryview(self.head))
-        return self.impl.digest()
+        impl = self.impl
+        if impl is None:
+            impl = self._start(DEFAULT_SCHEME)
+            impl.add(memoryview(self.head))
+        return impl.digest()

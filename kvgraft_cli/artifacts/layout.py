@@ -62,6 +62,7 @@ def check_header(header: Any, source: str) -> None:
         raise ArtifactError(f"{source}: not a kvgraft artifact (the header is not an object)")
     meta = header.get("__metadata__")
     check_meta(meta, source)
+    assert isinstance(meta, dict)  # (check_meta refuses anything else)
     try:
         _check(header, meta)
     except (ValueError, TypeError, KeyError, RecursionError) as e:

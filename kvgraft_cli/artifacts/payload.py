@@ -133,7 +133,8 @@ def _checked(chunks: Iterator[bytes], size: int, source: str, strict: bool) -> I
     """Pass decompressed chunks on, refusing the first byte past ``size`` and a payload whose safetensors header
     describes another size (the header is held back until it is checked). Without ``strict`` a payload that does not
     begin with a safetensors header is passed on as opaque bytes (the frame rules alone apply)."""
-    produced, head, need = 0, bytearray(), None  # need: 8 + N once the length is read
+    produced, need = 0, None  # need: 8 + N once the length is read
+    head: bytearray | None = bytearray()
     for out in chunks:
         produced += len(out)
         if produced > size:
@@ -228,7 +229,7 @@ def _open(path: Path):
         raise ArtifactError(f"cannot read {path}: {e.strerror or e}") from None
 
 
-def read_payload(path: Path, expected_sha256: str | None = None, max_size: int | None = None) -> bytes:
+def read_payload(path: Path, expected_sha256: str | None = None, max_size: int | None = None) -> bytearray:
     """A ``.kvg`` file's payload in a private buffer, its frame (or container) and safetensors header checked first
     (see the module docstring); with ``expected_sha256`` its identity is checked too, over the very bytes returned
     (hashed in other threads while they are read), and for a zstd payload larger than EAGER also in a streamed
@@ -255,12 +256,13 @@ def read_payload(path: Path, expected_sha256: str | None = None, max_size: int |
         # Decompressed in chunks into one buffer of the checked size while other threads hash each chunk: the
         # bytes hashed are the bytes returned (never a second read of the file), and zstd and SHA-256 overlap.
         f.seek(0)
-        buf = view = None
+        buf: bytearray | None = None
+        view: memoryview | None = None
         hasher = PayloadHasher(source) if expected_sha256 is not None else None
         pos = 0
         try:
             for chunk in _checked(_stream(f, source), size, source, strict=True):
-                if buf is None:  # the first chunk comes once the payload's header matches the declared size
+                if view is None:  # the first chunk comes once the payload's header matches the declared size
                     buf = bytearray(size)
                     view = memoryview(buf)
                 view[pos : pos + len(chunk)] = chunk
@@ -270,11 +272,13 @@ def read_payload(path: Path, expected_sha256: str | None = None, max_size: int |
         finally:
             digest = hasher.digest() if hasher is not None else None
     if digest is not None and digest != expected_sha256:
+        assert expected_sha256 is not None  # (hashed only when an identity is expected)
         raise identity_mismatch(source, digest, expected_sha256)
+    assert buf is not None  # _frame_size refuses a frame that declares no bytes: _checked passed at least one chunk
     return buf
 
 
-def iter_payload(path: Path, max_size: int | None = None, strict: bool = False) -> Iterator[bytes]:
+def iter_payload(path: Path, max_size: int | None = None, strict: bool = False) -> Iterator[bytes | bytearray]:
     """The payload of a ``.kvg`` file in chunks of at most CHUNK bytes, read and decompressed a block at a time."""
     source = str(path)
     cap = max_payload() if max_size is None else max_size

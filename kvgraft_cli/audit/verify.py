@@ -240,7 +240,7 @@ def check_line(raw: bytes, index: int, prev_line: bytes | None) -> tuple[dict | 
         out.append(Finding(n, "canonical", "bytes are not the RFC 8785 canonical form of the entry (edited by hand?)"))
     try:
         _validator()(entry)
-    except fastjsonschema.JsonSchemaException as e:
+    except fastjsonschema.JsonSchemaValueException as e:  # what a compiled (fail-fast) validator raises
         msg = str(e.message)
         msg = "entry" + msg[4:] if msg.startswith("data") else msg  # fastjsonschema names the root "data"
         out.append(Finding(n, "schema", msg[:200]))
@@ -375,16 +375,15 @@ def _check_score(
         if not isinstance(path, str):
             return f"it records no {what} file"
         state = next((f.status for f in report.files if f.line == line and f.path == path), None)
-        return f"its {what} file {path} " + {"missing": "is missing", "mismatch": "does not match its sha256"}.get(
-            state, "was not checked"
-        )
+        said: dict[str | None, str] = {"missing": "is missing", "mismatch": "does not match its sha256"}
+        return f"its {what} file {path} " + said.get(state, "was not checked")
 
     ins, outs = entry.get("inputs") or {}, entry.get("outputs") or {}
     if not isinstance(ins, dict) or not isinstance(outs, dict) or not isinstance(outs.get("result"), dict):
         report.findings.append(Finding(line, "score", "score entry without an outputs.result object"))
         return
     recorded = dict(outs["result"])
-    settings = ins.get("settings") if isinstance(ins.get("settings"), dict) else {}
+    settings = s if isinstance(s := ins.get("settings"), dict) else {}
     downgrade = scoring.written_by_no_kvgraft(settings, recorded, entry.get("time"))
     if downgrade is None and "rules" not in settings and with_rules is not None:
         downgrade = (
@@ -398,6 +397,7 @@ def _check_score(
         return
     how = scoring.ScoreSettings.from_recorded(settings, recorded)
     outputs_path, answers_path = present(ins.get("outputs")), present(ins.get("answers"))
+    why: str | None
     if not outputs_path or not answers_path:
         why = " and ".join(
             absent(w, ins.get(w)) for w, p in (("outputs", outputs_path), ("answers", answers_path)) if not p

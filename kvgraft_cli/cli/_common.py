@@ -5,29 +5,63 @@ from __future__ import annotations
 import gc
 import inspect
 from contextlib import contextmanager
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
-from ..config.profiles import ATTN_IMPLEMENTATIONS, DEVICES, DTYPES, PROFILES, SDPA_BACKENDS
 from ..errors import InputError
 
 
-def _choices(name: str, values) -> type[Enum]:
-    """An Enum of strings for typer, so a wrong choice is a usage error that lists the allowed ones."""
-    return Enum(name, {v: v for v in values}, type=str)
+# Enums of strings for typer, so a wrong choice is a usage error that lists the allowed ones; typer reads only the
+# members' values (the choices, in this order). The first five spell out config.profiles' tuples (test_cli_ux checks
+# that they agree).
+class Profile(StrEnum):
+    portable = "portable"
+    native = "native"
 
 
-Profile = _choices("Profile", PROFILES)
-Device = _choices("Device", DEVICES)
-Dtype = _choices("Dtype", DTYPES)
-Attn = _choices("Attn", ATTN_IMPLEMENTATIONS)
-SdpaBackend = _choices("SdpaBackend", SDPA_BACKENDS)
-Schedule = _choices("Schedule", ("single", "invariant"))  # what `manifest init` and `matrix` offer
-Identity = _choices("Identity", ("sha256-tree", "sha256"))  # artifacts.identity.SCHEMES, the default first
-Codec = _choices("Codec", ("auto", "raw", "zstd", "shuffle-zstd"))  # artifacts.container.CODECS and "auto"
+class Device(StrEnum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Dtype(StrEnum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class Attn(StrEnum):
+    eager = "eager"
+    sdpa = "sdpa"
+    grouped = "grouped"
+
+
+class SdpaBackend(StrEnum):
+    math = "math"
+    efficient = "efficient"
+    flash = "flash"
+    cudnn = "cudnn"
+
+
+class Schedule(StrEnum):  # what `manifest init` and `matrix` offer
+    single = "single"
+    invariant = "invariant"
+
+
+class Identity(StrEnum):  # artifacts.identity.SCHEMES, the default first
+    sha256_tree = "sha256-tree"
+    sha256 = "sha256"
+
+
+class Codec(StrEnum):  # artifacts.container.CODECS and "auto"
+    auto = "auto"
+    raw = "raw"
+    zstd = "zstd"
+    shuffle_zstd = "shuffle-zstd"
+
 
 MANIFEST_OPT = typer.Option(None, "--manifest", "-m", help="Run-manifest YAML (default: the embedded tiny Gemma-4).")
 # A store is a folder or an s3:// URL: typed str, since a Path would fold "s3://b/p" into "s3:/b/p".

@@ -47,7 +47,8 @@ def render(exc: BaseException) -> int:
             sys.stdout.write(text + "\n")
         return 2
     if isinstance(exc, UsageError):
-        where = exc.ctx.command_path if getattr(exc, "ctx", None) else "kvgraft"
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx else "kvgraft"
         msg = " ".join(exc.format_message().split()).rstrip(".")
         _say(f"Error: {where}: {msg}. Hint: see `{where} --help`.")
         return 2

@@ -60,7 +60,8 @@ def log(
     if not path.is_file():
         raise InputError(f"ledger not found: {path}", "pass the ledger file, or run a command that writes one")
     lines, tail = split_lines(path.read_bytes())
-    rows, seen_kinds = [], set()
+    rows: list[dict] = []
+    seen_kinds: set[str] = set()
     for i, raw in enumerate(lines):
         if i < from_seq:
             continue
@@ -177,7 +178,8 @@ def _row(i: int, e: dict) -> dict:
             "compute_sha256": m.get("compute_sha256"),
         }
     outputs: dict[str, str] = {}
-    wanted = KEY_DIGESTS.get(e.get("kind"))
+    kind = e.get("kind")
+    wanted = KEY_DIGESTS.get(kind) if isinstance(kind, str) else None  # (a hostile line's kind may be unhashable)
     if wanted is None:  # a kind this kvgraft does not know: every output digest
         wanted = [("outputs", k) for k in (e.get("outputs") or {})] if isinstance(e.get("outputs"), dict) else []
     for where, key in wanted:

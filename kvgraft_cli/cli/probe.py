@@ -63,6 +63,7 @@ def probe(
                 f"{100 * r.argmax_agreement:.1f}%",
             ]
             if report.positions == "rotary":
+                assert r.unmoved_argmax_agreement is not None  # measured at every offset of a rotary model
                 row += [f"{r.unmoved_max_abs_diff:.3g}", f"{100 * r.unmoved_argmax_agreement:.1f}%"]
             t.add_row(*row)
         out.print(t)
@@ -72,6 +73,7 @@ def probe(
             if report.own_position_unique
             else f"[red]exact offsets: {report.exact_offsets}[/]"
         )
+        assert report.ledger_seq is not None  # probe() returns after appending its ledger line
         out.print(f"{verdict}; ledger line {report.ledger_seq + 1}")
     if not report.own_position_unique:
         raise CheckFailed(

@@ -83,6 +83,7 @@ def replay(
             )
         out.print(t)
         n_bad = sum(not c.match for c in report.comparisons)
+        assert report.ledger_seq is not None  # replay() returns after appending its ledger line
         out.print(
             f"{'[green]PASS[/]' if report.passed else '[red]FAIL[/]'}  {len(report.comparisons) - n_bad} "
             f"matched, {n_bad} mismatched; ledger line {report.ledger_seq + 1}"

@@ -73,10 +73,10 @@ def solve(
 ) -> None:
     """Answer each problem from the library: an exact hit in a handful of decode tokens, else the top-k related
     solutions grafted as one chain; --no-library for the baseline, --compare for both side by side."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     from ..engine.engine import load_engine
-    from ..library.solve import check_library, check_outputs, check_sharded
+    from ..library.solve import SolveRecord, check_library, check_outputs, check_sharded
     from ..library.solve import compare as ratios
     from ..library.solve import solve as run_solve
 
@@ -117,6 +117,13 @@ def solve(
         progress.remove_task(task)
         for mode in modes:
             task = progress.add_task("", total=None, mode=mode)
+
+            def on_start(n: int, t: TaskID = task) -> None:
+                progress.update(t, total=n, completed=0)
+
+            def on_progress(r: SolveRecord, t: TaskID = task) -> None:
+                progress.update(t, advance=1, description=f"{r.id} ({r.hit})")
+
             runs[mode] = run_solve(
                 ctx,
                 problems,
@@ -129,8 +136,8 @@ def solve(
                 limit=limit,
                 engine=engine,
                 pool=pool,
-                on_start=lambda n, t=task: progress.update(t, total=n, completed=0),
-                on_progress=lambda r, t=task: progress.update(t, advance=1, description=f"{r.id} ({r.hit})"),
+                on_start=on_start,
+                on_progress=on_progress,
             )
     runs = {m: runs[m] for m in ("baseline", "library") if m in runs}
     result = {m: r.to_json() for m, r in runs.items()}

@@ -334,6 +334,7 @@ def import_(
         )
     out.print(t)
     cp = report.checkpoint
+    assert report.ledger_seq is not None  # import_bundle() returns after appending its ledger line
     signed = f", signed by {', '.join(cp['signed_by'])}" if cp["signed_by"] else ", signature not checked (no --key)"
     out.print(
         f"provenance: every proof holds against checkpoint {cp['origin']} @ {plural(cp['size'], 'line')}, root "

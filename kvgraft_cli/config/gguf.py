@@ -75,7 +75,8 @@ def package_gguf(dist: str) -> Path:
             f"package {name} ships {len(files)} .gguf files ({', '.join(sorted(map(str, files)))})",
             "name one of them as a file path",
         )
-    path = Path(d.locate_file(files[0]))
+    # typeshed types locate_file as the SimplePath protocol; an installed package's (a PathDistribution's) is a Path
+    path = Path(d.locate_file(files[0]))  # type: ignore[arg-type]
     if not path.is_file():
         raise InputError(
             f"package {name}'s GGUF {files[0]} is listed but missing ({path})",

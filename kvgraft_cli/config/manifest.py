@@ -12,13 +12,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from ..errors import ManifestError
 from ..util.hashing import sha256_bytes, sha256_json
 from .gguf import dequantized_dir, is_gguf_path, resolve_gguf
+
+if TYPE_CHECKING:
+    from .modelhash import ModelHashes
 
 BUILTIN_PREFIX = "builtin:"
 DEFAULT_MANIFEST = "default.yaml"
@@ -247,7 +250,7 @@ def validate_data(data: Any, source: str, text: str | None = None) -> list[str]:
 
 def _model_problems(data: dict) -> list[tuple[str, str]]:
     """model.path ``builtin:NAME`` must name a model the package ships (never a path out of it)."""
-    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    model = m if isinstance(m := data.get("model"), dict) else {}
     path = model.get("path")
     if isinstance(path, str) and is_gguf_path(path) and "gguf_sha256" not in model:
         return [
@@ -274,7 +277,7 @@ def _template_problems(data: dict) -> list[tuple[str, str]]:
     import string
 
     out = []
-    prompt = data.get("prompt") if isinstance(data.get("prompt"), dict) else {}
+    prompt = p if isinstance(p := data.get("prompt"), dict) else {}
     chat = prompt.get("format", "text") == "chat"
     needed, unused = (("user", "assistant"), ("prefix",)) if chat else (("prefix",), CHAT_PREFIX_KEYS)
     for key in needed:
@@ -501,7 +504,7 @@ def make_manifest(
     return data
 
 
-def manifest_for_model_dir(model_dir: str | Path, output: Path | None, **settings: Any) -> tuple[str, Any]:
+def manifest_for_model_dir(model_dir: str | Path, output: Path | None, **settings: Any) -> tuple[str, ModelHashes]:
     """The YAML text of a pinned manifest for a local model directory (or ``builtin:NAME``), and its hashes.
 
     A local path is written relative to the folder of ``output`` (the current folder when printing), so the

@@ -213,6 +213,7 @@ class Engine:
             logits = self.forward(
                 cache, ids[start : start + step], last_only=True, start=offset + start if offset else None
             )
+        assert logits is not None  # (ids is not empty: the loop ran)
         return cache, logits[-1]
 
     def greedy(self, cache, last_logits, n: int, stop_at_eos: bool = False, stop: list[str] | None = None):

@@ -14,10 +14,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config import gguf as gguf_config
 from ..errors import InputError, UnsupportedModel
 from ..util.fsio import fsync_dir
+
+if TYPE_CHECKING:
+    from ..config.modelhash import ModelHashes
 
 DTYPES = ("float32", "bfloat16")
 
@@ -130,7 +134,7 @@ def materialize(manifest) -> None:
     dequantize(path, out, model["dtype"])
 
 
-def manifest_for_gguf(source: str, output: Path | None, **settings) -> tuple[str, object]:
+def manifest_for_gguf(source: str, output: Path | None, **settings) -> tuple[str, ModelHashes]:
     """The YAML text of a pinned manifest for a GGUF (``package:DIST`` or a .gguf path), and the dequantized model's
     hashes. The GGUF is checked, hashed and (once) dequantized into the cache; a file path is written relative to
     the folder of ``output``, as checkpoint directories are."""

@@ -163,6 +163,13 @@ def _version(v: Any) -> tuple[int, ...] | None:
     return tuple(int(p) for p in parts) if all(p.isascii() and p.isdigit() for p in parts) else None
 
 
+def _known(v: str) -> tuple[int, ...]:
+    """:func:`_version` of a version kvgraft itself names (RULES_EXTRACTORS, MATH_VERIFY_PINS): never None."""
+    parsed = _version(v)
+    assert parsed is not None, v
+    return parsed
+
+
 def written_by_no_kvgraft(settings: dict[str, Any], result: dict[str, Any], time: Any = None) -> str | None:
     """Why no kvgraft could have written a score entry with these ``settings`` (``inputs.settings``), ``result``
     (``outputs.result``) and ``time``, or None. Decided from the entry's own facts: its rules began with the versions
@@ -177,9 +184,9 @@ def written_by_no_kvgraft(settings: dict[str, Any], result: dict[str, Any], time
                 f"it records no score rules (read as rules 1) but has {', '.join(later)}, which came with rules 2: "
                 "no kvgraft wrote both"
             )
-        ext = str(result.get("extractor_version", "2"))
-        if ext not in RULES_EXTRACTORS["1"]:
-            return f"it records no score rules (read as rules 1), whose extractors were 1 and 2, not {ext!r}"
+        extractor = str(result.get("extractor_version", "2"))
+        if extractor not in RULES_EXTRACTORS["1"]:
+            return f"it records no score rules (read as rules 1), whose extractors were 1 and 2, not {extractor!r}"
         day = time[:10] if isinstance(time, str) else ""
         if day > LAST_RULES_1_DAY:
             return (
@@ -189,7 +196,8 @@ def written_by_no_kvgraft(settings: dict[str, Any], result: dict[str, Any], time
             )
         return None
     rules, ext = settings["rules"], settings.get("extractor_version")
-    if _version(rules) is None:
+    rules_version = _version(rules)
+    if rules_version is None:
         return f"settings.rules {json_text(rules)} is not a score rules version"
     if "extractor_version" in result and result["extractor_version"] != ext:
         return (
@@ -199,11 +207,12 @@ def written_by_no_kvgraft(settings: dict[str, Any], result: dict[str, Any], time
     if rules not in RULES_EXTRACTORS:
         return (
             None
-            if _version(rules) > _version(max(RULES_EXTRACTORS, key=_version))
+            if rules_version > max(_known(r) for r in RULES_EXTRACTORS)
             else f"score rules {rules} do not exist (kvgraft has had {', '.join(RULES_EXTRACTORS)})"
         )
     first = RULES_EXTRACTORS[rules][0]
-    if _version(ext) is None or _version(ext) < _version(first) or (rules == "1" and ext not in RULES_EXTRACTORS["1"]):
+    ext_version = _version(ext)
+    if ext_version is None or ext_version < _known(first) or (rules == "1" and ext not in RULES_EXTRACTORS["1"]):
         return (
             f"score rules {rules} were written with extractor version {' or '.join(RULES_EXTRACTORS[rules])}"
             f"{' and later' if rules != '1' else ''}, never extractor version {json_text(ext)}"
@@ -216,7 +225,8 @@ def written_by_no_kvgraft(settings: dict[str, Any], result: dict[str, Any], time
     if grader == "exact" and "grader_version" in settings:
         return f"the exact grader has no version, yet settings.grader_version is {json_text(pin)}"
     if grader == "math-verify":
-        if _version(pin) is None or _version(pin) < _version(MATH_VERIFY_PINS[0]):
+        pin_version = _version(pin)
+        if pin_version is None or pin_version < _known(MATH_VERIFY_PINS[0]):
             return (
                 f"math-verify {json_text(pin)} was never kvgraft's pin (the first was {MATH_VERIFY_PINS[0]}): "
                 "no kvgraft graded with it"
@@ -431,7 +441,8 @@ def read_outputs(path: Path, id_field: str, output_field: str) -> list[tuple[int
         raise ProblemFileError(f"outputs file not found: {path}") from None
     except IsADirectoryError:
         raise ProblemFileError(f"{path} is a directory, expected an outputs JSON Lines file") from None
-    out, seen = [], {}
+    out: list[tuple[int, str, str]] = []
+    seen: dict[str, int] = {}
     for n, line in lines:
         if not line.strip():
             continue

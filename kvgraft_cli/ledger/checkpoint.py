@@ -373,16 +373,16 @@ def verify_note(note: str, verifier_keys: list[str]) -> list[str]:
     message = text.encode("utf-8")
     verified: list[str] = []
     for sig in signatures:
-        vkey = known.get((sig.name, sig.key_hash))
-        if vkey is None:
+        key = known.get((sig.name, sig.key_hash))
+        if key is None:
             continue  # unknown key: ignored, as the spec requires
-        if not _ed25519_verify(vkey.public_key, sig.signature, message):
+        if not _ed25519_verify(key.public_key, sig.signature, message):
             raise CheckFailed(
-                f"invalid signature by key {vkey.name}+{vkey.key_hash.hex()}",
+                f"invalid signature by key {key.name}+{key.key_hash.hex()}",
                 "the note was altered after signing, or the signature line is corrupted",
             )
-        if vkey.name not in verified:
-            verified.append(vkey.name)
+        if key.name not in verified:
+            verified.append(key.name)
     if not verified:
         present = ", ".join(f"{s.name}+{s.key_hash.hex()}" for s in signatures)
         raise CheckFailed(

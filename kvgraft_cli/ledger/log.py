@@ -12,12 +12,15 @@ import os
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckFailed, LedgerError
 from ..util import jsonio
 from ..util.fsio import fsync_dir
 from ..util.hashing import canonical_json, sha256_bytes
+
+if TYPE_CHECKING:
+    from filelock import BaseFileLock
 
 TAIL_READ = 1 << 16
 
@@ -34,7 +37,7 @@ class _Lock:
     def __init__(self, path: Path, timeout: float = LOCK_TIMEOUT):
         self.path, self.timeout = Path(path), timeout
         self._fd: int | None = None
-        self._fallback = None
+        self._fallback: BaseFileLock | None = None
 
     def __enter__(self) -> _Lock:
         try:

@@ -282,10 +282,13 @@ def solve(
             if solved is not None:
                 s = next(solved)
             else:
+                assert engine is not None  # (loaded above when there is no pool)
                 s = solve_problem(ctx, engine, store, p, ids, **args)
                 s.facts = facts
             rec = record_solve(ctx, store, s)
             if deposit_verified and rec.correct:
+                # (deposit_verified: no pool (check_sharded), so the engine is loaded, and the store is open)
+                assert engine is not None and store is not None
                 rec.deposited = _deposit_answer(ctx, engine, store, deposits, p, rec)
             run.records.append(rec)
             if on_progress:
@@ -356,11 +359,15 @@ def record_solve(ctx: RunContext, store: Store | None, s: Solved) -> SolveRecord
     entry = ctx.entry_base()
     entry.update(s.facts)
     entry.update(s.body)
+
+    def after(_: dict) -> None:
+        if s.chain:
+            assert store is not None  # (a chain is grafted from the library: its store is open)
+            store.mark_recorded(s.chain)
+
     # A failed append leaves new links in the store, unrecorded: another run may already graft them (see
     # store.local); `kvgraft store gc` is the only deleter.
-    s.record.ledger_seq = ledger.append(
-        ctx.ledger, "solve", entry, after=lambda _: store.mark_recorded(s.chain) if s.chain else None
-    )["seq"]
+    s.record.ledger_seq = ledger.append(ctx.ledger, "solve", entry, after=after)["seq"]
     return s.record
 
 
@@ -383,7 +390,11 @@ def solve_problem(
 ) -> Solved:
     """Solve one problem: retrieve, graft, decode. Writes only chain links to the store; the caller records it."""
     wall0, cpu0, energy0 = time.perf_counter(), time.process_time(), engine.gpu_energy_mj()
-    found = find(store, p.problem, engine.manifest.compute_sha256, k, min_score) if use_library else Found("none")
+    if use_library:
+        assert store is not None  # (the caller opens the store whenever the library is used)
+        found = find(store, p.problem, engine.manifest.compute_sha256, k, min_score)
+    else:
+        found = Found("none")
     budget = answer_budget if found.kind == "exact" else full_budget
     # Most relevant last: nearest to the question. Drop the least relevant while the context would not fit.
     hits = list(reversed(found.hits))
@@ -391,7 +402,10 @@ def solve_problem(
         hits.pop(0)
     kind = found.kind if hits else "none"  # an exact hit too long to graft is a miss, with a miss's budget
     budget = answer_budget if kind == "exact" else full_budget
-    chain = build_chain(store, engine, hits) if hits else None
+    chain = None
+    if hits:
+        assert store is not None  # (hits come from the library)
+        chain = build_chain(store, engine, hits)
     prompts, exact = engine.prompts, kind == "exact"
     query = engine.encode(prompts.question_text(p.problem, exact=exact, first=chain is None))
     if chain is None:  # nothing grafted: the context starts here, with BOS as every deposited prefix does

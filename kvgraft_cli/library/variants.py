@@ -67,13 +67,13 @@ def change_all_numbers(text: str, rng: random.Random) -> str | None:
 
 def flip_sign(text: str, rng: random.Random) -> str | None:
     """One number negated (``5`` -> ``-5``, or ``-5`` -> ``5``), or one ``+`` turned into ``-`` inside math."""
-    spots = [("num", m) for m in _NUMBER.finditer(text)]
+    spots: list[tuple[str, re.Match[str] | int]] = [("num", m) for m in _NUMBER.finditer(text)]
     for mm in _MATH.finditer(text):
         spots += [("op", mm.start() + i) for i, c in enumerate(mm.group()) if c == "+"]
     if not spots:
         return None
     kind, where = rng.choice(spots)
-    if kind == "op":
+    if isinstance(where, int):  # kind "op": a "+" at this index
         return text[:where] + "-" + text[where + 1 :]
     if where.start() > 0 and text[where.start() - 1] == "-":
         return text[: where.start() - 1] + text[where.start() :]

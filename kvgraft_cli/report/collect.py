@@ -153,7 +153,7 @@ def _manifest_names(path: Path | None, sha: str | None) -> dict[str, str | None]
         names["manifest_status"] = "unreadable"
         return names
     if isinstance(data, dict):
-        model = data.get("model") if isinstance(data.get("model"), dict) else {}
+        model = m if isinstance(m := data.get("model"), dict) else {}
         names["manifest_name"] = text(data.get("name"))
         names["model_path"] = text(model.get("path"))
     names["manifest_status"] = "read (hash matches)"

@@ -59,8 +59,8 @@ def check(out: Path, ledger: Path, data: bytes, extra: Iterable[Path] = ()) -> N
         raise InputError(f"-o {out}: folder {out.parent} does not exist or is not a folder", HINT)
     if out.exists() or out.is_symlink():
         try:
-            with open(out, "rb") as f:
-                head = f.read(len(MARKER))
+            with open(out, "rb") as fh:
+                head = fh.read(len(MARKER))
         except OSError as e:
             raise InputError(f"-o {out}: cannot read the file there ({e.strerror or e})", HINT) from None
         if head != MARKER.encode():

@@ -84,11 +84,11 @@ def backing(entry: dict, sha: str) -> Backing:
     reference its importer derived and recorded per artifact. Anything else (a solve line's chain, an older import
     line): no verification, no problem id."""
     kind = str(entry.get("kind"))
-    seq = entry.get("seq") if type(entry.get("seq")) is int else -1
+    seq = s if type(s := entry.get("seq")) is int else -1
     ins, outs = (d if isinstance(d, dict) else {} for d in (entry.get("inputs"), entry.get("outputs")))
     if kind == "deposit":
-        v = entry.get("verification") if isinstance(entry.get("verification"), dict) else {}
-        status, rec = v.get("status"), ins.get("record") if isinstance(ins.get("record"), dict) else {}
+        v = vv if isinstance(vv := entry.get("verification"), dict) else {}
+        status, rec = v.get("status"), r if isinstance(r := ins.get("record"), dict) else {}
         pid, ref = rec.get("id"), v.get("reference")
         return Backing(
             seq,
@@ -100,7 +100,7 @@ def backing(entry: dict, sha: str) -> Backing:
             ref if isinstance(ref, str) else None,
         )
     if kind == "import":
-        d = outs.get(f"artifact.{sha}") if isinstance(outs.get(f"artifact.{sha}"), dict) else {}
+        d = a if isinstance(a := outs.get(f"artifact.{sha}"), dict) else {}
         if isinstance(d.get("verified"), bool):
             pids = d.get("problem_ids")
             pids = tuple(pids) if isinstance(pids, list) and all(isinstance(p, str) for p in pids) else None
@@ -210,7 +210,7 @@ def export_bundle(
                 + (f" (and {len(unrecorded) - 1} more)" if len(unrecorded) > 1 else ""),
                 "pass the ledger that recorded it with --ledger, or deposit it again",
             )
-        rows = [dict(_conform(rows[sha], first[sha]), recorded_by=first[sha].seq) for sha in sorted(wanted)]
+        listed = [dict(_conform(rows[sha], first[sha]), recorded_by=first[sha].seq) for sha in sorted(wanted)]
         objects = {sha: store.object_path(sha) for sha in wanted}
         seqs = sorted(set(first[s].seq for s in wanted))
         cp = tree.checkpoint(origin)
@@ -221,7 +221,7 @@ def export_bundle(
             merkle.verify_inclusion(s, cp.size, tree.leaves[s], proof, cp.root)  # never hand out a bad proof
             lines.append({"seq": s, "proof": [h.hex() for h in proof]})
         text = cp.body() if signer is None else sign(cp.body(), signer)
-        listing = {"format": fmt.FORMAT, "version": fmt.VERSION, "artifacts": rows, "provenance": {"lines": lines}}
+        listing = {"format": fmt.FORMAT, "version": fmt.VERSION, "artifacts": listed, "provenance": {"lines": lines}}
         raw_lines = b"".join(tree.lines[s] + b"\n" for s in seqs)
         sha = fmt.write_bundle(output, listing, objects, text.encode("utf-8"), raw_lines)
     arts = [
@@ -231,7 +231,7 @@ def export_bundle(
             "file_bytes": r["file_bytes"],
             "recorded_by": r["recorded_by"],
         }
-        for r in rows
+        for r in listed
     ]
     return ExportReport(
         str(output),
@@ -598,6 +598,7 @@ def _check_against_store(staged: fmt.Staged, ctx: RunContext) -> None:
                     "export the link again: an export brings its parents",
                 )
             for e in a["entries"] if store else []:
+                assert store is not None  # (the loop runs only with a store)
                 got = store.lookup_key(e["key"])
                 if got is not None and got.artifact != a["sha256"]:
                     raise CheckFailed(

@@ -11,7 +11,7 @@ from ..artifacts import format as kvg
 from ..config.modelhash import context_window
 from ..engine.engine import Engine, load_engine, tensor_sha256, token_ids_sha256
 from ..errors import CheckFailed, IntegrityError, StoreError
-from ..eval.problems import Problem, check_lengths, normalize_key, read_problems, verify_solution
+from ..eval.problems import Problem, Verdict, check_lengths, normalize_key, read_problems, verify_solution
 from ..ledger import log as ledger
 from ..store import writers
 from ..store.local import Store, prefix_key, problem_key
@@ -103,7 +103,7 @@ def deposit(
     report = DepositReport(
         str(problems_path), sha256_file(problems_path), ctx.store_name, str(ctx.ledger), ctx.manifest.source
     )
-    plan: list[tuple[Problem, object]] = []
+    plan: list[tuple[Problem, Verdict]] = []
     for p in problems:
         verdict = verify_solution(p)
         if verdict.status == "verified" or allow_unverified:
@@ -136,6 +136,7 @@ def deposit(
     with ctx.open_store(codec=codec) as store, writers.registered(store.root):
         for (p, verdict), ids in zip(plan, prefixes):
             if computed is None:
+                assert engine is not None  # (loaded above when there is no pool)
                 c = compute_deposit(ctx.manifest, engine, store, p, ids, recompute, level, ctx.engine_facts(engine))
             else:
                 c = next(computed)  # the workers' results, in input order, as their shards finish
@@ -205,7 +206,7 @@ def compute_deposit(
     return Computed(key, ids_sha, len(ids), sha, logits_sha, len(payload), engine.hashes.model_sha256, facts)
 
 
-def _check_same(p: Problem, stored: str | None, sha: str, payload: Callable[[], bytes]) -> None:
+def _check_same(p: Problem, stored: str | None, sha: str, payload: Callable[[], bytes | bytearray]) -> None:
     # Under another identity scheme the same cache has another name: then compare the bytes, not the names.
     if stored is not None and stored != sha and not kvg.same_cache(payload(), stored):
         raise CheckFailed(

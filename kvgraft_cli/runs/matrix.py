@@ -223,8 +223,8 @@ def markdown_table(cells: list[Cell]) -> str:
     for a in archs:
         row = []
         for k in cols:
-            c = by.get((a, *k))
-            row.append("" if c is None else describe(c))
+            found = by.get((a, *k))
+            row.append("" if found is None else describe(found))
         lines.append(f"| {a} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 

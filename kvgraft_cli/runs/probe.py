@@ -161,7 +161,7 @@ def rerotate(engine: Engine, cache, offset: int) -> None:
             keys = getattr(layer, "keys", None)
             if keys is None or keys.numel() == 0:
                 continue  # a KV-sharing layer (holds nothing) or an unused one
-            args = (layer_types[i],) if takes_layer_type else ()
+            args = (layer_types[i],) if takes_layer_type and layer_types else ()  # (no layer_types: refused above)
             pos = torch.tensor([[0, offset]], device=keys.device)
             cos, sin = rotary(keys, pos, *args)
             if cos.shape[-1] > keys.shape[-1] or keys.shape[-1] % 2:
@@ -216,6 +216,7 @@ def probe(
     longest = len(prefix) + max(len(s) for s in suffixes)
     too_far = [k for k in offsets if limit and k + longest > limit]
     if too_far:
+        assert limit  # too_far is empty without a limit
         hint = f"use offsets up to {limit - longest}" if limit > longest else "use a shorter prefix"
         raise InputError(
             f"offsets {too_far} put the prefix and suffix ({longest} tokens) past the model's {limit} positions", hint
@@ -241,6 +242,7 @@ def probe(
                 rerotate(engine, moved, k)
                 unmoved = engine.restore(art.layers)
                 u = engine.forward(unmoved, suffix, start=k + len(prefix))
+                assert row.unmoved_max_abs_diff is not None and row.unmoved_argmax_agreement is not None  # set above
                 row.unmoved_max_abs_diff = max(row.unmoved_max_abs_diff, _max_abs(want, u))
                 row.unmoved_argmax_agreement = min(row.unmoved_argmax_agreement, compare_logits(want, u)[1])
             got = engine.forward(moved, suffix, start=k + len(prefix))

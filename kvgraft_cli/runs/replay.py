@@ -344,7 +344,7 @@ def _prereg_from_ledger(
             f"pick a range with --from-seq: `kvgraft ledger log {ledger_path}` lists each entry's seq and manifest",
         )
     ((mref, msha),) = manifests
-    runs: dict[str, dict] = {}
+    runs: dict[tuple, dict] = {}  # (kind, what tells its runs apart...) -> the run
     exp: dict[str, dict] = {}
     solved: list[dict] = []  # the solve entries of a run, until its solve-outputs entry closes it
     for e in entries:
@@ -390,7 +390,7 @@ def _prereg_from_ledger(
                     f"{ledger_path}:{e['seq'] + 1}: deposit entry without settings (older kvgraft)",
                     "re-run the deposit, then make the prereg from the new entries",
                 )
-            key = ("deposit", ins["problems_file"]["path"], json.dumps(ins["settings"], sort_keys=True))
+            key: tuple = ("deposit", ins["problems_file"]["path"], json.dumps(ins["settings"], sort_keys=True))
             rid = runs.setdefault(
                 key,
                 {

@@ -14,6 +14,7 @@ listing. What the ledger lines prove is for runs/bundle.py (the store does not r
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import io
 import os
@@ -136,7 +137,8 @@ def write_bundle(path: Path, listing: dict, objects: dict[str, Path], checkpoint
             out = _HashingWriter(raw, h)
             # PAX: identical to ustar for these short ASCII names and integer fields, and still right for an object
             # larger than ustar's 8 GiB size field (tarfile then adds a pax size record).
-            with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            # (typeshed's file object for tarfile.open also reads, seeks and closes; mode "w" only writes and tells)
+            with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
                 for name, data, size in members:
                     info = tarfile.TarInfo(name)
                     info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = 0, 0o644, 0, 0, "", ""
@@ -189,8 +191,8 @@ class Staged:
     listing: dict
     listing_sha256: str
     objects: dict[str, Path] = field(default_factory=dict)  # identity -> staged object file
-    checkpoint: bytes = b""
-    lines: bytes = b""
+    checkpoint: builtins.bytes = b""  # (builtins: the field ``bytes`` above shadows the type in this class body)
+    lines: builtins.bytes = b""
     provenance: dict[int, dict] = field(default_factory=dict)  # seq -> parsed provenance line (runs/bundle.py)
 
     @property
@@ -315,7 +317,8 @@ def _copy_hashed(tar: tarfile.TarFile, m: tarfile.TarInfo, dest: Path) -> str:
         while left:
             chunk = src.read(min(COPY_CHUNK, left)) if src is not None else b""
             if not chunk:
-                raise ArtifactError(f"{tar.name}: entry {m.name!r}: the bundle ends inside it", _HINT)
+                # (tar.name: a str, the absolute path read_bundle opened the tar by)
+                raise ArtifactError(f"{tar.name!s}: entry {m.name!r}: the bundle ends inside it", _HINT)
             h.update(chunk)
             out.write(chunk)
             left -= len(chunk)
@@ -326,7 +329,7 @@ def _copy_hashed(tar: tarfile.TarFile, m: tarfile.TarInfo, dest: Path) -> str:
 
 # -- the listing ---------------------------------------------------------------------------------------------------
 
-_ROW = {
+_ROW: dict[str, type[Any]] = {
     "sha256": str,
     "path": str,
     "file_sha256": str,

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Self
 
 from ..artifacts import format as kvg
 from ..errors import ArtifactError, InputError, StoreError
@@ -192,7 +193,7 @@ class Store:
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -281,7 +282,9 @@ class Store:
                 )
                 if library is not None and verified:
                     self._add_library(sha256, problem_id, manifest_sha256, num_tokens, library)
-        return self.lookup_key(key)
+        entry = self.lookup_key(key)
+        assert entry is not None  # (its row was just written)
+        return entry
 
     def is_recorded(self, sha256: str) -> bool:
         """Whether a ledger line has recorded this artifact (False: stored by a run whose ledger append failed)."""
@@ -331,6 +334,7 @@ class Store:
                 (cur.lastrowid, library["problem"], library["solution"]),
             )
             if self._has_grams and grams:
+                assert cur.lastrowid is not None  # (a row was inserted)
                 self._add_grams(cur.lastrowid, library["problem"])
 
     def _index_library_rows(self, manifest_sha256: str, rows: list[dict], grams: bool = True) -> None:
@@ -510,7 +514,8 @@ class Store:
             + " ORDER BY l.rowid DESC LIMIT 1",
             (key,),
         ).fetchone()
-        return LibraryHit(*row, None) if row else None
+        # (mypy reads a starred row of unknown length as filling every field, then one argument too many)
+        return LibraryHit(*row, None) if row else None  # type: ignore[call-arg]
 
     def library_search(
         self, text: str, manifest_sha256: str, k: int, min_score: float | None = None, work: search.Work | None = None
@@ -528,9 +533,11 @@ class Store:
             + self._recorded_only
         )
         ranked = search.search(self._db, text, fetch, (manifest_sha256,), work, self._has_grams)
-        hits = [LibraryHit(*row[2:], score) for score, row in ranked]
-        if min_score is not None:
-            hits = [h for h in hits if -h.score >= min_score]
+        hits = [
+            LibraryHit(*row[2:], score)  # type: ignore[call-arg]  # (as in library_exact)
+            for score, row in ranked
+            if min_score is None or -score >= min_score
+        ]
         return hits[:k]
 
     @property

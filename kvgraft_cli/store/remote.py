@@ -414,7 +414,7 @@ def new_batch_name() -> str:
 # -- index rows: the wire format of a batch, shared with store.sync ---------------------------------------------
 # One JSON object a line, "t" naming the table. Column values are checked on the way in: a batch is data from
 # the network.
-_COLUMNS = {
+_COLUMNS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "artifact": {
         "sha256": str,
         "file_bytes": int,

@@ -14,6 +14,7 @@ blanked out, and with the user information (``user:password@``) of any endpoint 
 from __future__ import annotations
 
 import base64
+import builtins
 import hashlib
 import os
 import re
@@ -249,7 +250,7 @@ class S3Remote:
                 for obj in page.get("Contents", ()):
                     yield obj["Key"][len(self.where.prefix) :], obj["Size"]
 
-    def _secrets(self) -> list[str]:
+    def _secrets(self) -> builtins.list[str]:  # (builtins: the method ``list`` above shadows the type here)
         """The credential strings an error message must never show (never printed, only blanked out)."""
         try:
             creds = self.client._request_signer._credentials  # what signed the request, whatever its source

@@ -133,9 +133,9 @@ def search(
     if not picked:
         return []
     work.statements += 1
-    rows = db.execute(fetch_sql.format(ids=",".join("?" * len(picked))), (*picked, *fetch_args)).fetchall()
-    work.rows_ranked += len(rows)
-    scored = [(-_bm25(row[1], idf, qtf, avg_len) * (1.0 + shared.get(row[0], 0.0)), row) for row in rows]
+    fetched = db.execute(fetch_sql.format(ids=",".join("?" * len(picked))), (*picked, *fetch_args)).fetchall()
+    work.rows_ranked += len(fetched)
+    scored = [(-_bm25(row[1], idf, qtf, avg_len) * (1.0 + shared.get(row[0], 0.0)), row) for row in fetched]
     scored.sort(key=lambda s: (s[0], s[1][0]))
     return scored
 
@@ -180,7 +180,8 @@ def _totals(db: sqlite3.Connection, work: Work) -> tuple[int, float]:
     row = db.execute("SELECT block FROM library_fts_data WHERE id = 1").fetchone()
     if not row or not row[0]:
         return 0, 1.0
-    values, blob, i = [], bytes(row[0]), 0
+    values: list[int] = []
+    blob, i = bytes(row[0]), 0
     while i < len(blob) and len(values) < 2:
         v, i = _varint(blob, i)
         values.append(v)

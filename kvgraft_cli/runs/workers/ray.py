@@ -282,7 +282,7 @@ def _driver_output_to_stderr(debug: bool) -> None:
         if debug:
             original({**data, "is_err": True}, ignore_prefix)
 
-    to_stderr.kvgraft = True
+    to_stderr.kvgraft = True  # type: ignore[attr-defined]  # a marker on the function (mypy models none), read above
     worker.print_to_stdstream = to_stderr
 
 
@@ -327,6 +327,7 @@ class Worker:
         """The engine's ledger facts and position limit, or the error that stopped it loading."""
         if self.error:
             return {"error": self.error}
+        assert self.engine is not None  # (loaded: no error was kept)
         return {"facts": self.facts, "max_positions": self.engine.max_positions}
 
     def run(self, job: str, items: list, args: dict[str, Any], codec: str | None) -> list[dict[str, Any]]:

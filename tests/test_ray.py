@@ -166,7 +166,7 @@ def cluster() -> Cluster:
         for p in procs:
             with contextlib.suppress(psutil.Error):
                 p.terminate()
-        _, alive = psutil.wait_procs(procs, timeout=10)
+        _, alive = psutil.wait_procs(procs, timeout=3)  # an agent can outlast 10 s of SIGTERM; its folder is ours
         for p in alive:
             with contextlib.suppress(psutil.Error):
                 p.kill()

@@ -2,7 +2,8 @@
 script error, no failed load: every host name is unresolvable), its DOM holds the verdict and the three plots, and
 the screenshot shows the charts (pixels of the library's bar colour).
 
-Not in the default run when Chromium is absent (skipped). Run it with Debian's package installed::
+Skipped where Chromium is absent, except under CI (CI=true), where it fails instead: `.ci/run` installs Debian's
+`chromium` before the tests, so every landing opens the report in a real browser. Run it here with::
 
     apt-get install -y chromium
     python -m pytest -m browser tests/test_report_browser.py
@@ -21,10 +22,22 @@ import pytest
 from conftest import run_cli
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# CI must run this test, not skip it: without the browser there it fails, naming what installs it.
+REQUIRED = os.environ.get("CI") == "true"
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(CHROMIUM is None, reason="needs the chromium binary (apt-get install chromium)"),
+    pytest.mark.skipif(
+        CHROMIUM is None and not REQUIRED, reason="needs the chromium binary (apt-get install chromium)"
+    ),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _chromium_installed():
+    if CHROMIUM is None:
+        pytest.fail("CI=true but no chromium binary: .ci/run installs Debian's `chromium` before the tests")
+
+
 # Chromium's log line for a console message (console.log/error, an uncaught exception, a failed resource load).
 CONSOLE = re.compile(r"CONSOLE|Uncaught", re.I)
 LIBRARY_RGB = (0x1F, 0x77, 0xB4)  # report/plots.py LIBRARY

@@ -108,7 +108,7 @@ def layer_class():
     return _CLASS
 
 
-_CLASS = None
+_CLASS: type | None = None
 
 
 def _update(self, key_states, value_states, *args, **kwargs):

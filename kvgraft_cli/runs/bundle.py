@@ -580,7 +580,8 @@ def _prefix_tokenizer(manifest):
     transformers.utils.logging.set_verbosity_error()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
-    return Engine(manifest, SimpleNamespace(config=config), tokenizer, None, None, None, {})
+    # A tokenizer-only engine: an import reads no weights, so there are no model hashes or drift to carry.
+    return Engine(manifest, SimpleNamespace(config=config), tokenizer, None, None, None, {})  # type: ignore[arg-type]
 
 
 def _check_against_store(staged: fmt.Staged, ctx: RunContext) -> None:

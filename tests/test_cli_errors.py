@@ -30,6 +30,8 @@ import pytest
 import yaml
 from conftest import EXAMPLES, MATH500, run_cli  # noqa: F401  (MATH500: part of the shared helper surface)
 
+pytestmark = pytest.mark.xdist_group("cli-errors")  # one worker builds engine_runs (tests/xdist_groups.py)
+
 STORE = "kvgraft-store"
 LEDGER = "kvgraft-ledger.jsonl"
 ZEROS = "0" * 64

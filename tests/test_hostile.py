@@ -114,7 +114,8 @@ cap = vm_bytes() + int(sys.argv[4])
 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 rss0 = status_kib("VmRSS")
 reader, path, expected = sys.argv[1], Path(sys.argv[2]), sys.argv[3] or None
-t0, error, code = time.perf_counter(), None, None
+# CPU seconds, not wall: the bound is on the work a reader does, whatever else the machine runs meanwhile.
+t0, error, code = time.process_time(), None, None
 try:
     if reader == "read":  # what graft and store.load call (torch is imported only to decode an accepted payload)
         kvg.read_file(path, expected)
@@ -123,7 +124,7 @@ try:
 except Exception as e:
     error = f"{type(e).__name__}: {getattr(e, 'message', e)} Hint: {getattr(e, 'hint', '')}"
     code = getattr(e, "exit_code", None)
-print(json.dumps({"error": error, "exit_code": code, "seconds": time.perf_counter() - t0,
+print(json.dumps({"error": error, "exit_code": code, "seconds": time.process_time() - t0,
                   "grown_mib": (status_kib("VmHWM") - rss0) / 1024}))
 """
 
@@ -403,10 +404,10 @@ def test_long_problem_is_refused_by_its_length_naming_the_line(tmp_path):
 
 def test_engine_refuses_a_long_text_before_tokenizing(engine):
     limit = engine.max_positions
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU seconds: bounded work, on a loaded machine too
     with pytest.raises(InputError, match=r"f\.jsonl:3: .* characters cannot fit"):
         engine.prefix_ids("x" * (limit * 32 + 1), where="f.jsonl:3")
-    assert time.perf_counter() - t0 < 1
+    assert time.process_time() - t0 < 1
     with pytest.raises(InputError, match=r"f\.jsonl:4: the prefix has more than the model's 32,768 positions"):
         engine.prefix_ids("x" * (limit + 10), where="f.jsonl:4")
     assert len(engine.encode("x" * (limit + 10))) == limit + 1  # truncated: never more than any check needs
@@ -416,10 +417,10 @@ def test_solve_refuses_a_50_mb_problem_early(ctx, engine, tmp_path):
     from kvgraft_cli.library.solve import solve
 
     path = _big_problems(tmp_path / "big.jsonl", 50_000_000)
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU seconds: bounded work, on a loaded machine too
     with pytest.raises(ProblemFileError, match=r"big\.jsonl:1: problem 'p0': 49,999,998 characters"):
         solve(ctx, path, tmp_path / "out.jsonl", use_library=False, engine=engine)
-    assert time.perf_counter() - t0 < 20
+    assert time.process_time() - t0 < 20
     assert not Path(ctx.store).exists() and not (tmp_path / "out.jsonl").exists()
 
 

@@ -341,11 +341,11 @@ def test_root_of_a_million_leaves():
         return node_hash(mth_of_equal_leaves(k), mth_of_equal_leaves(n - k))
 
     n = 1_000_000
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU seconds: bounded work, on a loaded machine too
     got = root([h] * n)
-    elapsed = time.perf_counter() - t0
+    elapsed = time.process_time() - t0
     assert got == mth_of_equal_leaves(n)
-    assert elapsed < 30, f"root() of {n} leaves took {elapsed:.1f} s"
+    assert elapsed < 30, f"root() of {n} leaves took {elapsed:.1f} CPU s"
 
 
 def test_root_memory_is_logarithmic():

@@ -14,6 +14,8 @@ from html.parser import HTMLParser
 import pytest
 from conftest import run_cli, run_without_torch
 
+pytestmark = pytest.mark.xdist_group("report")  # one worker builds report_ledger (tests/xdist_groups.py)
+
 LEDGER = "kvgraft-ledger.jsonl"
 
 

@@ -26,6 +26,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 REQUIRED = os.environ.get("CI") == "true"
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.xdist_group("report"),  # with tests/test_report.py: one worker builds report_ledger
     pytest.mark.skipif(
         CHROMIUM is None and not REQUIRED, reason="needs the chromium binary (apt-get install chromium)"
     ),

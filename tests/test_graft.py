@@ -105,3 +105,56 @@ def test_chunked_schedule_is_exact_and_differs_from_single(tmp_path, engine, chu
     fresh, _ = eng.prefill(ids)
     assert torch.equal(eng.forward(fresh, suffix), eng.forward(restored, suffix))
     assert chunked.compute_sha256 != engine.manifest.compute_sha256
+
+
+def test_check_decodes_its_own_budget_not_the_manifests(tmp_path, deposited, engine):
+    """`graft --check` under a manifest whose answer budget is large decodes CHECK_MAX_NEW_TOKENS per sample (the
+    fresh logits hash is that of a 16-step check, computed here in-process) and records 16; -n overrides it; a plain
+    `graft` still decodes the manifest's budget."""
+    import json
+    import shutil
+
+    from conftest import run_cli
+
+    from kvgraft_cli.config.manifest import data_dir
+    from kvgraft_cli.runs.context import RunContext
+    from kvgraft_cli.runs.graft import CHECK_MAX_NEW_TOKENS
+
+    assert CHECK_MAX_NEW_TOKENS == 16
+    import inspect
+
+    from kvgraft_cli.cli.graft import graft as command
+
+    params = inspect.signature(command).parameters  # the help says the number (cli/graft.py does not import it)
+    assert f"{CHECK_MAX_NEW_TOKENS} per sample" in params["max_new_tokens"].default.help
+    assert f"{CHECK_MAX_NEW_TOKENS} decode steps per sample" in params["check"].default.help
+    text = (data_dir() / "default.yaml").read_text()
+    assert "  max_new_tokens: 16\n" in text
+    (tmp_path / "big.yaml").write_text(text.replace("  max_new_tokens: 16\n", "  max_new_tokens: 64\n"))
+    shutil.copytree(deposited[0].store, tmp_path / "store")
+    opts = ("-m", "big.yaml", "--store", "store", "--ledger", "l.jsonl", "--json")
+
+    def check(*n: str) -> tuple[dict, dict]:
+        p = run_cli("graft", "gcd-1", "--check", "--samples", "1", *n, *opts, cwd=tmp_path, check_rc=0)
+        return json.loads(p.stdout), ledger.read(tmp_path / "l.jsonl")[-1]
+
+    ctx = RunContext.make(engine.manifest, tmp_path / "store", tmp_path / "here.jsonl")
+    for n, cli in ((16, ()), (3, ("-n", "3"))):
+        got, entry = check(*cli)
+        want = graft_check(ctx, engine, "gcd-1", 1, n).fresh_logits_sha256
+        assert entry["kind"] == "graft-check" and entry["inputs"]["max_new_tokens"] == n, cli
+        assert got["fresh_logits_sha256"] == entry["outputs"]["fresh_logits"]["sha256"] == want, cli
+        assert got["passed"]
+    # A replay re-runs a check with the number its entry records (a prereg made from this ledger carries it into
+    # replay's graft_check call), so it reproduces these hashes; an entry from before the check's default recorded the
+    # manifest's budget it ran, and replays with that.
+    from kvgraft_cli.runs.replay import prereg_from_ledger
+
+    pr = prereg_from_ledger(tmp_path / "l.jsonl", "t", tmp_path / "p.yaml")
+    assert [(r["kind"], r["max_new_tokens"]) for r in pr["runs"]] == [("graft-check", 16), ("graft-check", 3)]
+    p = run_cli("graft", "gcd-1", *opts, cwd=tmp_path, check_rc=0)
+    ids = json.loads(p.stdout)["generated_ids"]
+    assert (
+        len(ids) > CHECK_MAX_NEW_TOKENS
+        and ids == graft_generate(ctx, engine, "gcd-1", "What is the final answer?", 64).generated_ids
+    )

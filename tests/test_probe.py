@@ -150,3 +150,37 @@ def test_layouts_the_probe_cannot_move_are_refused(tmp_path, zoo):
     with pytest.raises(InputError, match="at least 2 tokens"):
         probe(ctx, llama, _loaded(llama, text=""), [0, 1], samples=1)  # BOS alone re-rotates exactly anywhere
     assert not (tmp_path / "ledger.jsonl").exists()
+
+
+def test_no_ref_after_solve_is_the_latest_deposit_not_a_chain_link(tmp_path, deposited, engine):
+    """`solve` with related hits stores chain links, newer in the index than every deposit; `probe` and `graft`
+    without REF take the latest deposited artifact, never a link (a fragment that continues another artifact)."""
+    import shutil
+
+    from kvgraft_cli.ledger import log as ledger
+    from kvgraft_cli.library.solve import solve
+    from kvgraft_cli.runs.graft import graft_generate
+    from kvgraft_cli.store.local import Store
+
+    dctx, dreport = deposited
+    shutil.copytree(dctx.store, tmp_path / "store")
+    ctx = RunContext.make(engine.manifest, tmp_path / "store", tmp_path / "ledger.jsonl")
+    latest = [r.artifact for r in dreport.results if r.status == "deposited"][-1]
+    # Two problems the library does not hold: each a related hit grafted as a chain of 2, one new link each.
+    (tmp_path / "p.jsonl").write_text("".join(line + "\n" for line in EXAMPLES.read_text().splitlines()[-2:]))
+    run = solve(ctx, tmp_path / "p.jsonl", tmp_path / "out.jsonl", k=2, engine=engine)
+    links = [sha for r in run.records for sha in r.chain[1:]]
+    assert len(links) == 2 and latest not in links
+    with Store(ctx.store, create=False) as store:
+        newest = store.entries()[-1].artifact
+        assert newest in links  # what the newest index row names: the old default
+        _, art = store.load(newest, remember=False)
+        assert art.parent is not None
+        assert store.resolve(None, engine.manifest.compute_sha256) == latest
+
+    report = probe(ctx, engine, None, [0, 1], samples=1)
+    assert report.artifact == latest
+    entry = ledger.read(ctx.ledger)[-1]
+    assert entry["kind"] == "probe" and entry["inputs"]["artifact"]["sha256"] == latest
+    assert "chain" not in entry["inputs"]
+    assert graft_generate(ctx, engine, None, "What is the final answer?", 1).artifact == latest

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 from conftest import run_cli, run_without_torch
@@ -342,3 +343,42 @@ def test_values_of_the_wrong_type_are_listed_not_fatal():
     ]
     assert report.unreadable == [10] and report.kinds["(no kind)"] == 1 and len(report.comparisons) == 1
     assert page.count("<svg") == 2 and "is not a count" in page and ">inf<" in page  # no per-problem lines: no plot
+
+
+def test_the_page_names_files_relative_to_the_ledger(tmp_path):
+    """A manifest given by absolute path is recorded with that path (manifest.source); the page, which is shared,
+    names it relative to the ledger's folder, and the ledger given by absolute path by its file name: no path of
+    this machine's temporary folder anywhere on the page."""
+    from conftest import EXAMPLES
+
+    from kvgraft_cli.config.manifest import data_dir
+
+    (tmp_path / "manifests").mkdir()
+    manifest = (tmp_path / "manifests" / "tiny.yaml").resolve()
+    shutil.copyfile(data_dir() / "default.yaml", manifest)
+    (tmp_path / "problems.jsonl").write_text("".join(line + "\n" for line in EXAMPLES.read_text().splitlines()[:2]))
+    run_cli("deposit", "problems.jsonl", "-m", str(manifest), cwd=tmp_path, check_rc=0)
+    run_cli("probe", "--offsets", "0,1", "--samples", "1", "-m", str(manifest), cwd=tmp_path, check_rc=0)
+    entries = _entries(tmp_path)
+    assert {e["manifest"]["source"] for e in entries} == {str(manifest)}  # what the page must not show
+    run_cli("report", str(tmp_path.resolve() / LEDGER), "-o", "r.html", cwd=tmp_path, check_rc=0)
+    text = (tmp_path / "r.html").read_text()
+    for folder in {str(tmp_path), str(tmp_path.resolve())}:
+        assert folder not in text and html.escape(folder) not in text
+    figures = re.findall(r"<figure>(.*?)</figure>", text, flags=re.S)
+    assert len(figures) == 1  # the probe's
+    caption = html.unescape(re.search(r"<figcaption>(.*?)</figcaption>", figures[0], flags=re.S).group(1))
+    assert f"manifest manifests/tiny.yaml sha256 {entries[0]['manifest']['sha256']}" in caption
+    assert "model tiny-gemma4-portable-cpu (builtin:tiny-gemma4)" in caption  # the manifest was read beside the ledger
+    assert f"<title>kvgraft report: {LEDGER}</title>" in text
+
+
+def test_shown_path_never_shows_an_absolute_path(tmp_path):
+    from kvgraft_cli.report.collect import shown_path
+
+    assert shown_path(None, tmp_path) is None
+    assert shown_path("builtin:default.yaml", tmp_path) == "builtin:default.yaml"
+    assert shown_path("../manifests/m.yaml", tmp_path) == "../manifests/m.yaml"  # as recorded: already relative
+    assert shown_path(str(tmp_path / "sub" / "m.yaml"), tmp_path) == str(Path("sub") / "m.yaml")
+    assert shown_path("C:\\Users\\alice\\runs\\m.yaml", tmp_path) == "m.yaml"  # another machine's: its name
+    assert shown_path("\\\\server\\share\\m.yaml", tmp_path) == "m.yaml"

@@ -102,7 +102,7 @@ ARTIFACT_ARG = typer.Argument(
     None,
     metavar="REF",
     help="Artifact hash or a unique prefix of it (at least 6 hex "
-    "characters), problem id, or .kvg path; default: the latest deposit.",
+    "characters), problem id, or .kvg path; default: the latest deposit (never a chain link made by solve).",
 )
 
 

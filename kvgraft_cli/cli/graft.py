@@ -21,10 +21,15 @@ def graft(
         "-n",
         min=0,
         callback=at_most_max_count,
-        help="Tokens to decode (default: the manifest's decode.max_new_tokens).",
+        # 16: runs.graft.CHECK_MAX_NEW_TOKENS (the CLI imports run modules only when a command runs; test_graft pins it)
+        help="Tokens to decode (default: the manifest's decode.max_new_tokens; with --check: 16 per sample, "
+        "the check's own budget).",
     ),
     check: bool = typer.Option(
-        False, "--check", help="Prove byte-exactness against a fresh computation instead of generating."
+        False,
+        "--check",
+        help="Prove byte-exactness against a fresh computation instead of generating (16 decode steps per sample "
+        "unless -n says otherwise).",
     ),
     samples: int = typer.Option(
         50, "--samples", min=1, callback=at_most_max_count, help="With --check: how many different suffixes."
@@ -36,10 +41,15 @@ def graft(
     as_json=False,  # engine_options
 ) -> None:
     """Restore an artifact at its own position and continue it; with --check, compare against fresh computation."""
-    from ..runs.graft import graft_check, graft_generate
+    from ..runs.graft import CHECK_MAX_NEW_TOKENS, graft_check, graft_generate
 
     ctx, loaded, engine = artifact_and_engine(manifest, store, ledger, allow_drift, artifact)
-    n_new = ctx.manifest.data["decode"]["max_new_tokens"] if max_new_tokens is None else max_new_tokens
+    # A graft decodes the manifest's answer budget; a check its own (CHECK_MAX_NEW_TOKENS: the manifest's may be
+    # hundreds of tokens a sample, and the check proves exactness, not an answer). -n overrides either.
+    if max_new_tokens is not None:
+        n_new = max_new_tokens
+    else:
+        n_new = CHECK_MAX_NEW_TOKENS if check else ctx.manifest.data["decode"]["max_new_tokens"]
     if not check:
         r = graft_generate(ctx, engine, loaded, query, n_new)
         if as_json:

@@ -12,8 +12,9 @@ crash, and escaping is the renderer's job (report/render.py).
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from ..ledger.log import split_lines
@@ -95,7 +96,8 @@ class _Models:
         self._names: dict[tuple[str, str], dict[str, str | None]] = {}
 
     def of(self, entry: dict) -> dict[str, Any]:
-        """The model and manifest an entry records, with the manifest's names when readable."""
+        """The model and manifest an entry records, with the manifest's names when readable, and the manifest as
+        the page names it (``manifest_shown``: :func:`shown_path`)."""
         model = _obj(entry.get("model"), "model")
         manifest = _obj(entry.get("manifest"), "manifest")
         label = {
@@ -107,6 +109,10 @@ class _Models:
             "compute_sha256": text(manifest.get("compute_sha256")),
         }
         label.update(self._read(label["manifest_path"], label["manifest_source"], label["manifest_sha256"]))
+        # What the page shows (render.py): no absolute path of the machine the ledger was written on. The recorded
+        # source stays in the --json data as the ledger holds it.
+        label["manifest_shown"] = shown_path(label["manifest_path"] or label["manifest_source"], self.base_dir)
+        label["model_path"] = shown_path(label["model_path"], self.base_dir)
         return label
 
     def _read(self, path: str | None, source: str | None, sha: str | None) -> dict[str, str | None]:
@@ -127,6 +133,29 @@ class _Models:
             if name and "/" not in name and "\\" not in name and not name.startswith("."):
                 return data_dir() / name
         return None
+
+
+def shown_path(recorded: str | None, base_dir: Path) -> str | None:
+    """How the page names a file an entry records: as recorded when that is relative (to the ledger's folder, as
+    ``manifest.path`` and every other recorded path are) or a ``builtin:`` manifest; an absolute path (an entry's
+    ``manifest.source`` when the manifest was given by absolute path and no ``path`` was recorded) relative to the
+    ledger's folder, else its file name. The page is shared: a path of its author's machine means nothing elsewhere
+    and tells what it should not."""
+    from ..config.manifest import BUILTIN_PREFIX
+
+    if recorded is None or recorded.startswith(BUILTIN_PREFIX) or not absolute_anywhere(recorded):
+        return recorded
+    if Path(recorded).is_absolute():
+        try:
+            return os.path.relpath(Path(recorded).resolve(), base_dir.resolve())  # both resolved, as ctx.rel does
+        except ValueError:  # another drive on Windows
+            pass
+    return PureWindowsPath(recorded).name  # another machine's absolute path (either separator): its file name
+
+
+def absolute_anywhere(path: str) -> bool:
+    """Absolute here or on another system (a POSIX path read on Windows, a drive or UNC path read on POSIX)."""
+    return Path(path).is_absolute() or PurePosixPath(path).is_absolute() or PureWindowsPath(path).is_absolute()
 
 
 def _manifest_names(path: Path | None, sha: str | None) -> dict[str, str | None]:

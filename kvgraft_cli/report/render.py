@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable, Iterable
+from pathlib import PureWindowsPath
 from typing import Any
 
 from . import plots
-from .collect import ReportData
+from .collect import ReportData, absolute_anywhere
 
 MARKER = "<!-- kvgraft report -->"  # the first line of every report: what `-o` may overwrite (report/destination.py)
 MAX_DEPOSIT_ROWS = 2000
@@ -71,19 +72,21 @@ def yes_no(v: bool | None, yes: str = "yes", no: str = "no") -> str:
 def model_caption(m: dict[str, Any], full: bool = True) -> str:
     """Which model and manifest produced a number: plain text (escape it for HTML). Short (``full=False``, a
     figure's title): hash prefixes and the manifest's file name."""
-    name = m.get("manifest_name") or m.get("manifest_source") or "manifest not recorded"
+    # manifest_shown, never the recorded source: a manifest given by absolute path is recorded with its author's
+    # folder, which the shared page must not show (collect.shown_path).
+    name = m.get("manifest_name") or m.get("manifest_shown") or "manifest not recorded"
     path = f" ({m['model_path']})" if m.get("model_path") else ""
     n = None if full else 16
     msha = (m.get("model_sha256") or "not recorded")[:n]
     fsha = (m.get("manifest_sha256") or "not recorded")[:n]
-    source = m.get("manifest_source") or "?"
+    source = m.get("manifest_shown") or "?"
     source = source if full else source.replace("\\", "/").rsplit("/", 1)[-1]
     return f"model {name}{path}, model sha256 {msha}, manifest {source} sha256 {fsha}"
 
 
 def _model_cell(m: dict[str, Any]) -> str:
     """The model column of a table: the manifest's name (or source) and the model hash prefix."""
-    name = m.get("manifest_name") or m.get("manifest_source") or ""
+    name = m.get("manifest_name") or m.get("manifest_shown") or ""
     return f"{esc(name)}<br>{sha(m.get('model_sha256'))}"
 
 
@@ -120,14 +123,16 @@ class _Figures:
 def render(data: ReportData, with_plots: bool) -> str:
     """The whole page."""
     fig = _Figures(with_plots)
+    # The ledger as given to `kvgraft report`; an absolute path by its file name (the page is shared).
+    ledger = PureWindowsPath(data.ledger).name if absolute_anywhere(data.ledger) else data.ledger
     parts = [
         MARKER,
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>kvgraft report: {esc(data.ledger)}</title><style>{CSS}</style></head><body><main>",
+        f"<title>kvgraft report: {esc(ledger)}</title><style>{CSS}</style></head><body><main>",
         "<h1>kvgraft report</h1>",
-        f'<p class="sub">Ledger <code>{esc(data.ledger)}</code>. Every number on this page is read from a '
+        f'<p class="sub">Ledger <code>{esc(ledger)}</code>. Every number on this page is read from a '
         "line of this ledger (cited as <em>line N</em>); each plot names the model and manifest that "
         "produced it.</p>",
     ]

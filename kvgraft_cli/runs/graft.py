@@ -29,6 +29,12 @@ CHECK_QUERIES = (
     "Give the answer as a decimal.",
 )
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789 +-=()^*/,.?"
+# Tokens `graft --check` decodes per sample unless -n says otherwise: a budget of its own, not the manifest's
+# decode.max_new_tokens, which is an answer budget (512 in a chat manifest, tens of minutes a sample on a real model).
+# The check compares the logits of the suffix and of every decode step, fresh against grafted; 16 steps past the
+# suffix already run the grafted cache through the decode path, growing it token by token. The ledger entry records
+# the number used (inputs.max_new_tokens), and a replay decodes that many.
+CHECK_MAX_NEW_TOKENS = 16
 
 
 @dataclass
@@ -325,9 +331,16 @@ def compare_logits(fresh, grafted) -> tuple[float, float]:
 
 
 def graft_check(
-    ctx: RunContext, engine: Engine, ref: Loaded | str | None, samples: int, max_new_tokens: int, on_sample=None
+    ctx: RunContext,
+    engine: Engine,
+    ref: Loaded | str | None,
+    samples: int,
+    max_new_tokens: int = CHECK_MAX_NEW_TOKENS,
+    on_sample=None,
 ) -> CheckReport:
-    """Compare graft against fresh computation for ``samples`` suffixes; append a ``graft-check`` ledger entry."""
+    """Compare graft against fresh computation for ``samples`` suffixes, each followed by ``max_new_tokens`` greedy
+    decode steps (default :data:`CHECK_MAX_NEW_TOKENS`, not the manifest's answer budget); append a ``graft-check``
+    ledger entry recording that number."""
     import torch
 
     loaded = fit_artifact(ref, ctx, engine)

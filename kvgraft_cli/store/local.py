@@ -81,6 +81,9 @@ CREATE TABLE IF NOT EXISTS library_grams (
 # artifacts.recorded: 1 once a ledger line has recorded the artifact (0: stored by a run whose append failed).
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 MIN_PREFIX = 6  # the shortest artifact hash prefix resolve() accepts
+# The problem id a chain link is indexed under (library/chain.py): the id of the hit whose solution it holds, "@",
+# and the first 12 hex digits of its parent artifact. Nothing else in a store is named so by kvgraft.
+LINK_PARENT = re.compile(r"@([0-9a-f]{12})$")
 
 
 @dataclass(frozen=True)
@@ -418,15 +421,18 @@ class Store:
         ``None`` names the most recently deposited artifact (under ``manifest_sha256`` when given)."""
         db = self._db
         if ref is None:
-            q = "SELECT artifact FROM entries" + (" WHERE manifest_sha256 = ?" if manifest_sha256 else "")
-            row = db.execute(
-                q + " ORDER BY rowid DESC LIMIT 1", (manifest_sha256,) if manifest_sha256 else ()
-            ).fetchone()
-            if not row:
+            latest = self.latest_deposit(manifest_sha256)
+            if latest is None:
                 raise InputError(
-                    f"store {self.root} holds no artifacts for this manifest", "run `kvgraft deposit FILE.jsonl` first"
+                    f"store {self.root} holds no deposited artifacts for this manifest"
+                    + (
+                        " (only chain links, which continue other artifacts)"
+                        if self._has_entries(manifest_sha256)
+                        else ""
+                    ),
+                    "run `kvgraft deposit FILE.jsonl` first, or name an artifact (hash, prefix or problem id)",
                 )
-            return row[0]
+            return latest
         if HEX64.match(ref):
             return ref
         if HEX64.match(ref.lower()) and not self._is_problem_id(ref):
@@ -456,6 +462,37 @@ class Store:
             f"no artifact {ref!r} in store {self.root} (neither a problem id nor an artifact hash)",
             "list what is there with `kvgraft store list`",
         )
+
+    def latest_deposit(self, manifest_sha256: str | None = None) -> str | None:
+        """The most recently deposited artifact (under ``manifest_sha256`` when given), or None: the newest index
+        entry that is not a chain link. What `graft` and `probe` take when no REF is given (runs.graft.open_artifact). A link made by
+        `solve` (library/chain.py) continues another artifact: grafted alone it is a fragment, with its parents a
+        chain nobody asked for, so it is never the default (name it to graft or probe it)."""
+        q = "SELECT problem_id, artifact FROM entries" + (" WHERE manifest_sha256 = ?" if manifest_sha256 else "")
+        # Newest first, read lazily: the links a solve just made are the newest rows, the deposit a few rows back.
+        rows = self._db.execute(q + " ORDER BY rowid DESC", (manifest_sha256,) if manifest_sha256 else ())
+        for problem_id, artifact in rows:
+            if not self._is_link_entry(problem_id, artifact):
+                return artifact
+        return None
+
+    def _is_link_entry(self, problem_id: str, artifact: str) -> bool:
+        """Whether an entry is a chain link's: named ``<hit id>@<parent prefix>`` (LINK_PARENT) with a parent of that
+        prefix in the store. The index records no parent, and this needs no object read (a remote store's objects
+        may not be here): a deposited problem whose own id ends so is mistaken for a link only if the store also
+        holds an artifact whose hash starts with those 12 hex digits."""
+        m = LINK_PARENT.search(problem_id)
+        if m is None:
+            return False
+        lo = m.group(1)
+        row = self._db.execute(
+            "SELECT 1 FROM artifacts WHERE sha256 >= ? AND sha256 < ? AND sha256 != ? LIMIT 1", (lo, lo + "g", artifact)
+        ).fetchone()  # a range on the primary key: hex digits sort before "g"
+        return row is not None
+
+    def _has_entries(self, manifest_sha256: str | None) -> bool:
+        q = "SELECT 1 FROM entries" + (" WHERE manifest_sha256 = ?" if manifest_sha256 else "")
+        return self._db.execute(q + " LIMIT 1", (manifest_sha256,) if manifest_sha256 else ()).fetchone() is not None
 
     def _is_problem_id(self, ref: str) -> bool:
         return self._db.execute("SELECT 1 FROM entries WHERE problem_id = ? LIMIT 1", (ref,)).fetchone() is not None

@@ -5,7 +5,10 @@ Every failure a user can cause or meet is a :class:`KvgraftError`. The CLI turns
 
 - 1: a check ran and found a difference (:class:`CheckFailed`): bytes that do not hash to what they must, whoever
   finds them. A tampered, truncated or corrupt artifact is :class:`IntegrityError` (exit 1) whether `graft`,
-  `probe`, `replay` or `verify` meets it, so "exit 1" always means "something is not what it was recorded to be".
+  `probe`, `replay` or `verify` meets it, and whether it was named by its hash or by its path, so "exit 1" always
+  means "something is not what it was recorded to be". A refusal of a file that an identity is recorded for is
+  judged in one place, kvgraft_cli/artifacts/verdict.py: bytes that are not that artifact are damage, however
+  their header reads; a payload over ``KVGRAFT_MAX_PAYLOAD`` stays :class:`PayloadTooLarge` (exit 2).
 - 2: bad input or usage (:class:`InputError`): a file that is missing or malformed, a manifest that does not
   validate, an artifact made for another model, an option the command does not take.
 - 130: interrupted (Ctrl-C; :class:`Interrupted` when the command can say what it kept and how to resume).
@@ -44,7 +47,9 @@ class ProblemFileError(InputError):
 
 
 class ArtifactError(InputError):
-    """An artifact that is missing, truncated, tampered with or not a kvgraft artifact."""
+    """An artifact that is missing or not a kvgraft artifact (exit 2); :class:`IntegrityError`, a subclass, is one
+    that is truncated or tampered with (exit 1). artifacts.verdict turns the former into the latter for a file
+    recorded under an identity it does not hash to."""
 
 
 class PayloadTooLarge(ArtifactError):

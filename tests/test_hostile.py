@@ -719,3 +719,162 @@ def test_an_artifact_longer_than_the_model_is_refused_by_its_header(tmp_path):
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("Error: ") and p.stderr.count("\n") == 1 and "internal error" not in p.stderr, p.stderr
     assert "2,064,885 tokens" in p.stderr and "32,768 positions" in p.stderr, p.stderr
+
+
+# -- 7. the same damage, named by hash or by path ---------------------------------------------------------------
+#
+# A user: "the same corrupt artifact exits 1 grafted by hash and 2 grafted by path (a 64 GiB bomb: the other way
+# round)". Grafted by hash, the store's reader met the file; by path, inspect.read_info met it first (for the
+# model's positions), and the two classified the same bytes differently. artifacts.verdict now decides for both.
+
+
+def _raw_container_declaring(good: bytes, payload_bytes: int) -> bytes:
+    """A raw v2 file whose container header declares ``payload_bytes`` (its data left as it was)."""
+    from kvgraft_cli.artifacts import container
+
+    (h,) = struct.unpack("<I", good[8:12])
+    meta = json.loads(good[12 : 12 + h])
+    data = good[meta["payload_offset"] :]
+    meta["payload_bytes"] = payload_bytes
+    text = json.dumps(meta, separators=(",", ":")).encode()
+    meta["payload_offset"] = container._payload_offset(len(text))  # same digit count: the text keeps its length
+    text = json.dumps(meta, separators=(",", ":")).encode()
+    head = good[:8] + struct.pack("<I", len(text)) + text
+    return head + bytes(meta["payload_offset"] - len(head)) + data
+
+
+def _flip_in_metadata(good: bytes) -> bytes:
+    """A flipped bit in a metadata key of the payload's header: a damaged artifact whose header no longer has the
+    keys an artifact has (the structure alone reads "not a kvgraft artifact", exit 2, before this fix)."""
+    i = good.index(b'"cumulative_lengths"') + 1
+    return good[:i] + bytes([good[i] ^ 0x01]) + good[i + 1 :]
+
+
+def _payload_of(good: bytes) -> bytes:
+    (h,) = struct.unpack("<I", good[8:12])
+    return good[json.loads(good[12 : 12 + h])["payload_offset"] :]
+
+
+_past_head, _past_size = kvg_head(n_tok=40_000, head_dim=1)  # a 960 KB payload past the model's 32,768 positions
+# damage kind: (what it does to a good raw object, the exit code by hash and by path alike)
+DAMAGE = {
+    "flipped data byte": (lambda g: g[:-100] + bytes([g[-100] ^ 0x01]) + g[-99:], 1),
+    "flipped metadata byte": (_flip_in_metadata, 1),
+    "truncated": (lambda g: g[: len(g) // 2], 1),
+    "container lies about its size": (lambda g: _raw_container_declaring(g, len(_payload_of(g)) + 8), 1),
+    "not a .kvg at all": (lambda g: b"this was an artifact\n" * 8, 1),
+    "zstd frame, flipped byte": (lambda g: (z := pl.compress(_payload_of(g)))[:200] + b"\0" + z[201:], 1),
+    "zstd bomb declaring 1 GiB": (lambda g: zstd_frame(kvg_payload(), GiB - 896, GiB), 1),
+    "header past the model's positions": (
+        lambda g: zstd_frame(_past_head, _past_size - len(_past_head), _past_size),
+        1,
+    ),
+    # Over KVGRAFT_MAX_PAYLOAD: a setting, exit 2 wherever it is met (docs/FORMAT.md "Reader limits", verify too): a
+    # header cannot tell a 64 GiB bomb from a genuine 64 GiB artifact, and the hint says how to read the latter.
+    "zstd bomb declaring 64 GiB": (lambda g: zstd_frame(kvg_payload(), 64 * GiB - 896, 64 * GiB), 2),
+    "raw container declaring 64 GiB": (lambda g: _raw_container_declaring(g, 64 * GiB), 2),
+}
+
+
+@pytest.fixture
+def damaged_copy(deposited, tmp_path):
+    """(make(kind) -> (context, identity, object path)): a copy of the session store with one object damaged."""
+    from kvgraft_cli.runs.context import RunContext
+    from kvgraft_cli.store.local import VERIFIED
+
+    ctx, report = deposited
+    sha = next(r.artifact for r in report.results if r.artifact)
+    VERIFIED.clear()  # this process may remember the good artifact (a CLI process starts with nothing remembered)
+
+    def make(kind: str):
+        root = tmp_path / kind.replace(" ", "-").replace("'", "")
+        shutil.copytree(ctx.store, root / "store")
+        obj = root / "store" / "objects" / sha[:2] / f"{sha}.kvg"
+        obj.write_bytes(DAMAGE[kind][0](obj.read_bytes()))
+        return RunContext.make(ctx.manifest, root / "store", root / "ledger.jsonl"), sha, obj
+
+    return make
+
+
+def _refusal(fn, capsys) -> tuple[int, list[str]]:
+    """The exit code and stderr lines the CLI gives for what ``fn`` raises (cli._errors.render, in process)."""
+    from kvgraft_cli.cli._errors import render
+    from kvgraft_cli.errors import KvgraftError
+
+    capsys.readouterr()
+    with pytest.raises(KvgraftError) as e:
+        fn()
+    rc = render(e.value)
+    return rc, [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_the_same_damage_gets_the_same_exit_code_by_hash_and_by_path(damaged_copy, kind, capsys, monkeypatch):
+    """graft (and graft --check, probe, replay: runs.graft.open_artifact) and inspect --hash give one damaged
+    artifact the same exit code and one Error line naming its file, whether it is named by its hash (the store's
+    reader) or by its path (named by its hash: the header check first, then the same reader)."""
+    from kvgraft_cli.cli.inspect import inspect
+    from kvgraft_cli.runs.graft import open_artifact
+
+    monkeypatch.delenv("KVGRAFT_DEBUG", raising=False)
+    ctx, sha, obj = damaged_copy(kind)
+    want = DAMAGE[kind][1]
+    for ref in (sha, sha[:12], str(obj)):
+        rc, err = _refusal(lambda: open_artifact(ctx, ref), capsys)
+        assert (rc, len(err)) == (want, 1) and err[0].startswith("Error: ") and str(obj) in err[0], (ref, rc, err)
+        if want == 2:
+            assert "KVGRAFT_MAX_PAYLOAD" in err[0], err
+        rc, err = _refusal(lambda: inspect(ref, store=str(ctx.store), manifest=None, rehash=True, as_json=True), capsys)
+        assert (rc, len(err)) == (want, 1) and str(obj) in err[0], ("inspect --hash", ref, rc, err)
+
+
+def test_a_64_gib_bomb_under_a_raised_limit_is_damage_by_hash_and_by_path(damaged_copy, capsys, monkeypatch):
+    """With the limit raised past what the bomb declares, its header gives it away: a failed check either way."""
+    from kvgraft_cli.runs.graft import open_artifact
+
+    monkeypatch.setenv("KVGRAFT_MAX_PAYLOAD", "128G")
+    ctx, sha, obj = damaged_copy("zstd bomb declaring 64 GiB")
+    for ref in (sha, str(obj)):
+        rc, err = _refusal(lambda: open_artifact(ctx, ref), capsys)
+        assert (rc, len(err)) == (1, 1) and str(obj) in err[0] and "header describes" in err[0], err
+
+
+def test_a_genuine_artifact_refused_for_its_own_reason_stays_bad_input(deposited, tmp_path):
+    """The verdict re-hashes only to decide: a file named by its hash that does hash to it is the recorded artifact,
+    and a refusal of it stands (another model's positions: exit 2), as grafted by hash through the store."""
+    from kvgraft_cli.artifacts.verdict import judge
+    from kvgraft_cli.errors import ModelMismatch
+
+    payload = zstd_frame(_past_head, _past_size - len(_past_head), _past_size)
+    path = tmp_path / "x.kvg"
+    path.write_bytes(payload)
+    sha = pl.kvg_payload_sha256(path)
+    refusal = ModelMismatch(f"{path}: past the model's positions")
+    assert judge(refusal, path, sha) is refusal
+    assert judge(refusal, path, None) is refusal
+    assert isinstance(judge(refusal, path, "0" * 64), IntegrityError)
+    assert judge(ArtifactError("artifact not found"), tmp_path / "gone.kvg", sha).exit_code == 2
+
+
+def test_graft_cli_by_hash_and_by_path_agree_on_the_reported_cases(deposited, tmp_path):
+    """The user's two cases end to end, as processes: a store object overwritten by text (was 1 by hash, 2 by path)
+    and a raw container declaring 64 GiB (was 2 by hash, 1 by path)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ctx, report = deposited
+    sha = next(r.artifact for r in report.results if r.artifact)
+    jobs = []
+    for kind in ("not a .kvg at all", "raw container declaring 64 GiB"):
+        root = tmp_path / kind.replace(" ", "-")
+        shutil.copytree(ctx.store, root / "store")
+        obj = root / "store" / "objects" / sha[:2] / f"{sha}.kvg"
+        obj.write_bytes(DAMAGE[kind][0](obj.read_bytes()))
+        for ref in (sha, str(obj)):
+            jobs.append((kind, obj, ("graft", ref, "--store", str(root / "store"), "--ledger", "ledger.jsonl"), root))
+    with ThreadPoolExecutor(2) as pool:
+        procs = list(pool.map(lambda j: run_cli(*j[2], cwd=j[3]), jobs))
+    for (kind, obj, args, root), p in zip(jobs, procs):
+        lines = p.stderr.strip("\n").splitlines()
+        assert p.returncode == DAMAGE[kind][1], (args, p.stderr)
+        assert len(lines) == 1 and lines[0].startswith("Error: ") and str(obj) in lines[0], (args, p.stderr)
+        assert not (root / "ledger.jsonl").exists()  # a refused graft records nothing

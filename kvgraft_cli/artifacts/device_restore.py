@@ -23,6 +23,7 @@ from ..errors import ArtifactError, DeviceError, InputError, IntegrityError, eng
 from . import container, identity
 from . import format as _format
 from . import payload as _payload
+from .verdict import judged
 
 CHUNK_BYTES = 16 << 20  # staging buffer size: large enough to amortize a copy launch, small enough to overlap well
 RING = 4  # staging buffers: one being read into, one being copied out, the rest waiting on the hash
@@ -57,7 +58,7 @@ def open_file_on_device(
     if chunk_bytes < identity.LEAF or ring < 2:
         raise ValueError(f"chunk_bytes {chunk_bytes} must be >= {identity.LEAF} and ring {ring} >= 2")
     path = Path(path)
-    with _payload._open(path) as f:
+    with judged(path, expected_sha256), _payload._open(path) as f:  # refusals judged as format.open_file's are
         raw = container.peek_codec(f) == "raw"
         if raw and device.type in ("cpu", "cuda"):
             return _open_raw_on_device(torch, f, str(path), device, expected_sha256, chunk_bytes, ring)

@@ -24,6 +24,7 @@ from . import payload as _payload
 from .identity import SCHEMES, PayloadHasher, payload_identity
 from .layout import FORMAT, FORMAT_VERSION, LAYER_KINDS, REQUIRED_META  # noqa: F401  (defined in layout.py)
 from .payload import compress, decompress, read_payload  # noqa: F401  (the frame rules live in payload.py)
+from .verdict import judged
 
 MAX_HEADER = _payload.MAX_HEADER  # the largest safetensors header a reader accepts (payload.py, docs/FORMAT.md)
 
@@ -310,8 +311,16 @@ def open_file(path: Path, expected_sha256: str | None = None, room: int = 0) -> 
     each full layer's keys and values are read into buffers with room for that many more tokens (at most as many as the layer
     holds), whose unwritten pages are not resident (util.memory.zeroed), and the layer's ``room`` names them, so the
     cache restored from it grows into them without a copy: a graft's peak is then about one KV above the model, where
-    the first step's copy made it two. Other codecs ignore it (their payload is one decompressed buffer)."""
+    the first step's copy made it two. Other codecs ignore it (their payload is one decompressed buffer).
+
+    With ``expected_sha256``, a refusal is judged against it (artifacts.verdict): bytes that are not that artifact
+    are an IntegrityError (exit 1) whether the frame, the header or the identity gave them away."""
     path = Path(path)
+    with judged(path, expected_sha256):
+        return _open_file(path, expected_sha256, room)
+
+
+def _open_file(path: Path, expected_sha256: str | None, room: int) -> tuple[str, Artifact]:
     with _payload._open(path) as f:
         codec = container.peek_codec(f)
     if codec != "raw":  # zstd, shuffle-zstd: decompressed into one buffer while a thread hashes, viewed in place

@@ -9,7 +9,10 @@ kilobytes. What is refused:
   whose payload is not a kvgraft payload (no ``__metadata__``, another ``format``), a format version this kvgraft
   does not read, or a header that does not describe a consistent artifact (layout.check_header, as graft refuses);
 - a damaged one (exit 1, :class:`IntegrityError`): a zstd frame whose header is corrupt or declares no size, a
-  payload that ends inside its own header, a header length beyond the payload, a header that is not JSON.
+  payload that ends inside its own header, a header length beyond the payload, a header that is not JSON;
+- a payload declared larger than ``KVGRAFT_MAX_PAYLOAD`` (exit 2, :class:`PayloadTooLarge`), as every reader;
+- with an identity to check against (a store object, a file named by its hash), any refusal but the limit is
+  judged by artifacts.verdict: bytes that do not hash to it are damage (exit 1), whatever the header shows.
 
 The payload is not hashed unless asked (:func:`payload_sha256`): the identity check streams every byte.
 """
@@ -25,8 +28,9 @@ from typing import Any
 from ..errors import ArtifactError, IntegrityError
 from . import container, layout
 from .format import LAYER_KINDS, MAX_HEADER, REQUIRED_META
+from .payload_rules import ZSTD_MAGIC, max_payload, not_an_artifact, too_large
+from .verdict import judged
 
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _REFETCH = "re-fetch or re-deposit it"
 # Bytes of tensor data per element, by safetensors dtype.
 _ELEMENT_BYTES = {"F32": 4, "BF16": 2, "F16": 2, "I64": 8}
@@ -88,21 +92,20 @@ class ArtifactInfo:
         return d
 
 
-def _frame_size(head: bytes, source: str) -> int:
-    """The payload size a zstd frame header declares."""
+def _frame_size(head: bytes, source: str, cap: int) -> int:
+    """The payload size a zstd frame header declares, held to the payload limit ``cap`` as every reader holds it."""
     import zstandard
 
     if head[:4] != ZSTD_MAGIC:
-        raise ArtifactError(
-            f"{source}: not a .kvg artifact (neither the raw container nor a zstd frame)",
-            "a .kvg file is a kvgraft payload in the raw container or in one zstd frame (docs/FORMAT.md)",
-        )
+        raise not_an_artifact(source)
     try:
         params = zstandard.get_frame_parameters(head)
     except zstandard.ZstdError as e:
         raise IntegrityError(f"{source}: corrupt zstd frame header ({e})", _REFETCH) from None
     if params.content_size <= 0:
         raise IntegrityError(f"{source}: zstd frame declares no content size (kvgraft always writes it)", _REFETCH)
+    if params.content_size > cap:
+        raise too_large(source, "zstd frame", params.content_size, cap)
     return params.content_size
 
 
@@ -125,11 +128,17 @@ def _read_exact(reader, n: int, source: str, what: str) -> bytes:
     return data
 
 
-def read_info(path: Path) -> ArtifactInfo:
-    """The header of the ``.kvg`` file at ``path`` (see the module docstring for what is refused)."""
+def read_info(path: Path, expected_sha256: str | None = None) -> ArtifactInfo:
+    """The header of the ``.kvg`` file at ``path`` (see the module docstring for what is refused). With
+    ``expected_sha256`` (the identity the store or the file's name records it under) a refusal is judged against
+    it (artifacts.verdict): a damaged artifact is an IntegrityError, as the full read and `kvgraft verify` say."""
+    with judged(path, expected_sha256):
+        return _read_info(Path(path))
+
+
+def _read_info(path: Path) -> ArtifactInfo:
     import zstandard
 
-    path = Path(path)
     source = str(path)
     if path.is_dir():
         raise ArtifactError(f"{source} is a directory, not a .kvg file")
@@ -144,10 +153,13 @@ def read_info(path: Path) -> ArtifactInfo:
         head = f.read(18)  # the longest zstd frame header
         if not head:
             raise IntegrityError(f"{source}: empty file (a .kvg file is one zstd frame)", _REFETCH)
+        # The payload limit as the full read holds it (PayloadTooLarge, exit 2, before any other size rule), so a
+        # header over it gets the same verdict here as from graft's reader.
+        cap = max_payload()
         if container.is_container(head):  # the v2 container: raw in place, shuffle-zstd through its chunk reader
-            reader, size, codec = container.open_payload(f, file_bytes, source, 1 << 62)
+            reader, size, codec = container.open_payload(f, file_bytes, source, cap)
         else:
-            size = _frame_size(head, source)
+            size = _frame_size(head, source, cap)
             f.seek(0)
             reader, codec = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=False), "zstd"
         if size < 8:

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import math
 
-from ..errors import IntegrityError, PayloadTooLarge
+from ..errors import ArtifactError, IntegrityError, PayloadTooLarge
 from ..util.limits import size_setting
 
 MAX_HEADER = 8 << 20  # a payload's safetensors header; a kvgraft header takes about 250 bytes a layer
 ENV_MAX_PAYLOAD = "KVGRAFT_MAX_PAYLOAD"
 DEFAULT_MAX_PAYLOAD = 32 << 30
 REFETCH = "re-fetch or re-deposit it"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # Bytes per element of every safetensors dtype (a .kvg uses I64, F32, BF16 and F16; the others only get a size).
 ST_SIZES = {
     "BOOL": 1,
@@ -52,6 +53,15 @@ def too_large(source: str, what: str, size: int, cap: int) -> PayloadTooLarge:
     return PayloadTooLarge(
         f"{source}: {what} declares a payload of {size:,} bytes, more than this reader's limit of {cap:,} bytes",
         f"if the artifact is genuine, raise {ENV_MAX_PAYLOAD} (bytes, or e.g. 64G)",
+    )
+
+
+def not_an_artifact(source: str) -> ArtifactError:
+    """The error for a file that is neither the v2 container nor a zstd frame: bad input (exit 2) when nothing
+    names an identity for it, damage when something does (artifacts.verdict decides)."""
+    return ArtifactError(
+        f"{source}: not a .kvg artifact (neither the raw container nor a zstd frame)",
+        "a .kvg file is a kvgraft payload in the raw container or in one zstd frame (docs/FORMAT.md)",
     )
 
 

@@ -33,12 +33,16 @@ def inspect(
     window, empty), tokens, start position and parent (chain links), dtype, model and compute pins, file and payload
     sizes. Torch-free. Exit 2 for a file that is not an artifact, 1 for a damaged one."""
     from ..artifacts.inspect import payload_sha256, read_info
+    from ..artifacts.verdict import judged
 
     path, named = _locate(ref, store, manifest)
-    info = read_info(path)
+    # With --hash, a refusal is judged against the identity (artifacts.verdict): a damaged artifact exits 1
+    # whether it was named by hash or by path, as graft and verify say.
+    info = read_info(path, named if rehash else None)
     info.sha256 = named  # what the file name (a store's or a copy's) claims, until --hash checks it
     if rehash:
-        got = payload_sha256(path)
+        with judged(path, named):
+            got = payload_sha256(path)
         if named and got != named:
             raise IntegrityError(
                 f"{path}: content hash {got} does not match its identity {named} (tampered or corrupt)",

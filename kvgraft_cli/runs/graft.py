@@ -79,9 +79,9 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
     """Resolve ``ref`` (hash, hash prefix, problem id, .kvg path, or None for the latest) and read it, re-hashed.
     Needs no engine, so a bad reference or a damaged file is reported before the model loads."""
     if ref is not None and ref.endswith(".kvg") and Path(ref).is_file():
-        _refuse_past_positions(ctx, Path(ref))
         stem = Path(ref).name[: -len(".kvg")]
         expected = stem if re.fullmatch(r"[0-9a-f]{64}", stem) else None
+        _refuse_past_positions(ctx, Path(ref), expected)
         sha, art = _open_file(ctx, Path(ref), expected)
         identity = "file name" if expected else _identity_in_store(ctx, sha)
         if art.parent is None:
@@ -100,24 +100,27 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
         return Loaded(sha, chain[-1][1], str(store.object_path(sha)), chain)
 
 
-def _refuse_past_positions(ctx: RunContext, path: Path) -> None:
+def _refuse_past_positions(ctx: RunContext, path: Path, expected: str | None) -> None:
     """Refuse, from its header alone, a file whose tokens end past the model's positions (config.json, no model
     loaded), before its payload is read: a small file can declare gigabytes of cache (#24.9). A file from the
-    store was checked when it was deposited or imported."""
+    store was checked when it was deposited or imported. A file named by its hash (``expected``) is judged against
+    it (artifacts.verdict), so a damaged one exits 1 here as it does grafted by that hash."""
     from ..artifacts.inspect import read_info
+    from ..artifacts.verdict import judged
     from ..config.modelhash import context_window
 
     limit = context_window(ctx.manifest.model_dir)
     if not limit:
         return
-    info = read_info(path)  # the header alone, checked as a graft checks it (layout.check_header)
-    n, end = info.num_tokens, info.start_position + info.num_tokens
-    if end > limit:
-        raise ModelMismatch(
-            f"{path}: its header declares {n:,} tokens, ending at position {end:,}, past the model's "
-            f"{limit:,} positions",
-            "graft an artifact deposited for this model and manifest",
-        )
+    with judged(path, expected):
+        info = read_info(path)  # the header alone, checked as a graft checks it (layout.check_header)
+        n, end = info.num_tokens, info.start_position + info.num_tokens
+        if end > limit:
+            raise ModelMismatch(
+                f"{path}: its header declares {n:,} tokens, ending at position {end:,}, past the model's "
+                f"{limit:,} positions",
+                "graft an artifact deposited for this model and manifest",
+            )
 
 
 def _open_file(ctx: RunContext, path: Path, expected: str | None) -> tuple[str, kvg.Artifact]:

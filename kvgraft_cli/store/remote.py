@@ -317,6 +317,7 @@ class RemoteStore(Store):
         into place (torch-free: the streamed payload hash); returns its size. Refused (IntegrityError) and not kept
         when its payload does not hash to ``sha256``."""
         from ..artifacts.payload import kvg_payload_sha256
+        from ..artifacts.verdict import judged
 
         if super().has_object(sha256):  # the cache has it: no network, still re-hashed on arrival
             tmp = _tmp_beside(dest)
@@ -326,7 +327,8 @@ class RemoteStore(Store):
             tmp = self._download(sha256, dest)
 
         def check(path: Path) -> int:
-            got = kvg_payload_sha256(path)
+            with judged(path, sha256):  # a file that cannot be hashed as an artifact is damage too (exit 1)
+                got = kvg_payload_sha256(path)
             if got != sha256:
                 raise IntegrityError(
                     f"{self.object_url(sha256)}: payload hashes to {got[:16]}..., not its identity "

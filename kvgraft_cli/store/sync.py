@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from ..artifacts.payload import kvg_payload_sha256
+from ..artifacts.verdict import judged
 from ..errors import IntegrityError, StoreError
 from .local import Store, _store_errors
 from .remote import RemoteStore, export_rows, merge_rows, missing_rows
@@ -72,7 +73,8 @@ def push(
             continue
         copied = False
         if remote.remote.head(f"objects/{sha[:2]}/{sha}.kvg") is None:
-            got = kvg_payload_sha256(path)
+            with judged(path, sha):  # a file that cannot be hashed as an artifact is damage too (exit 1)
+                got = kvg_payload_sha256(path)
             if got != sha:
                 raise IntegrityError(
                     f"{path}: payload hashes to {got[:16]}..., not its identity {sha[:16]}...: the "

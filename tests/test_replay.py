@@ -70,6 +70,26 @@ def test_a_changed_input_is_a_mismatch(finished_run, tmp_path):
     assert "Error: replay of prereg.yaml differs" in p.stderr
 
 
+def test_two_checks_of_one_artifact_are_two_runs(finished_run, tmp_path):
+    """The same artifact checked again with another -n is a run of its own (it was a second run under the first
+    one's id, and `prereg make` refused its own output: "duplicate id"); both replay and match."""
+    d = tmp_path / "run"
+    shutil.copytree(finished_run, d)
+    run_cli("graft", "--check", "--samples", "2", "-n", "3", "sum-1", cwd=d, check_rc=0)
+    run_cli("prereg", "make", "--target", "cpu-portable", "-o", "prereg.yaml", "--force", cwd=d, check_rc=0)
+    runs = load_prereg(d / "prereg.yaml").data["runs"]
+    checks = [r for r in runs if r["kind"] == "graft-check"]
+    assert [r["max_new_tokens"] for r in checks] == [2, 3]
+    assert checks[1]["id"] == checks[0]["id"] + "-2" and checks[0]["artifact"] == checks[1]["artifact"]
+    exp = load_prereg(d / "prereg.yaml").data["targets"]["cpu-portable"]
+    assert exp[checks[0]["id"]]["fresh_logits"] != exp[checks[1]["id"]]["fresh_logits"]
+    (tmp_path / "m").mkdir()
+    m = _machine(d, tmp_path / "m")
+    run_cli("replay", "--register", "prereg.yaml", cwd=m, check_rc=0)
+    r = json.loads(run_cli("replay", "prereg.yaml", "--json", cwd=m, check_rc=0).stdout)
+    assert r["passed"] and r["mismatched"] == 0
+
+
 def test_an_edited_prereg_needs_a_new_registration(finished_run, tmp_path):
     m = _machine(finished_run, tmp_path)
     run_cli("replay", "--register", "prereg.yaml", cwd=m, check_rc=0)

@@ -407,10 +407,13 @@ def _prereg_from_ledger(
         elif e["kind"] == "graft-check":
             art = ins["artifact"]["sha256"]
             key = ("graft-check", art, ins["samples"], ins["max_new_tokens"])
+            # One artifact checked with other --samples or -n is another run: check-<12 hex>-2, -3, ... (the first
+            # keeps the bare id; two runs under one id made the prereg invalid: "duplicate id").
+            same = sum(k[0] == "graft-check" and k[1] == art for k in runs)
             rid = runs.setdefault(
                 key,
                 {
-                    "id": f"check-{art[:12]}",
+                    "id": f"check-{art[:12]}" + (f"-{same + 1}" if same else ""),
                     "kind": "graft-check",
                     "artifact": art,
                     "samples": ins["samples"],

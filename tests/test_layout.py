@@ -25,7 +25,8 @@ ALLOWED["audit"] = ALLOWED["artifacts"] | {"artifacts", "ledger", "eval"}
 ALLOWED["runs"] = ALLOWED["artifacts"] | {"artifacts", "engine", "store", "ledger", "eval"}
 ALLOWED["library"] = ALLOWED["runs"] | {"runs"}
 ALLOWED["report"] = ALLOWED["audit"] | {"audit"}  # the HTML report: reads what the verifier reads, and its verdict
-ALLOWED["cli"] = ALLOWED["library"] | {"library", "audit", "report"}
+ALLOWED["serve"] = ALLOWED["library"] | {"library"}  # `kvgraft serve`: the library behind an HTTP endpoint
+ALLOWED["cli"] = ALLOWED["serve"] | {"serve", "audit", "report"}
 ALLOWED["__main__"] = {"cli"}
 HEAVY = ("torch", "transformers", "safetensors", "tokenizers", "boto3", "ray", "matplotlib")
 

@@ -25,6 +25,7 @@ from . import (
     replay,
     report,
     score,
+    serve,
     solve,
     store,
     verify,
@@ -51,6 +52,7 @@ COMMANDS = {
     "report": report.report,
     "inspect": inspect.inspect,
     "solve": solve.solve,
+    "serve": serve.serve,
     "model-hash": model_hash.model_hash,
 }
 GROUPS = {

@@ -8,6 +8,7 @@ the prefix at positions 0..n-1 and the suffix continues at n, the only numerical
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -216,9 +217,20 @@ class Engine:
         assert logits is not None  # (ids is not empty: the loop ran)
         return cache, logits[-1]
 
-    def greedy(self, cache, last_logits, n: int, stop_at_eos: bool = False, stop: list[str] | None = None):
+    def greedy(
+        self,
+        cache,
+        last_logits,
+        n: int,
+        stop_at_eos: bool = False,
+        stop: list[str] | None = None,
+        on_token: Callable[[list[int]], bool] | None = None,
+        keep_logits: bool = True,
+    ):
         """Greedy-decode ``n`` tokens after ``last_logits``. Returns (token ids, logits of each step [n, vocab]).
-        Stops early at EOS (``stop_at_eos``) or once the decoded text contains one of ``stop``."""
+        Stops early at EOS (``stop_at_eos``) or once the decoded text contains one of ``stop``. ``on_token`` sees the
+        ids so far after each token and stops the decode by returning True (a server's cancelled request), before
+        the next forward; ``keep_logits`` False returns no step logits (a server's long decodes keep none)."""
         import torch
 
         out_ids: list[int] = []
@@ -236,8 +248,11 @@ class Engine:
                 break
             if stop and any(s in self.decode_text(out_ids[-tail:]) for s in stop):
                 break
+            if on_token is not None and on_token(out_ids):
+                break
             logits = self.forward(cache, [nxt])[-1]
-            step_logits.append(logits)
+            if keep_logits:
+                step_logits.append(logits)
         stacked = torch.stack(step_logits) if step_logits else last_logits.new_zeros((0, last_logits.shape[-1]))
         return out_ids, stacked
 

@@ -84,6 +84,9 @@ MIN_PREFIX = 6  # the shortest artifact hash prefix resolve() accepts
 # The problem id a chain link is indexed under (library/chain.py): the id of the hit whose solution it holds, "@",
 # and the first 12 hex digits of its parent artifact. Nothing else in a store is named so by kvgraft.
 LINK_PARENT = re.compile(r"@([0-9a-f]{12})$")
+# The problem id every prompt-cache chunk of `kvgraft serve` is indexed under (serve/promptcache.py): a cached piece of
+# somebody's prompt, never a deposit a user would graft by default.
+PROMPT_CHUNK_ID = "serve-prompt-chunk"
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,19 @@ def link_key(manifest_sha256: str, parent_sha256: str, token_ids_sha256: str) ->
     """The index key of a chain link: its segment's token ids after one parent artifact, under one compute pin."""
     return sha256_json(
         {"manifest_sha256": manifest_sha256, "parent_sha256": parent_sha256, "token_ids_sha256": token_ids_sha256}
+    )
+
+
+def prompt_key(manifest_sha256: str, parent_sha256: str | None, token_ids_sha256: str) -> str:
+    """The index key of a prompt-cache chunk (`kvgraft serve`, serve/promptcache.py): its token ids after one
+    parent chunk (None: the prompt's first chunk, at position 0), under one compute pin. A namespace of its own, so a
+    chunk is never mistaken for a deposit or a library chain link with the same tokens."""
+    return sha256_json(
+        {
+            "manifest_sha256": manifest_sha256,
+            "prompt_parent_sha256": parent_sha256,
+            "token_ids_sha256": token_ids_sha256,
+        }
     )
 
 
@@ -472,7 +488,7 @@ class Store:
         # Newest first, read lazily: the links a solve just made are the newest rows, the deposit a few rows back.
         rows = self._db.execute(q + " ORDER BY rowid DESC", (manifest_sha256,) if manifest_sha256 else ())
         for problem_id, artifact in rows:
-            if not self._is_link_entry(problem_id, artifact):
+            if problem_id != PROMPT_CHUNK_ID and not self._is_link_entry(problem_id, artifact):
                 return artifact
         return None
 

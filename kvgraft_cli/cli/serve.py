@@ -1,0 +1,98 @@
+"""`kvgraft serve`: the library behind an OpenAI-compatible endpoint (torch and Starlette inside the command)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from ._common import at_most_max_count, context, engine_options
+from ._output import err, print_json
+
+
+@engine_options
+def serve(
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to listen on (loopback by default; 0.0.0.0 exposes it to the network)."
+    ),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="TCP port (0: a free one, printed at start)."),
+    k: int = typer.Option(
+        0,
+        "--k",
+        min=0,
+        callback=at_most_max_count,
+        help="Graft up to K related library solutions (as a chain) when a question has no exact hit; 0: exact hits only.",
+    ),
+    min_score: float | None = typer.Option(
+        None,
+        "--min-score",
+        help="With --k: graft related solutions only at this relevance or more (docs/RETRIEVAL.md).",
+    ),
+    no_prompt_cache: bool = typer.Option(
+        False, "--no-prompt-cache", help="Compute every prompt whole; deposit no prompt chunks."
+    ),
+    chunk: int = typer.Option(
+        256,
+        "--chunk",
+        min=1,
+        callback=at_most_max_count,
+        help="The prompt cache's chunk under the invariant schedule (a chunked manifest pins its own chunk_size).",
+    ),
+    queue: int = typer.Option(
+        64,
+        "--queue",
+        min=1,
+        callback=at_most_max_count,
+        help="Requests that may wait; past them, 429 with Retry-After.",
+    ),
+    max_body: int = typer.Option(
+        1 << 20, "--max-body", min=1024, callback=at_most_max_count, help="Largest request body in bytes (413 past it)."
+    ),
+    requests_log: Path | None = typer.Option(
+        None,
+        "--requests-log",
+        help="Where request bodies are logged for `kvgraft replay --served` (default: beside the ledger, LEDGER.requests.jsonl).",
+    ),
+    manifest=None,
+    store=None,
+    ledger=None,
+    allow_drift=False,
+    as_json=False,  # engine_options
+) -> None:
+    """Serve the model behind OpenAI's chat and completion endpoints: greedy answers, the library's exact hits, a
+    prompt cache kept in the store, one ledger line per request (docs/SERVE.md)."""
+    from ..serve.answer import Options
+    from ..serve.run import ServeSettings, check_installed
+    from ..serve.run import serve as run_serve
+
+    check_installed()
+    ctx = context(manifest, store, ledger, allow_drift)
+    options = Options(k, min_score, not no_prompt_cache, chunk, requests_log)
+    settings = ServeSettings(host, port, queue, max_body)
+
+    def ready(server, url: str) -> None:
+        info = {
+            "url": url,
+            "model": server.model_id,
+            "manifest": ctx.manifest.source,
+            "store": ctx.store_name,
+            "ledger": str(ctx.ledger),
+            "requests_log": str(server.requests_log),
+            "prompt_cache_chunk": server.chunk,
+            "library": server.library,
+        }
+        if as_json:
+            print_json(info)
+            sys.stdout.flush()
+        else:
+            cache = f"chunks of {server.chunk} tokens" if server.chunk else "off (the manifest's schedule is single)"
+            err.print(
+                f"kvgraft serve: {server.model_id} on {url}/v1  (ledger {ctx.ledger}; store {ctx.store_name}; "
+                f"prompt cache {cache}; library {'on' if server.library else 'empty'})",
+                highlight=False,
+                soft_wrap=True,
+            )
+            print(f"listening on {url}", flush=True)
+
+    run_serve(ctx, options, settings, on_ready=ready)

@@ -1,0 +1,337 @@
+"""One request computed on the engine, and its ledger line: what `kvgraft serve` does between parsing and replying.
+
+A chat whose conversation is exactly the manifest's (its system prompt, if any, and one user turn) is a question,
+looked up in the library as `kvgraft solve` does: an exact hit grafts its verified solution and asks for the final
+answer under the answer budget (``decode.answer_tokens``); with ``k`` > 0 related hits graft as a chain; a miss
+runs the model plainly. Every other prompt (another system prompt, several turns, a completion's text) runs
+plainly. A plain prompt goes through the prompt cache (serve.promptcache), whose chunks make a warm request compute
+exactly what a cold one does. The library grows only by `kvgraft deposit`/`solve --deposit-verified`: a server
+does not know the right answer.
+
+Every request, answered or cancelled, gets one ``serve`` ledger line, appended (and fsynced) before the response's
+last byte leaves; the request's body goes first into the requests log beside the ledger, so `kvgraft replay
+--served` can compute it again and compare every hash.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config.modelhash import context_window
+from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
+from ..errors import InputError, UnsupportedModel
+from ..eval.problems import normalize_key
+from ..ledger import log as ledger
+from ..library.chain import build_chain, hit_fields
+from ..library.retrieval import Found, find
+from ..runs.context import RunContext
+from ..store.local import Store, problem_key
+from ..util.hashing import canonical_json, digest, sha256_bytes
+from . import promptcache
+from .protocol import Request, RequestError
+
+KIND = "serve"
+
+
+@dataclass
+class Options:
+    """How a server answers: related hits (``k`` > 0), the chunk of its prompt cache, whether it caches at all."""
+
+    k: int = 0
+    min_score: float | None = None
+    prompt_cache: bool = True
+    chunk: int = promptcache.DEFAULT_CHUNK  # under the invariant schedule only
+    requests_log: Path | None = None
+
+
+@dataclass
+class Answer:
+    """A computed request: the text and ids, why it ended, what was grafted, its ledger line."""
+
+    text: str
+    ids: list[int]
+    finish_reason: str  # stop | length | cancelled
+    prompt_tokens: int
+    hit: str  # exact | related | none | plain (not a library question)
+    artifacts: list[str] = field(default_factory=list)  # library entries grafted
+    chain: list[str] = field(default_factory=list)  # library artifacts restored (root, then links)
+    grafted_tokens: int = 0  # from the library
+    cached_tokens: int = 0  # from the prompt cache
+    cache_chunks: list[str] = field(default_factory=list)
+    deposited_chunks: list[str] = field(default_factory=list)
+    refused_chunks: list[str] = field(default_factory=list)  # cached chunks that failed their check (not used)
+    first_logits_sha256: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    ledger_seq: int | None = None
+    ledger_sha256: str | None = None
+
+    def kvgraft(self) -> dict[str, Any]:
+        """The ``kvgraft`` object of a response: what was grafted and the ledger line that records it."""
+        return {
+            "hit": self.hit,
+            "artifacts": self.artifacts,
+            "chain": self.chain,
+            "grafted_tokens": self.grafted_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prompt_cache": {"chunks": self.cache_chunks, "deposited": self.deposited_chunks},
+            "first_logits_sha256": self.first_logits_sha256,
+            "generated_ids_sha256": token_ids_sha256(self.ids),
+            "ledger": {"seq": self.ledger_seq, "line_sha256": self.ledger_sha256},
+        }
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": len(self.ids),
+            "total_tokens": self.prompt_tokens + len(self.ids),
+            "prompt_tokens_details": {"cached_tokens": self.grafted_tokens + self.cached_tokens},
+            "grafted_tokens": self.grafted_tokens,
+        }
+
+
+class Server:
+    """A loaded engine, its store and ledger: answers requests one at a time (the caller serializes them)."""
+
+    def __init__(self, ctx: RunContext, engine: Engine, options: Options):
+        self.ctx = ctx
+        self.engine = engine
+        self.options = options
+        m = ctx.manifest
+        self.model_id: str = m.data.get("name") or "kvgraft"
+        self.chunk = promptcache.chunk_of(engine, options.chunk) if options.prompt_cache else None
+        self.store: Store | None = None
+        self.library = False
+        self.facts = ctx.engine_facts(engine)
+        self.limit = engine.max_positions or context_window(m.model_dir)
+        self.requests_log = options.requests_log or default_requests_log(ctx.ledger)
+
+    def open(self) -> None:
+        """Open the store in the thread that will use it (SQLite connections stay in their thread)."""
+        self.store = self.ctx.open_store()
+        self.library = self.store.library_size(self.ctx.manifest.compute_sha256) > 0
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    # -- the prompt -----------------------------------------------------------------------------------------------
+    def _is_question(self, req: Request) -> bool:
+        """Whether a chat is exactly the manifest's conversation for one question (what the library was built on)."""
+        if req.endpoint != "chat":
+            return False
+        system = self.engine.manifest.data["prompt"].get("system")
+        head = [{"role": "system", "content": system}] if system is not None else []
+        return req.messages[:-1] == head and len(req.messages) == len(head) + 1
+
+    def _with_bos(self, ids: list[int]) -> list[int]:
+        bos = self.engine.tokenizer.bos_token_id
+        return [bos] + ids if self.engine.manifest.data["prompt"]["add_bos"] and bos is not None else ids
+
+    def plain_ids(self, req: Request) -> list[int]:
+        """The token ids of a prompt run plainly (nothing grafted from the library)."""
+        prompts = self.engine.prompts
+        if req.endpoint == "completion":
+            text = req.prompt
+        elif self._is_question(req):
+            text = prompts.question_text(req.question or "", first=True)
+        elif prompts.chat:
+            text = prompts.render(req.messages, generation=True)
+        else:
+            raise RequestError(
+                f"model {self.model_id}'s manifest has no chat template (prompt.format: text): a chat must be one "
+                "user turn, or use /v1/completions",
+                "messages",
+            )
+        return self._with_bos(self._encode(text))
+
+    def _encode(self, text: str) -> list[int]:
+        try:
+            return self.engine.encode(text, where="the prompt")
+        except InputError as e:
+            raise RequestError(e.message, "messages", code="context_length_exceeded") from None
+
+    def _budget(self, req: Request, prompt_tokens: int, exact: bool) -> int:
+        decode = self.engine.manifest.data["decode"]
+        default = decode.get("answer_tokens", decode["max_new_tokens"]) if exact else decode["max_new_tokens"]
+        budget = min(req.max_tokens, default) if exact and req.max_tokens else (req.max_tokens or default)
+        room = (self.limit or 0) - prompt_tokens
+        if self.limit and (room < 1 or (req.max_tokens and budget > room)):
+            raise RequestError(
+                f"this model's context is {self.limit} tokens; the prompt has {prompt_tokens} and "
+                f"{budget} more were asked for",
+                "messages" if req.endpoint == "chat" else "prompt",
+                code="context_length_exceeded",
+            )
+        return min(budget, room) if self.limit else budget
+
+    # -- one request ------------------------------------------------------------------------------------------------
+    def answer(
+        self,
+        req: Request,
+        on_ids: Callable[[list[int], str], None] | None = None,
+        cancelled: Callable[[], bool] = lambda: False,
+        queued_s: float = 0.0,
+    ) -> Answer:
+        """Compute one request and append its ledger line. ``on_ids(ids, prefix)`` sees the ids decoded so far (the
+        text starts with ``prefix``); ``cancelled`` is asked after each token and stops the decode."""
+        assert self.store is not None, "Server.open() first"
+        engine = self.engine
+        t0 = time.perf_counter()
+        question = req.question if self._is_question(req) else None
+        found = self._find(question) if question is not None and self.library else Found("none")
+        grafted = None
+        if found.hits:
+            try:
+                grafted = self._graft_library(req, question or "", found)
+            except UnsupportedModel:  # a template that renders the turn otherwise in context: ask it plainly
+                grafted = None
+        if grafted is not None:
+            ans, ids, budget, cache, last = grafted
+        else:
+            ids = self.plain_ids(req)
+            budget = self._budget(req, len(ids), exact=False)
+            ans = Answer("", [], "length", len(ids), "none" if question is not None else "plain")
+            if cancelled():  # cancelled while queued: nothing computed
+                return self._record(req, ans, ids, queued_s, t0, cancelled=True)
+            pre = promptcache.prefill(engine, self.store, ids, self.chunk)
+            cache, last = pre.cache, pre.last_logits
+            ans.cached_tokens, ans.cache_chunks, ans.deposited_chunks = pre.restored_tokens, pre.restored, pre.deposited
+            ans.refused_chunks = pre.refused
+        ans.first_logits_sha256 = tensor_sha256(last)
+        ans.timings["first_token_s"] = time.perf_counter() - t0
+        prefix = engine.prompts.answer_prefix(ans.hit == "exact")
+        stop = list(engine.manifest.data["decode"].get("stop") or []) + req.stop
+        was_cancelled = False
+
+        def step(so_far: list[int]) -> bool:
+            nonlocal was_cancelled
+            if on_ids is not None:
+                on_ids(so_far, prefix)
+            was_cancelled = cancelled()
+            return was_cancelled
+
+        gen, _ = engine.greedy(cache, last, budget, stop_at_eos=True, stop=stop, on_token=step, keep_logits=False)
+        ans.ids = gen
+        text, hit_stop = cut_at_stop(engine.decode_text(gen, skip_special=True), stop)
+        eos = bool(gen) and gen[-1] == engine.tokenizer.eos_token_id
+        ans.text = prefix + text
+        ans.finish_reason = "stop" if (eos or hit_stop) else "length"
+        return self._record(req, ans, ids, queued_s, t0, cancelled=was_cancelled)
+
+    def _find(self, question: str) -> Found:
+        """The library's answer for a question: exact only, or with ``k`` related hits."""
+        assert self.store is not None
+        manifest_sha = self.ctx.manifest.compute_sha256
+        if self.options.k < 1:
+            exact = self.store.library_exact(problem_key(manifest_sha, normalize_key(question)))
+            return Found("exact", [exact]) if exact is not None else Found("none")
+        return find(self.store, question, manifest_sha, self.options.k, self.options.min_score)
+
+    def _graft_library(self, req: Request, question: str, found: Found):
+        """solve's graft: the hits (most relevant nearest the question) restored as a chain, then the question."""
+        assert self.store is not None
+        engine, prompts = self.engine, self.engine.prompts
+        exact = found.kind == "exact"
+        query = engine.encode(prompts.question_text(question, exact=exact, first=False))
+        hits = list(reversed(found.hits))
+        decode = engine.manifest.data["decode"]
+        want = decode.get("answer_tokens", decode["max_new_tokens"]) if exact else decode["max_new_tokens"]
+        while hits and self.limit and sum(h.num_tokens for h in hits) + len(query) + want > self.limit:
+            hits.pop(0)
+        if not hits:
+            return None
+        chain = build_chain(self.store, engine, hits)
+        if prompts.chat:  # what is grafted and the question must be the whole conversation's tokens, exactly
+            whole = engine.encode(prompts.conversation_text([hit_fields(h) for h in hits], question, exact))
+            prompts.check_conversation([t for a in chain.artifacts for t in a.token_ids], query, whole)
+        budget = self._budget(req, chain.num_tokens + len(query), exact)
+        cache = engine.restore_chain(chain.artifacts)
+        last = engine.forward(cache, query, last_only=True)[-1]
+        ans = Answer("", [], "length", chain.num_tokens + len(query), found.kind)
+        ans.artifacts = [h.artifact for h in hits]
+        ans.chain = chain.shas
+        ans.grafted_tokens = chain.num_tokens - chain.prefilled_tokens
+        ids = [t for a in chain.artifacts for t in a.token_ids] + query
+        return ans, ids, budget, cache, last
+
+    # -- the ledger ---------------------------------------------------------------------------------------------------
+    def _record(self, req: Request, ans: Answer, ids: list[int], queued_s: float, t0: float, cancelled: bool) -> Answer:
+        """Log the request's body, then append its ledger line (fsynced): the response may leave after this."""
+        if cancelled:
+            ans.finish_reason = "cancelled"
+        ans.timings["wall_s"] = time.perf_counter() - t0
+        ans.timings["queue_s"] = queued_s
+        log_request(self.requests_log, req)
+        entry = self.ctx.entry_base()
+        entry.update(self.facts)
+        entry.update(
+            inputs={
+                "request": {**digest(req.sha256), "endpoint": req.endpoint, "log": self.ctx.rel(self.requests_log)},
+                "prompt_ids": {**digest(token_ids_sha256(ids)), "count": len(ids)},
+                "library": {"hit": ans.hit, "artifacts": ans.artifacts, "chain": ans.chain},
+                "prompt_cache": {
+                    "chunk": self.chunk,
+                    "chunks": ans.cache_chunks,
+                    "deposited": ans.deposited_chunks,
+                    "refused": ans.refused_chunks,
+                },
+                "settings": {"k": self.options.k, "max_tokens": req.max_tokens, "stop": req.stop},
+            },
+            outputs={
+                "first_logits": digest(ans.first_logits_sha256) if ans.first_logits_sha256 else None,
+                "generated_ids": {**digest(token_ids_sha256(ans.ids)), "count": len(ans.ids)},
+                "output": digest(sha256_bytes(ans.text.encode())),
+                "finish_reason": ans.finish_reason,
+                "costs": {
+                    "prompt_tokens": ans.prompt_tokens,
+                    "grafted_tokens": ans.grafted_tokens,
+                    "cached_tokens": ans.cached_tokens,
+                    "prefill_tokens": ans.prompt_tokens - ans.grafted_tokens - ans.cached_tokens,
+                    "decode_tokens": len(ans.ids),
+                    **ans.timings,
+                },
+            },
+        )
+        if entry["outputs"]["first_logits"] is None:
+            del entry["outputs"]["first_logits"]
+        store = self.store
+        named = ans.chain + ans.cache_chunks + ans.deposited_chunks
+
+        def after(_: dict) -> None:
+            if named and store is not None:
+                store.mark_recorded(named)
+
+        written = ledger.append(self.ctx.ledger, KIND, entry, after=after)
+        ans.ledger_seq = written["seq"]
+        ans.ledger_sha256 = sha256_bytes(canonical_json(written))
+        return ans
+
+
+def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
+    """The text before the first stop string (which, with all after it, is not part of the answer), and whether one
+    was there."""
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+def default_requests_log(ledger_path: Path) -> Path:
+    """Where a server logs request bodies by default: beside the ledger, ``<ledger name>.requests.jsonl``."""
+    p = Path(ledger_path)
+    return p.with_name(p.name.removesuffix(".jsonl") + ".requests.jsonl")
+
+
+def log_request(path: Path, req: Request) -> None:
+    """Append a request's canonical body (one line, fsynced): `kvgraft replay --served` computes it again."""
+    line = canonical_json({"sha256": req.sha256, "endpoint": req.endpoint, "body": req.body}) + b"\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,121 @@
+"""The prompt cache of `kvgraft serve`: a prompt's prefix kept in the store as a chain of fixed-size chunks.
+
+**Why chunks, and why a response never depends on the cache.** A prompt is always computed the same way, cold or
+warm: forwards of ``chunk`` tokens from position 0 (the last one shorter), each on the cache of all before it. A
+chunk that ends at a chunk boundary is deposited as an artifact whose parent is the chunk before it, so a later
+prompt with the same first k chunks restores them and computes chunk k+1 onwards: the very forwards a cold request
+runs from there, on the same cache bytes, hence the same bits. A cache that split a prompt at an arbitrary point
+(where the last request happened to end) would change the forwards' shapes, and with them the logits' bits.
+
+Under the manifest's ``chunked`` schedule the chunk is its ``chunk_size`` (part of the compute pin); under
+``invariant`` any split gives the same bits and the chunk is the server's choice; under ``single`` (the whole
+prompt in one forward) no split is exact, so nothing is cached and every prompt is computed whole.
+
+Chunks are indexed by (compute pin, parent chunk, token ids): :func:`~..store.local.prompt_key`, a namespace of its
+own. Every chunk restored from disk is re-hashed against its identity (store.load); the verified ones stay in the
+process's memory LRU (``KVGRAFT_VERIFIED_CACHE``). A chunk that fails its check is not used: the prompt is computed
+from there, exactly as cold, and the ledger line names the refused chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..artifacts import format as kvg
+from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
+from ..errors import IntegrityError, KvgraftError
+from ..store.local import PROMPT_CHUNK_ID, Store, prompt_key
+
+DEFAULT_CHUNK = 256  # under the invariant schedule (a chunked manifest pins its own)
+
+
+def chunk_of(engine: Engine, invariant_chunk: int = DEFAULT_CHUNK) -> int | None:
+    """The cache's chunk under the manifest's schedule; None under ``single`` (no exact split: nothing cached)."""
+    prefill = engine.manifest.data["prefill"]
+    if prefill["schedule"] == "chunked":
+        return int(prefill["chunk_size"])
+    if prefill["schedule"] == "invariant":
+        return invariant_chunk
+    return None
+
+
+@dataclass
+class Prefilled:
+    """A prompt computed on the cache: the cache, the last position's logits, what was restored and deposited."""
+
+    cache: object
+    last_logits: object
+    restored: list[str] = field(default_factory=list)  # chunk artifacts restored, root first
+    restored_tokens: int = 0
+    deposited: list[str] = field(default_factory=list)  # chunk artifacts this prompt added to the store
+    refused: list[str] = field(default_factory=list)  # a cached chunk that failed its check (not used)
+
+
+def lookup(
+    store: Store, engine: Engine, ids: list[int], chunk: int
+) -> tuple[list[tuple[str, kvg.Artifact]], list[str]]:
+    """The longest run of cached chunks ``ids`` starts with, root first, each re-hashed, leaving at least one token
+    to compute (its logits are the first token's). Returns (links, refused identities)."""
+    manifest_sha = engine.manifest.compute_sha256
+    links: list[tuple[str, kvg.Artifact]] = []
+    parent: str | None = None
+    for k in range((len(ids) - 1) // chunk):
+        segment = ids[k * chunk : (k + 1) * chunk]
+        entry = store.lookup_key(prompt_key(manifest_sha, parent, token_ids_sha256(segment)))
+        if entry is None or not store.has_object(entry.artifact):
+            break
+        try:
+            _, art = store.load(entry.artifact)  # re-hashed unless this process verified it already
+            # The index row is only a label: the bytes must be this chunk, after this parent, at this position.
+            if art.token_ids != segment or art.parent != parent:
+                raise IntegrityError(f"prompt chunk {entry.artifact[:16]}... holds other tokens than its key")
+            kvg.check_compatible(art.meta, engine.compatibility(k * chunk), entry.artifact)
+        except KvgraftError:
+            return links, [entry.artifact]
+        links.append((entry.artifact, art))
+        parent = entry.artifact
+    return links, []
+
+
+def prefill(engine: Engine, store: Store | None, ids: list[int], chunk: int | None) -> Prefilled:
+    """Compute ``ids`` from position 0 by the cache's chunks, restoring the cached ones and depositing each new full
+    chunk (``store`` None or ``chunk`` None: nothing cached, the prompt computed whole by the manifest's schedule)."""
+    if store is None or chunk is None:
+        cache, last = engine.prefill(ids)
+        return Prefilled(cache, last)
+    links, refused = lookup(store, engine, ids, chunk)
+    done = len(links) * chunk
+    cache = engine.restore_chain([a for _, a in links]) if links else engine.new_cache()
+    out = Prefilled(cache, None, [s for s, _ in links], done, refused=refused)
+    parent = links[-1][0] if links else None
+    manifest_sha = engine.manifest.compute_sha256
+    deposit = not refused  # past a refused chunk the chain is not this store's to extend
+    logits = None
+    for start in range(done, len(ids), chunk):
+        segment = ids[start : start + chunk]
+        logits = engine.forward(cache, segment, last_only=True)
+        if len(segment) < chunk or not deposit:
+            continue
+        key = prompt_key(manifest_sha, parent, token_ids_sha256(segment))
+        entry = store.lookup_key(key)
+        if entry is not None and store.has_object(entry.artifact):
+            parent = entry.artifact  # another request (or server) deposited it since the lookup
+            continue
+        meta = engine.artifact_meta(tensor_sha256(logits[-1]), start, parent)
+        payload = kvg.encode(segment, engine.capture(cache, start), meta)
+        sha = kvg.payload_identity(payload)
+        store.put(
+            sha,
+            payload,
+            key=key,
+            problem_id=PROMPT_CHUNK_ID,
+            num_tokens=len(segment),
+            model_sha256=engine.hashes.model_sha256,
+            manifest_sha256=manifest_sha,
+            verified=False,
+        )
+        out.deposited.append(sha)
+        parent = sha
+    assert logits is not None  # (lookup leaves at least one token to compute)
+    out.last_logits = logits[-1]
+    return out

@@ -17,7 +17,8 @@ import pytest
 SHARED_GROUPS = {
     "test_ray.py": "ray-s3",  # Ray instances and one SeaweedFS server; `ray` processes are machine-wide
     "test_s3.py": "ray-s3",
-    "test_gguf.py": "smollm2",  # one worker converts the real GGUF once and runs the real model's tests
+    "test_gguf.py": "smollm2",
+    "test_serve.py": "serve",  # the tiny model's library, deposited once, and the servers started on it  # one worker converts the real GGUF once and runs the real model's tests
     # Not services but costly fixtures, built once per worker that runs one of their tests (about 15-25 s each,
     # twice when their tests were spread over both workers):
     "test_report.py": "report",  # report_ledger: a CLI run of each kind the report shows

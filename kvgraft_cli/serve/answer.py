@@ -252,7 +252,7 @@ class Server:
             prompts.check_conversation([t for a in chain.artifacts for t in a.token_ids], query, whole)
         budget = self._budget(req, chain.num_tokens + len(query), exact)
         cache = engine.restore_chain(chain.artifacts)
-        last = engine.forward(cache, query, last_only=True)[-1]
+        last = engine.forward(cache, query)[-1]  # solve's very call (a row's bits may depend on the rows beside it)
         ans = Answer("", [], "length", chain.num_tokens + len(query), found.kind)
         ans.artifacts = [h.artifact for h in hits]
         ans.chain = chain.shas

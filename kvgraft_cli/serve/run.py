@@ -7,6 +7,7 @@ then end the engine's thread.
 
 from __future__ import annotations
 
+import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,7 +90,13 @@ def serve(
         userver = uvicorn.Server(config)
         if on_ready is not None:
             on_ready(server, url)
-        userver.run(sockets=[sock])
+        # uvicorn drains on SIGTERM, then raises the signal again under the handler it found: this one, so a
+        # drained server exits 0 (Ctrl-C keeps Python's handler: KeyboardInterrupt, exit 130 once drained).
+        previous = signal.signal(signal.SIGTERM, lambda *_: None)
+        try:
+            userver.run(sockets=[sock])
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     finally:
         sock.close()
         worker.stop(timeout=settings.drain_s)

@@ -128,11 +128,17 @@ def _schema_ok(e: dict) -> bool:
         "deposit": (["problems_file", "record", "token_ids"], ["artifact", "logits"]),
         "graft": (["artifact"], []),
         "graft-check": (["artifact"], []),
+        "serve": (
+            ["request", "prompt_ids", "library", "prompt_cache", "settings"],
+            ["generated_ids", "output", "finish_reason", "costs"],
+        ),
     }.get(e["kind"])
     if need:
         if not all(k in e for k in ("manifest", "model", "environment", "inputs", "outputs")):
             return False
         if not all(k in e["inputs"] for k in need[0]) or not all(k in e["outputs"] for k in need[1]):
+            return False
+        if e["kind"] == "serve" and e["outputs"]["finish_reason"] not in ("stop", "length", "cancelled"):
             return False
     return True
 
@@ -650,6 +656,21 @@ DEPOSIT = {
     "inputs": {"problems_file": {"sha256": H}, "record": {"sha256": H}, "token_ids": {"sha256": H}},
     "outputs": {"artifact": {"sha256": H}, "logits": {"sha256": H}},
 }
+SERVE_IN = {
+    "request": {"sha256": H, "endpoint": "chat", "log": "l.requests.jsonl"},
+    "prompt_ids": {"sha256": H, "count": 3},
+    "library": {"hit": "none", "artifacts": [], "chain": []},
+    "prompt_cache": {"chunk": 16, "chunks": [], "deposited": [], "refused": []},
+    "settings": {"k": 0, "max_tokens": None, "stop": []},
+}
+SERVE_OUT = {
+    "first_logits": {"sha256": H},
+    "generated_ids": {"sha256": H, "count": 2},
+    "output": {"sha256": H},
+    "finish_reason": "stop",
+    "costs": {"prompt_tokens": 3, "decode_tokens": 2},
+}
+SERVE = {**DEPOSIT, "inputs": SERVE_IN, "outputs": SERVE_OUT}
 
 CASES = {
     # name: (lines -> lines, line-level problem expected)
@@ -704,6 +725,19 @@ CASES = {
         ls, 2, kind="graft-check", **{**DEPOSIT, "inputs": {"artifact": {"sha256": H}}, "outputs": {}}
     ),
     "graft no artifact": lambda ls: _edit(ls, 2, kind="graft", **{**DEPOSIT, "inputs": {}}),
+    "serve complete": lambda ls: _edit(ls, 2, kind="serve", **SERVE),
+    "serve cancelled": lambda ls: _edit(
+        ls, 2, kind="serve", **{**SERVE, "outputs": {**SERVE_OUT, "finish_reason": "cancelled"}}
+    ),
+    "serve other reason": lambda ls: _edit(
+        ls, 2, kind="serve", **{**SERVE, "outputs": {**SERVE_OUT, "finish_reason": "eos"}}
+    ),
+    "serve no costs": lambda ls: _edit(
+        ls, 2, kind="serve", **{**SERVE, "outputs": {k: v for k, v in SERVE_OUT.items() if k != "costs"}}
+    ),
+    "serve no prompt_cache": lambda ls: _edit(
+        ls, 2, kind="serve", **{**SERVE, "inputs": {k: v for k, v in SERVE_IN.items() if k != "prompt_cache"}}
+    ),
     "score anything": lambda ls: _edit(ls, 2, kind="score-ish", inputs={}),
 }
 PASSING = {
@@ -721,6 +755,8 @@ PASSING = {
     "drift",
     "deposit complete",
     "graft-check complete",
+    "serve complete",
+    "serve cancelled",
     "score anything",
 }
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from ..errors import CheckFailed
-from ._common import DRIFT_OPT, JSON_OPT, LEDGER_OPT, STORE_OPT
+from ..errors import CheckFailed, InputError
+from ._common import DRIFT_OPT, JSON_OPT, LEDGER_OPT, STORE_OPT, context, engine_start
 from ._output import cell, err, out, print_json, printable, short, table
 
 
@@ -15,7 +15,17 @@ def replay(
     prereg: Path = typer.Argument(
         ...,
         help="Pre-registration YAML. It names its manifest and pins that file's "
-        "hash, so replay takes no --manifest: the prereg's manifest is the one it runs.",
+        "hash, so replay takes no --manifest: the prereg's manifest is the one it runs. With --served: the ledger "
+        "`kvgraft serve` wrote.",
+    ),
+    served: bool = typer.Option(
+        False,
+        "--served",
+        help="Replay a served log: compute every request of the ledger PREREG names again (prompt cache off) and "
+        "compare every hash; needs --manifest, the one the server ran.",
+    ),
+    manifest: Path | None = typer.Option(
+        None, "--manifest", "-m", help="With --served: the manifest the server ran (its compute pin must match)."
     ),
     register: bool = typer.Option(
         False, "--register", help="Only register the prereg (append its hash to the ledger)."
@@ -29,6 +39,13 @@ def replay(
     """Register a prereg, or replay a registered one and compare every hash (exit 1 on any mismatch). The manifest
     is the one the prereg names (its hash pinned), so there is no --manifest; --store and --ledger default to that
     manifest's paths."""
+    if served:
+        _replay_served(prereg, manifest, store, ledger, allow_drift, as_json)
+        return
+    if manifest is not None:
+        raise InputError(
+            "--manifest is for --served: a pre-registration names its own manifest", "drop --manifest, or add --served"
+        )
     from ..library.solve import replay_solve
     from ..runs.context import RunContext
     from ..runs.replay import RUNNERS, find_registration, load_prereg, prereg_manifest
@@ -92,5 +109,57 @@ def replay(
         bad = next(c for c in report.comparisons if not c.match)
         raise CheckFailed(
             f"replay of {prereg} differs from target {report.target}: {bad.run} {bad.what}",
+            "every hash must match; see the table (or --json)",
+        )
+
+
+def _replay_served(
+    served: Path, manifest: Path | None, store: str | None, ledger: Path | None, allow_drift: bool, as_json: bool
+) -> None:
+    """`replay --served`: every served request computed again and compared (serve.replay); exit 1 on a mismatch."""
+    from rich.text import Text
+
+    from ..engine.engine import load_engine
+    from ..serve.replay import replay_served, served_entries
+
+    if manifest is None:
+        raise InputError("replay --served needs --manifest: the manifest the server ran", "add -m MANIFEST.yaml")
+    if not served.is_file():
+        raise InputError(f"no served ledger {served}", "name the ledger `kvgraft serve` wrote")
+    ctx = context(manifest, store, ledger if ledger is not None else served, allow_drift)
+    total = len(served_entries(served))  # refuses a ledger with no served requests before the model loads
+    with err.status(f"replaying {total} served requests") as status:
+        with engine_start():
+            engine = load_engine(ctx.manifest, ctx.allow_drift)
+        done = 0
+
+        def progress(_row) -> None:
+            nonlocal done
+            done += 1
+            status.update(f"replaying served requests: {done}/{total}")
+
+        report = replay_served(ctx, served, engine, progress)
+    if as_json:
+        print_json(report.to_json())
+    else:
+        t = table(f"replay --served {served}", ("line", "endpoint", "hit", "finish", "match"))
+        for r in report.rows:
+            t.add_row(
+                str(r.seq + 1),
+                cell(r.endpoint),
+                cell(r.hit),
+                cell(r.finish_reason),
+                "[green]yes[/]" if r.matched else Text.assemble(("NO: ", "red"), cell(", ".join(r.mismatches))),
+            )
+        out.print(t)
+        assert report.ledger_seq is not None
+        out.print(
+            f"{'[green]PASS[/]' if not report.mismatched else '[red]FAIL[/]'}  {len(report.rows) - report.mismatched} "
+            f"matched, {report.mismatched} mismatched; ledger line {report.ledger_seq + 1}"
+        )
+    if report.mismatched:
+        bad = next(r for r in report.rows if not r.matched)
+        raise CheckFailed(
+            f"served request at line {bad.seq + 1} of {served} computes otherwise now: {', '.join(bad.mismatches)}",
             "every hash must match; see the table (or --json)",
         )

@@ -66,6 +66,7 @@ class Answer:
     deposited_chunks: list[str] = field(default_factory=list)
     refused_chunks: list[str] = field(default_factory=list)  # cached chunks that failed their check (not used)
     first_logits_sha256: str | None = None
+    prompt_ids: list[int] = field(default_factory=list)  # every token of the context, grafted or computed
     timings: dict[str, float] = field(default_factory=dict)
     ledger_seq: int | None = None
     ledger_sha256: str | None = None
@@ -177,9 +178,11 @@ class Server:
         on_ids: Callable[[list[int], str], None] | None = None,
         cancelled: Callable[[], bool] = lambda: False,
         queued_s: float = 0.0,
+        record: bool = True,
     ) -> Answer:
-        """Compute one request and append its ledger line. ``on_ids(ids, prefix)`` sees the ids decoded so far (the
-        text starts with ``prefix``); ``cancelled`` is asked after each token and stops the decode."""
+        """Compute one request and append its ledger line (``record`` False: neither the line nor the requests log:
+        a replay). ``on_ids(ids, prefix)`` sees the ids decoded so far (the text starts with ``prefix``);
+        ``cancelled`` is asked after each token and stops the decode."""
         assert self.store is not None, "Server.open() first"
         engine = self.engine
         t0 = time.perf_counter()
@@ -197,8 +200,9 @@ class Server:
             ids = self.plain_ids(req)
             budget = self._budget(req, len(ids), exact=False)
             ans = Answer("", [], "length", len(ids), "none" if question is not None else "plain")
+            ans.prompt_ids = ids
             if cancelled():  # cancelled while queued: nothing computed
-                return self._record(req, ans, ids, queued_s, t0, cancelled=True)
+                return self._record(req, ans, ids, queued_s, t0, cancelled=True) if record else ans
             pre = promptcache.prefill(engine, self.store, ids, self.chunk)
             cache, last = pre.cache, pre.last_logits
             ans.cached_tokens, ans.cache_chunks, ans.deposited_chunks = pre.restored_tokens, pre.restored, pre.deposited
@@ -222,6 +226,9 @@ class Server:
         eos = bool(gen) and gen[-1] == engine.tokenizer.eos_token_id
         ans.text = prefix + text
         ans.finish_reason = "stop" if (eos or hit_stop) else "length"
+        ans.prompt_ids = ids
+        if not record:
+            return ans
         return self._record(req, ans, ids, queued_s, t0, cancelled=was_cancelled)
 
     def _find(self, question: str) -> Found:
@@ -281,7 +288,12 @@ class Server:
                     "deposited": ans.deposited_chunks,
                     "refused": ans.refused_chunks,
                 },
-                "settings": {"k": self.options.k, "max_tokens": req.max_tokens, "stop": req.stop},
+                "settings": {
+                    "k": self.options.k,
+                    "min_score": repr(self.options.min_score) if self.options.min_score is not None else None,
+                    "max_tokens": req.max_tokens,
+                    "stop": req.stop,
+                },
             },
             outputs={
                 "first_logits": digest(ans.first_logits_sha256) if ans.first_logits_sha256 else None,
@@ -329,8 +341,11 @@ def default_requests_log(ledger_path: Path) -> Path:
 def log_request(path: Path, req: Request) -> None:
     """Append a request's canonical body (one line, fsynced): `kvgraft replay --served` computes it again."""
     line = canonical_json({"sha256": req.sha256, "endpoint": req.endpoint, "body": req.body}) + b"\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        end = os.lseek(fd, 0, os.SEEK_END)
+        if end and os.pread(fd, 1, end - 1) != b"\n":  # a line torn by kill -9 (its request never answered)
+            line = b"\n" + line
         os.write(fd, line)
         os.fsync(fd)
     finally:

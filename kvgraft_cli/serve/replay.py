@@ -1,0 +1,197 @@
+"""`kvgraft replay --served LEDGER`: compute every request a server answered again, and compare every hash.
+
+Each ``serve`` line names its request's body by hash and the requests log that holds it (beside the ledger). The
+replay parses each body again (its hash must match), computes it on a fresh engine with the prompt cache off (every
+prompt from position 0, as a cold server would: a response never depends on the cache, so this is the strongest
+comparison), and compares the prompt's token ids, the first token's logits, the generated ids and the text. A
+cancelled request is compared on what it decoded before it stopped: a prefix of the replayed decode. The library
+is read, never written; a question that was a miss and is a hit now (or the other way) is a mismatch named so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..engine.engine import Engine, token_ids_sha256
+from ..errors import InputError
+from ..ledger import log as ledger
+from ..runs.context import RunContext
+from ..util.hashing import canonical_json, sha256_bytes
+from ..util.limits import read_lines
+from .answer import KIND, Options, Server
+from .protocol import RequestError, parse
+
+
+@dataclass
+class Compared:
+    """One served request replayed: the ledger line, what differed (empty: every hash matched)."""
+
+    seq: int
+    endpoint: str
+    hit: str
+    finish_reason: str
+    mismatches: list[str] = field(default_factory=list)
+
+    @property
+    def matched(self) -> bool:
+        return not self.mismatches
+
+
+@dataclass
+class ServedReplay:
+    ledger: str
+    rows: list[Compared] = field(default_factory=list)
+    ledger_seq: int | None = None
+
+    @property
+    def mismatched(self) -> int:
+        return sum(not r.matched for r in self.rows)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ledger": self.ledger,
+            "requests": len(self.rows),
+            "matched": len(self.rows) - self.mismatched,
+            "mismatched": self.mismatched,
+            "ledger_seq": self.ledger_seq,
+            "rows": [
+                {
+                    "seq": r.seq,
+                    "endpoint": r.endpoint,
+                    "hit": r.hit,
+                    "finish_reason": r.finish_reason,
+                    "mismatches": r.mismatches,
+                }  # fmt: skip
+                for r in self.rows
+            ],
+        }
+
+
+def served_entries(path: Path) -> list[dict]:
+    """The ``serve`` lines of a ledger (InputError when there are none)."""
+    entries = [e for e in ledger.read(path) if e.get("kind") == KIND]
+    if not entries:
+        raise InputError(
+            f"{path} holds no served requests (no `{KIND}` lines)", "name the ledger `kvgraft serve` wrote"
+        )
+    return entries
+
+
+def request_bodies(ledger_path: Path, entries: list[dict]) -> dict[str, tuple[str, dict]]:
+    """sha256 -> (endpoint, body) from the requests logs the entries name (paths relative to the ledger's folder)."""
+    bodies: dict[str, tuple[str, dict]] = {}
+    logs = {e["inputs"]["request"].get("log") for e in entries}
+    for name in sorted(x for x in logs if isinstance(x, str)):
+        path = Path(ledger_path).parent / name
+        if not path.is_file():
+            continue
+        for _, line in read_lines(path, "requests log"):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                bodies[record["sha256"]] = (record["endpoint"], record["body"])
+            except (ValueError, KeyError, TypeError, RecursionError):
+                continue  # a torn line: its request was never answered, so no serve line names it
+    return bodies
+
+
+def replay_served(
+    ctx: RunContext,
+    served_ledger: Path,
+    engine: Engine,
+    on_progress: Callable[[Compared], None] | None = None,
+) -> ServedReplay:
+    """Replay every served request of ``served_ledger`` (see the module docstring); appends one ``replay-served``
+    line to the context's ledger with the counts and the hash of the lines replayed."""
+    entries = served_entries(served_ledger)
+    pins = {e["manifest"]["compute_sha256"] for e in entries}
+    if pins != {ctx.manifest.compute_sha256}:
+        raise InputError(
+            f"{served_ledger} was served under compute pin(s) {', '.join(sorted(p[:12] for p in pins))}, not this "
+            f"manifest's {ctx.manifest.compute_sha256[:12]}",
+            "pass -m with the manifest the server ran",
+        )
+    bodies = request_bodies(served_ledger, entries)
+    report = ServedReplay(str(served_ledger))
+    servers: dict[tuple, Server] = {}
+    try:
+        for e in entries:
+            settings = e["inputs"]["settings"]
+            key = (settings.get("k", 0), settings.get("min_score"))
+            if key not in servers:
+                min_score = float(key[1]) if key[1] is not None else None
+                servers[key] = Server(ctx, engine, Options(k=key[0], min_score=min_score, prompt_cache=False))
+                servers[key].open()
+            row = _compare(servers[key], e, bodies)
+            report.rows.append(row)
+            if on_progress:
+                on_progress(row)
+    finally:
+        for s in servers.values():
+            s.close()
+    lines = b"".join(canonical_json(e) + b"\n" for e in entries)
+    entry = ctx.entry_base(engine)
+    entry.update(
+        inputs={
+            "served": {
+                "ledger": ctx.rel(Path(served_ledger)),
+                "lines_sha256": sha256_bytes(lines),
+                "first_seq": entries[0]["seq"],
+                "last_seq": entries[-1]["seq"],
+                "count": len(entries),
+            }
+        },
+        outputs={"matched": len(report.rows) - report.mismatched, "mismatched": report.mismatched},
+    )
+    report.ledger_seq = ledger.append(ctx.ledger, "replay-served", entry)["seq"]
+    return report
+
+
+def _compare(server: Server, e: dict, bodies: dict[str, tuple[str, dict]]) -> Compared:
+    ins, outs = e["inputs"], e["outputs"]
+    row = Compared(e["seq"], ins["request"].get("endpoint", "?"), ins["library"]["hit"], outs["finish_reason"])
+    found = bodies.get(ins["request"]["sha256"])
+    if found is None:
+        row.mismatches.append("request body not in the requests log")
+        return row
+    endpoint, body = found
+    try:
+        req = parse(canonical_json(body), endpoint)
+    except RequestError as err:
+        row.mismatches.append(f"request no longer parses: {err.message}")
+        return row
+    if req.sha256 != ins["request"]["sha256"]:
+        row.mismatches.append("request body hash")
+        return row
+    try:
+        ans = server.answer(req, record=False)
+    except RequestError as err:
+        row.mismatches.append(f"request refused now: {err.message}")
+        return row
+    want_ids = outs["generated_ids"]
+    got = {
+        "hit": ans.hit,
+        "prompt ids": token_ids_sha256(ans.prompt_ids),
+        "first-token logits": ans.first_logits_sha256,
+    }
+    expected = {
+        "hit": ins["library"]["hit"],
+        "prompt ids": ins["prompt_ids"]["sha256"],
+        "first-token logits": (outs.get("first_logits") or {}).get("sha256"),
+    }
+    if outs["finish_reason"] == "cancelled":
+        if expected["first-token logits"] is None:  # cancelled before any computation
+            got.pop("first-token logits"), expected.pop("first-token logits")
+        got["generated ids (the prefix decoded before the cancel)"] = token_ids_sha256(ans.ids[: want_ids["count"]])
+        expected["generated ids (the prefix decoded before the cancel)"] = want_ids["sha256"]
+    else:
+        got["generated ids"], expected["generated ids"] = token_ids_sha256(ans.ids), want_ids["sha256"]
+        got["text"], expected["text"] = sha256_bytes(ans.text.encode()), outs["output"]["sha256"]
+        got["finish reason"], expected["finish reason"] = ans.finish_reason, outs["finish_reason"]
+    row.mismatches = [what for what in expected if got[what] != expected[what]]
+    return row

@@ -4,6 +4,7 @@ README's commands with --no-deps), dequantized deterministically; refusals of wh
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -427,3 +428,69 @@ def test_real_model_deposit_solve_verify(tmp_path, smol_env):
     run_cli("verify", *m, cwd=tmp_path, env=smol_env, check_rc=0)
     p = run_cli("graft", "--check", "-n", "16", "--samples", "1", "--json", *m, cwd=tmp_path, env=smol_env, check_rc=0)
     assert json.loads(p.stdout)["passed"] is True
+
+
+def test_real_model_served_cold_warm_and_after_restart(tmp_path, smol_env):
+    """`kvgraft serve` on the real model (manifests/smollm2-serve.yaml: chunks of 256), talked to by the openai
+    client: library questions are exact hits answered correctly under the answer budget; chats that share a long
+    system prompt restore its chunks from the prompt cache; and every response (text, first-token logits hash,
+    generated ids) is the same cold, warm and after a restart."""
+    import openai
+    from serving import start
+
+    from kvgraft_cli.eval import answers
+
+    serve_manifest = REPO / "manifests" / "smollm2-serve.yaml"
+    shutil.copy(serve_manifest, tmp_path / "serve.yaml")
+    math = REPO / "data" / "math500" / "math500.jsonl"
+    run_cli("deposit", str(math), "--limit", "2", "-m", "serve.yaml", cwd=tmp_path, env=smol_env, check_rc=0)
+    rows = [json.loads(x) for x in math.read_text().splitlines()[:40]]
+    system = "Solve the problem. Worked examples follow.\n\n" + "\n\n".join(r["answer"] for r in rows[20:24])
+    model = yaml.safe_load(serve_manifest.read_text())["name"]
+    requests = [{"messages": [{"role": "user", "content": r["question"]}]} for r in rows[:2]]
+    requests += [
+        {
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": r["question"]}],
+            "max_tokens": 6,
+        }
+        for r in rows[30:32]
+    ]
+    requests.append({"messages": [{"role": "user", "content": rows[35]["question"]}], "max_tokens": 6})
+
+    def ask(url: str) -> list[tuple]:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        got = []
+        for body in requests:
+            r = client.chat.completions.create(model=model, **body)
+            k = r.model_extra["kvgraft"]
+            got.append((r.choices[0].message.content, k["first_logits_sha256"], k["generated_ids_sha256"], k["hit"]))
+        return got
+
+    s = start(tmp_path, "-m", "serve.yaml", env=smol_env)
+    try:
+        cold, warm = ask(s.url), ask(s.url)
+    finally:
+        assert s.stop() == 0
+    s = start(tmp_path, "-m", "serve.yaml", env=smol_env)
+    try:
+        restarted = ask(s.url)
+    finally:
+        s.stop()
+    assert cold == warm == restarted
+    assert [x[3] for x in cold] == ["exact", "exact", "plain", "plain", "none"]
+    for (text, *_), row in zip(cold[:2], rows[:2]):
+        want = answers.extract(row["answer"])
+        assert (
+            text.startswith("Final answer:")
+            and want is not None
+            and answers.answers_match(answers.extract(text) or "", want)
+        ), text
+    entries = [json.loads(x) for x in (tmp_path / "kvgraft-serve-ledger.jsonl").read_text().splitlines()]
+    served = [e for e in entries if e["kind"] == "serve"]
+    assert len(served) == 3 * len(requests)
+    costs = [e["outputs"]["costs"] for e in served]
+    assert costs[0]["decode_tokens"] <= 32 and costs[0]["grafted_tokens"] > 0
+    assert costs[2]["cached_tokens"] == 0 and costs[3]["cached_tokens"] >= 512  # the system prompt's chunks
+    assert costs[len(requests) + 2]["cached_tokens"] >= 512  # warm
+    assert all(c["cached_tokens"] >= 512 for c in costs[2 * len(requests) + 2 : 2 * len(requests) + 4])  # from disk
+    run_cli("verify", "kvgraft-serve-ledger.jsonl", cwd=tmp_path, env=smol_env, check_rc=0)

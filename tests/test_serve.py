@@ -274,10 +274,17 @@ def test_sixteen_clients_at_once(server, folder):
     run_cli("verify", "kvgraft-ledger.jsonl", cwd=folder, check_rc=0)
 
 
-def test_listens_on_loopback_only(server):
+def test_listens_on_loopback_only(server, folder, tmp_path):
     found = listeners(with_descendants([server.proc.pid]))
     assert_loopback_only(found, "kvgraft serve")
     assert server.port in {x.port for x in found}
+    shutil.copy(folder / "serve.yaml", tmp_path)
+    exposed = start(tmp_path, "-m", "serve.yaml", "--host", "0.0.0.0")  # the check goes red on this one
+    try:
+        with pytest.raises(AssertionError, match="listens off loopback"):
+            assert_loopback_only(listeners(with_descendants([exposed.proc.pid])), "kvgraft serve --host 0.0.0.0")
+    finally:
+        exposed.stop()
 
 
 # -- under load and faults -----------------------------------------------------------------------------------------

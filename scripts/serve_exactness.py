@@ -144,8 +144,6 @@ def main() -> None:
             "replay",
             "--served",
             "kvgraft-serve-ledger.jsonl",
-            "-m",
-            "serve.yaml",
             "--json",
         ],  # fmt: skip
         cwd=a.out,

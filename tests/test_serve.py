@@ -244,7 +244,7 @@ def test_responses_do_not_depend_on_the_prompt_cache(folder, tmp_path):
     assert [victim] in [e["inputs"]["prompt_cache"]["refused"] for e in restarted]
     run_cli("verify", "kvgraft-ledger.jsonl", cwd=work, check_rc=0)
     # `replay --served`: every request of the cold and warm log computed again, cache off, every hash compared
-    p = run_cli("replay", "--served", "kvgraft-ledger.jsonl", "-m", "serve.yaml", "--json", cwd=work, check_rc=0)
+    p = run_cli("replay", "--served", "kvgraft-ledger.jsonl", "--json", cwd=work, check_rc=0)
     assert json.loads(p.stdout)["matched"] == 2 * len(reqs)
     log = work / "kvgraft-ledger.requests.jsonl"
     records = [json.loads(line) for line in log.read_text().splitlines()]
@@ -252,7 +252,7 @@ def test_responses_do_not_depend_on_the_prompt_cache(folder, tmp_path):
         if r["sha256"] == records[0]["sha256"]:
             r["body"]["max_tokens"] = 3  # another request than the one the ledger names
     log.write_text("".join(json.dumps(r) + "\n" for r in records))
-    p = run_cli("replay", "--served", "kvgraft-ledger.jsonl", "-m", "serve.yaml", cwd=work, check_rc=1)
+    p = run_cli("replay", "--served", "kvgraft-ledger.jsonl", cwd=work, check_rc=1)
     assert "line 1 " in p.stderr and "request body hash" in p.stderr
 
 

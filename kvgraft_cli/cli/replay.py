@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from ..errors import CheckFailed, InputError
-from ._common import DRIFT_OPT, JSON_OPT, LEDGER_OPT, STORE_OPT, context, engine_start
+from ._common import DRIFT_OPT, JSON_OPT, LEDGER_OPT, STORE_OPT, engine_start
 from ._output import cell, err, out, print_json, printable, short, table
 
 
@@ -22,10 +22,7 @@ def replay(
         False,
         "--served",
         help="Replay a served log: compute every request of the ledger PREREG names again (prompt cache off) and "
-        "compare every hash; needs --manifest, the one the server ran.",
-    ),
-    manifest: Path | None = typer.Option(
-        None, "--manifest", "-m", help="With --served: the manifest the server ran (its compute pin must match)."
+        "compare every hash; the manifest is the one its lines name (hash pinned).",
     ),
     register: bool = typer.Option(
         False, "--register", help="Only register the prereg (append its hash to the ledger)."
@@ -40,12 +37,8 @@ def replay(
     is the one the prereg names (its hash pinned), so there is no --manifest; --store and --ledger default to that
     manifest's paths."""
     if served:
-        _replay_served(prereg, manifest, store, ledger, allow_drift, as_json)
+        _replay_served(prereg, store, ledger, allow_drift, as_json)
         return
-    if manifest is not None:
-        raise InputError(
-            "--manifest is for --served: a pre-registration names its own manifest", "drop --manifest, or add --served"
-        )
     from ..library.solve import replay_solve
     from ..runs.context import RunContext
     from ..runs.replay import RUNNERS, find_registration, load_prereg, prereg_manifest
@@ -113,21 +106,22 @@ def replay(
         )
 
 
-def _replay_served(
-    served: Path, manifest: Path | None, store: str | None, ledger: Path | None, allow_drift: bool, as_json: bool
-) -> None:
-    """`replay --served`: every served request computed again and compared (serve.replay); exit 1 on a mismatch."""
+def _replay_served(served: Path, store: str | None, ledger: Path | None, allow_drift: bool, as_json: bool) -> None:
+    """`replay --served`: every served request computed again and compared (serve.replay); exit 1 on a mismatch.
+    The manifest is the one the served lines name, checked against the hash they record, as a prereg's is."""
     from rich.text import Text
 
     from ..engine.engine import load_engine
-    from ..serve.replay import replay_served, served_entries
+    from ..runs.context import RunContext
+    from ..serve.replay import replay_served, served_entries, served_manifest
 
-    if manifest is None:
-        raise InputError("replay --served needs --manifest: the manifest the server ran", "add -m MANIFEST.yaml")
     if not served.is_file():
         raise InputError(f"no served ledger {served}", "name the ledger `kvgraft serve` wrote")
-    ctx = context(manifest, store, ledger if ledger is not None else served, allow_drift)
-    total = len(served_entries(served))  # refuses a ledger with no served requests before the model loads
+    entries = served_entries(served)  # refuses a ledger with no served requests before the model loads
+    ctx = RunContext.make(
+        served_manifest(served, entries), store, ledger if ledger is not None else served, allow_drift
+    )
+    total = len(entries)
     with err.status(f"replaying {total} served requests") as status:
         with engine_start():
             engine = load_engine(ctx.manifest, ctx.allow_drift)

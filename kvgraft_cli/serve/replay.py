@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config.manifest import Manifest
 from ..engine.engine import Engine, token_ids_sha256
 from ..errors import InputError
 from ..ledger import log as ledger
@@ -81,6 +82,28 @@ def served_entries(path: Path) -> list[dict]:
     return entries
 
 
+def served_manifest(path: Path, entries: list[dict]) -> Manifest:
+    """The manifest the server ran, as its lines name it (``manifest.path``, relative to the ledger's folder, or the
+    embedded one) and checked against the file hash they record; InputError when the lines name several or the file
+    changed since."""
+    from ..config.manifest import BUILTIN_PREFIX, DEFAULT_MANIFEST, load_manifest
+
+    named = {(e["manifest"].get("path") or e["manifest"]["source"], e["manifest"]["sha256"]) for e in entries}
+    if len(named) != 1:
+        raise InputError(
+            f"{path}: the served lines name {len(named)} manifests; a replay runs one",
+            "split the ledger by manifest (`kvgraft ledger log --manifest ...`)",
+        )
+    ref, sha = named.pop()
+    m = load_manifest(None) if ref == BUILTIN_PREFIX + DEFAULT_MANIFEST else load_manifest(Path(path).parent / ref)
+    if m.file_sha256 != sha:
+        raise InputError(
+            f"{path}: the server ran manifest {ref} with sha256 {sha[:16]}..., the file now has {m.file_sha256[:16]}...",
+            "the manifest changed since: restore the one the server ran",
+        )
+    return m
+
+
 def request_bodies(ledger_path: Path, entries: list[dict]) -> dict[str, tuple[str, dict]]:
     """sha256 -> (endpoint, body) from the requests logs the entries name (paths relative to the ledger's folder)."""
     bodies: dict[str, tuple[str, dict]] = {}
@@ -101,7 +124,7 @@ def request_bodies(ledger_path: Path, entries: list[dict]) -> dict[str, tuple[st
 
 
 def replay_served(
-    ctx: RunContext,
+    ctx: RunContext,  # on served_manifest()'s manifest
     served_ledger: Path,
     engine: Engine,
     on_progress: Callable[[Compared], None] | None = None,
@@ -109,13 +132,6 @@ def replay_served(
     """Replay every served request of ``served_ledger`` (see the module docstring); appends one ``replay-served``
     line to the context's ledger with the counts and the hash of the lines replayed."""
     entries = served_entries(served_ledger)
-    pins = {e["manifest"]["compute_sha256"] for e in entries}
-    if pins != {ctx.manifest.compute_sha256}:
-        raise InputError(
-            f"{served_ledger} was served under compute pin(s) {', '.join(sorted(p[:12] for p in pins))}, not this "
-            f"manifest's {ctx.manifest.compute_sha256[:12]}",
-            "pass -m with the manifest the server ran",
-        )
     bodies = request_bodies(served_ledger, entries)
     report = ServedReplay(str(served_ledger))
     servers: dict[tuple, Server] = {}

@@ -118,7 +118,9 @@ def _outcomes(s: Served, reqs) -> list[tuple[str, str, str]]:
 
 def test_openai_client_chat_completion_models_and_streaming(server):
     client = _client(server)
-    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert [m.id for m in client.models.list().data] == [MODEL] and client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
     q = chat("What is 12 times 12?", model=MODEL, max_tokens=8)
     r = client.chat.completions.create(**q)
     assert r.object == "chat.completion" and r.model == MODEL

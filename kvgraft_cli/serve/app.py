@@ -66,6 +66,13 @@ def create_app(worker: Worker, max_body: int = DEFAULT_MAX_BODY, on_shutdown=Non
     async def models(_: HttpRequest) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [_model_card(server.model_id, created)]})
 
+    async def model(request: HttpRequest) -> JSONResponse:
+        name = request.path_params["model"]
+        if name != server.model_id:
+            e = RequestError(f"the model {name!r} does not exist here", "model", status=404, code="model_not_found")
+            return error(e)
+        return JSONResponse(_model_card(server.model_id, created))
+
     async def complete(request: HttpRequest, endpoint: str):
         try:
             req = parse(await read_body(request), endpoint)
@@ -102,6 +109,7 @@ def create_app(worker: Worker, max_body: int = DEFAULT_MAX_BODY, on_shutdown=Non
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
     ]

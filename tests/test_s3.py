@@ -489,3 +489,32 @@ def test_the_server_listens_on_loopback_only(aws):
     found = listeners(with_descendants([aws.pid]))
     assert len({x.port for x in found}) >= 8, found  # the eight ports start_server gives it, at least
     assert_loopback_only(found, "SeaweedFS")
+
+
+def test_two_servers_share_the_prompt_cache_through_the_bucket(s3_server, tmp_path):  # noqa: F811
+    """`kvgraft serve --store s3://...`: what one server deposits as prompt chunks, another (its own local cache,
+    another folder) restores from the bucket, re-hashed, with the same first-token logits and generated ids."""
+    import yaml
+    from conftest import REPO
+    from serving import start
+
+    manifest = yaml.safe_load((REPO / "kvgraft_cli" / "data" / "default.yaml").read_text())
+    manifest["prefill"] = {"schedule": "chunked", "chunk_size": 16}
+    url = new_url(s3_server, "serve")
+    body = {"model": manifest["name"], "prompt": "Problem: one plus one and two times five " * 6, "max_tokens": 6}
+    got = []
+    for name in ("a", "b"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "serve.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+        s = start(folder, "-m", "serve.yaml", "--store", url, env=s3_server.env(XDG_CACHE_HOME=str(folder / "xdg")))
+        try:
+            status, data = s.post("/v1/completions", body)
+        finally:
+            s.stop()
+        assert status == 200, data
+        got.append(data["kvgraft"])
+    assert got[0]["cached_tokens"] == 0 and len(got[0]["prompt_cache"]["deposited"]) == 15
+    assert got[1]["cached_tokens"] == 240 and got[1]["prompt_cache"]["chunks"] == got[0]["prompt_cache"]["deposited"]
+    assert [g["first_logits_sha256"] for g in got] == [got[0]["first_logits_sha256"]] * 2
+    assert [g["generated_ids_sha256"] for g in got] == [got[0]["generated_ids_sha256"]] * 2

@@ -3,6 +3,7 @@ escaped, plots optional, and an -o that never lands on the ledger or a file kvgr
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import re
@@ -382,3 +383,187 @@ def test_shown_path_never_shows_an_absolute_path(tmp_path):
     assert shown_path(str(tmp_path / "sub" / "m.yaml"), tmp_path) == str(Path("sub") / "m.yaml")
     assert shown_path("C:\\Users\\alice\\runs\\m.yaml", tmp_path) == "m.yaml"  # another machine's: its name
     assert shown_path("\\\\server\\share\\m.yaml", tmp_path) == "m.yaml"
+
+
+# -- served traffic (`kvgraft serve`'s lines, appended here as the server writes them: no server is started) ----------
+
+MODEL = {"sha256": "d7" * 32, "tokenizer_sha256": "43" * 32}
+# (hit, finish reason, first-token s, wall s, queue s, grafted, cached, computed, decode, endpoint)
+SERVED = [
+    ("exact", "stop", 0.010, 0.050, 0.001, 40, 0, 8, 4, "chat"),
+    ("exact", "stop", 0.012, 0.060, 0.002, 40, 0, 8, 5, "chat"),
+    ("none", "length", 0.300, 0.900, 0.004, 0, 0, 60, 64, "chat"),
+    ("plain", "length", 0.200, 0.700, 0.003, 0, 0, 50, 64, "completion"),
+    ("plain", "stop", 0.050, 0.300, 0.005, 0, 32, 18, 20, "completion"),
+    ("related", "stop", 0.100, 0.400, 0.001, 30, 0, 20, 16, "chat"),
+    ("exact", "stop", 0.011, 0.055, 0.007, 40, 0, 8, 4, "chat"),
+    ("none", "length", 0.250, 0.800, 0.002, 0, 0, 60, 64, "chat"),
+    ("plain", "cancelled", None, 0.020, 0.009, 0, 0, 50, 0, "completion"),  # cancelled while queued
+    ("plain", "length", 0.040, 0.500, 0.001, 0, 32, 20, 64, "completion"),
+]
+
+
+def _serve_entry(manifest, hit, finish, first, wall, queue, grafted, cached, computed, decode, endpoint, chunk=16):
+    """A `serve` line shaped as kvgraft_cli/serve/answer.py writes it (floats become repr strings on append)."""
+    chunks = [format(i, "064x") for i in range(cached // 16)]
+    costs = {
+        "prompt_tokens": grafted + cached + computed,
+        "grafted_tokens": grafted,
+        "cached_tokens": cached,
+        "prefill_tokens": computed,
+        "decode_tokens": decode,
+        "wall_s": wall,
+        "queue_s": queue,
+    }
+    outputs = {
+        "first_logits": {"sha256": "1" * 64},
+        "generated_ids": {"sha256": "2" * 64, "count": decode},
+        "output": {"sha256": "3" * 64},
+        "finish_reason": finish,
+        "costs": costs,
+    }
+    if first is None:
+        del outputs["first_logits"]
+    else:
+        costs["first_token_s"] = first
+    return {
+        "manifest": manifest,
+        "model": dict(MODEL),
+        "environment": {"device": "cpu", "threads": 1},
+        "inputs": {
+            "request": {"sha256": "4" * 64, "endpoint": endpoint, "log": "kvgraft-ledger.requests.jsonl"},
+            "prompt_ids": {"sha256": "5" * 64, "count": grafted + cached + computed},
+            "library": {
+                "hit": hit,
+                "artifacts": ["6" * 64] if grafted else [],
+                "chain": ["7" * 64] if grafted else [],
+            },
+            "prompt_cache": {
+                "chunk": chunk,
+                "chunks": chunks,
+                "deposited": [] if cached else ["8" * 64],
+                "refused": [],
+            },
+            "settings": {"k": 2, "min_score": None, "max_tokens": 64, "stop": []},
+        },
+        "outputs": outputs,
+    }
+
+
+def _served_ledger(folder, rows=SERVED):
+    """A ledger of served requests (manifest x.yaml beside it), then one `replay --served` line; returns the
+    manifest record."""
+    from kvgraft_cli.config.manifest import data_dir
+    from kvgraft_cli.ledger.log import append
+
+    shutil.copyfile(data_dir() / "default.yaml", folder / "x.yaml")
+    sha = hashlib.sha256((folder / "x.yaml").read_bytes()).hexdigest()
+    manifest = {"source": "x.yaml", "path": "x.yaml", "sha256": sha, "compute_sha256": "c0" * 32}
+    for row in rows:
+        append(folder / LEDGER, "serve", _serve_entry(manifest, *row))
+    replay = {
+        "inputs": {"served": {"ledger": LEDGER, "lines_sha256": "9" * 64, "first_seq": 0, "last_seq": 9, "count": 10}},
+        "outputs": {"matched": 9, "mismatched": 1},
+    }
+    append(folder / LEDGER, "replay-served", {"manifest": manifest, "model": dict(MODEL), **replay})
+    return manifest
+
+
+def _report(folder, plots=True):
+    """The report of ``folder``'s ledger, in-process: (html text, its visible text, the --json data)."""
+    from kvgraft_cli.report import write_report
+
+    data = write_report(folder / LEDGER, folder / "r.html", plots=plots).to_json()
+    text = (folder / "r.html").read_text()
+    return text, _text(text), data
+
+
+def test_served_traffic_is_counted_and_its_percentiles_are_recorded_values(tmp_path):
+    manifest = _served_ledger(tmp_path)
+    text, shown, data = _report(tmp_path)
+    assert "VERIFIED" in shown and "NOT VERIFIED" not in shown  # the lines are what the verifier requires
+    assert len(data["served"]) == 1 and data["served"][0]["summary"]["requests"] == 10
+    section = shown[shown.index("Served ( kvgraft serve )") :]
+    assert "tiny-gemma4-portable-cpu: 10 requests (lines 1 to 10; library k 2, min score none;" in section
+    assert "prompt cache chunks of 16 tokens)" in section
+    assert "by library hit exact 3 (30.0%), related 1 (10.0%), none 2 (20.0%), plain 4 (40.0%)" in section
+    assert "by finish reason stop 5 (50.0%), length 4 (40.0%), cancelled 1 (10.0%)" in section
+    assert "by endpoint chat 6 (60.0%), completion 4 (40.0%)" in section
+    assert "prompt cache 2 of 10 requests restored from it (4 chunks); 8 chunks deposited, 0 refused" in section
+    # Tokens: the recorded counts summed (prompt = grafted + restored + computed, each line's own).
+    grafted, cached, computed = (sum(r[i] for r in SERVED) for i in (5, 6, 7))
+    prompt = grafted + cached + computed
+    assert (grafted, cached, computed, prompt) == (150, 64, 302, 516)
+    assert f"prompt tokens {prompt:,} 100.0%" in section
+    assert f"grafted from the library {grafted} {100 * grafted / prompt:.1f}%" in section
+    assert f"restored from the prompt cache {cached} {100 * cached / prompt:.1f}%" in section
+    assert f"computed (prefill) {computed} {100 * computed / prompt:.1f}%" in section
+    assert f"decode tokens {sum(r[8] for r in SERVED)}" in section
+    # Nearest rank over the 9 requests not cancelled: p50 the 5th smallest, p99 the 9th; each cites its line.
+    lat = {g["group"]: g for g in data["served"][0]["summary"]["latency"]}
+    assert lat["all"]["requests"] == 9
+    assert lat["all"]["first_token_s"]["p50"] == {"value": 0.05, "line": 5}
+    assert lat["all"]["first_token_s"]["p99"] == {"value": 0.3, "line": 3}
+    assert lat["all"]["wall_s"]["p50"] == {"value": 0.4, "line": 6}
+    assert lat["library hit: exact"]["first_token_s"]["p50"] == {"value": 0.011, "line": 7}
+    assert lat["prompt cache: restored"]["first_token_s"]["p50"] == {"value": 0.04, "line": 10}
+    assert lat["prompt cache: restored"]["wall_s"]["p99"] == {"value": 0.5, "line": 10}
+    assert "prompt cache: off" not in lat and lat["library hit: plain"]["requests"] == 3  # the cancelled one left out
+    assert "all 9 0.0500 0.3000 0.4000 0.9000 0.0020 0.0070" in section
+    assert "library hit: exact 3 0.0110 0.0120 0.0550 0.0600 0.0020 0.0070" in section
+    assert "prompt cache: restored 2 0.0400 0.0500 0.3000 0.5000 0.0010 0.0050" in section
+    assert 'title="0.05 (line 5)"' in text
+    # The replay --served line, failed by its mismatch.
+    assert f"11 {LEDGER} seq 0 to 9 10 9 1 FAIL 9999999999999999" in section
+    # One figure, named by the model and manifest that served the requests.
+    figures = re.findall(r"<figure>(.*?)</figure>", text, flags=re.S)
+    assert len(figures) == 1 and "<svg" in figures[0]
+    caption = html.unescape(re.search(r"<figcaption>(.*?)</figcaption>", figures[0], flags=re.S).group(1))
+    assert "First-token seconds of each request not cancelled (1 cancelled)" in caption
+    assert f"model tiny-gemma4-portable-cpu (builtin:tiny-gemma4), model sha256 {MODEL['sha256']}" in caption
+    assert f"manifest x.yaml sha256 {manifest['sha256']}" in caption
+    assert f"compute pin {manifest['compute_sha256'][:16]}" in section
+
+
+def test_served_lines_of_another_model_are_their_own_group_and_bad_ones_are_listed(tmp_path):
+    _served_ledger(tmp_path, SERVED[:2])
+    from kvgraft_cli.ledger.log import append
+
+    manifest = json.loads((tmp_path / LEDGER).read_text().splitlines()[0])["manifest"]
+    other = _serve_entry(manifest, *SERVED[2], chunk=None)
+    other["model"]["sha256"] = "ab" * 32
+    append(tmp_path / LEDGER, "serve", other)
+    bad = _serve_entry(manifest, *SERVED[3])
+    bad["outputs"]["costs"]["wall_s"] = "slow"
+    append(tmp_path / LEDGER, "serve", bad)
+    text, shown, data = _report(tmp_path, plots=False)
+    assert [g["summary"]["requests"] for g in data["served"]] == [2, 1]
+    assert data["served"][1]["model"]["model_sha256"] == "ab" * 32
+    assert "tiny-gemma4-portable-cpu: 1 request (lines 4 to 4; library k 2, min score none; prompt cache off)" in shown
+    assert (
+        "prompt cache: off 1 0.3000" in shown
+        and "0 of 1 requests restored from it (0 chunks), 1 served without" in shown
+    )
+    assert data["skipped"] == [{"line": 5, "kind": "serve", "reason": "'slow' is not a number"}]
+    assert "[plot: First-token seconds" in shown and "<svg" not in text
+
+
+def test_served_text_is_escaped(tmp_path):
+    evil = '<script>alert(1)</script>"><img src=x onerror=alert(2)> $\\frac{1}{2}$'
+    rows = [(evil, evil, 0.1, 0.2, 0.0, 0, 0, 10, 2, evil), *SERVED[:3]]
+    _served_ledger(tmp_path, rows)
+    lines = [json.loads(line) for line in (tmp_path / LEDGER).read_text().splitlines()]
+    lines[-1]["inputs"]["served"]["ledger"] = evil  # the replay-served line's served ledger
+    lines[0]["inputs"]["settings"]["min_score"] = evil
+    (tmp_path / LEDGER).write_text("".join(json.dumps(e) + "\n" for e in lines))
+    text, shown, data = _report(tmp_path)
+    assert _Tags(text).fetching() == [] and "<script" not in text and "<img" not in text
+    assert text.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 5  # hit, finish, endpoint, min score, ledger
+    assert f"{evil} 1 (25.0%)" in shown and text.count("<svg") == 1  # the hit's $ is drawn as text
+    assert data["served"][0]["summary"]["by_hit"][evil] == 1
+
+
+def test_no_served_section_without_served_lines(page):
+    text, data = page
+    assert data["served"] == [] and data["served_replays"] == []
+    assert 'id="served"' not in text and "kvgraft serve" not in text

@@ -1,8 +1,9 @@
 """`kvgraft report`: one self-contained HTML page of what a ledger records (torch-free; reads ledger, audit, config).
 
-``collect.py`` reads the ledger into the page's content (every number a recorded value), ``render.py`` writes the
-HTML (every ledger value escaped), ``plots.py`` draws inline SVG with matplotlib when the ``report`` extra is
-installed, and ``destination.py`` refuses an ``-o`` that would overwrite the ledger or a file kvgraft owns.
+``collect.py`` reads the ledger into the page's content (every number a recorded value), ``served.py`` summarizes
+`kvgraft serve`'s requests (counts, token sums, nearest-rank latency percentiles), ``render.py`` writes the HTML
+(every ledger value escaped), ``plots.py`` draws inline SVG with matplotlib when the ``report`` extra is installed,
+and ``destination.py`` refuses an ``-o`` that would overwrite the ledger or a file kvgraft owns.
 """
 
 from __future__ import annotations

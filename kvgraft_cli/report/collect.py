@@ -1,9 +1,11 @@
 """What a report shows, read from a ledger: the verifier's verdict, then the runs by kind (torch-free).
 
 Every number here is a value some ledger line records (floats are the ``repr`` strings the ledger holds, parsed
-with ``float``); nothing is recomputed. Each item keeps its 1-based ``line`` so the page can cite it, and the model
-that produced it: the entry's model and tokenizer hashes and its manifest (source, file hash, compute pin), with the
-manifest's ``name`` and ``model.path`` when the manifest file the entry names is here and still hashes to its record.
+with ``float``); nothing is recomputed, except the served traffic's counts, token sums and latency percentiles
+(report/served.py: by nearest rank, so each percentile is one request's recorded value, with its line). Each item
+keeps its 1-based ``line`` so the page can cite it, and the model that produced it: the entry's model and tokenizer
+hashes and its manifest (source, file hash, compute pin), with the manifest's ``name`` and ``model.path`` when the
+manifest file the entry names is here and still hashes to its record.
 
 Ledger text is untrusted: a value of the wrong type makes its item skipped with the reason (``skipped``), never a
 crash, and escaping is the renderer's job (report/render.py).
@@ -19,6 +21,7 @@ from typing import Any
 
 from ..ledger.log import split_lines
 from ..util import jsonio
+from .served import TIMES, TOKENS, summarize
 
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest is a few KB; a larger "manifest" is not read for its model's name
 
@@ -81,6 +84,8 @@ class ReportData:
     probes: list[dict[str, Any]] = field(default_factory=list)
     scores: list[dict[str, Any]] = field(default_factory=list)
     deposits: list[dict[str, Any]] = field(default_factory=list)
+    served: list[dict[str, Any]] = field(default_factory=list)  # {model, summary, requests} per model and manifest
+    served_replays: list[dict[str, Any]] = field(default_factory=list)  # replay-served lines
     unreadable: list[int] = field(default_factory=list)  # lines that are no JSON object
     skipped: list[dict[str, Any]] = field(default_factory=list)  # {line, kind, reason}
 
@@ -208,6 +213,7 @@ def collect(ledger: Path, data: bytes, verification: dict[str, Any]) -> ReportDa
     models = _Models(Path(ledger).parent)
     pending: list[tuple[int, dict]] = []  # solve entries waiting for their run's solve-outputs line
     solve_runs: list[dict[str, Any]] = []
+    served: dict[tuple, dict[str, Any]] = {}  # serve lines by the model and manifest that answered them
     for line, entry in read_entries(data):
         if entry is None:
             report.unreadable.append(line)
@@ -229,10 +235,17 @@ def collect(ledger: Path, data: bytes, verification: dict[str, Any]) -> ReportDa
                 report.probes.append(_probe(line, entry, models))
             elif kind == "score":
                 report.scores.append(_score(line, entry))
+            elif kind == "serve":
+                model, request = models.of(entry), _serve(line, entry)
+                key = tuple(model[k] for k in ("model_sha256", "manifest_sha256", "compute_sha256", "manifest_shown"))
+                served.setdefault(key, {"model": model, "requests": []})["requests"].append(request)
+            elif kind == "replay-served":
+                report.served_replays.append(_replay_served(line, entry, models))
         except (Malformed, AttributeError, TypeError) as e:
             report.skipped.append({"line": line, "kind": kind, "reason": str(e)})
     report.comparisons, report.runs = _pair(solve_runs)
     _attach_runs_to_scores(report.scores, solve_runs)
+    report.served = [{**g, "summary": summarize(g["requests"])} for g in served.values()]
     return report
 
 
@@ -438,3 +451,53 @@ def _attach_runs_to_scores(scores: list[dict[str, Any]], runs: list[dict[str, An
         run = by_sha.get(s["outputs"]["sha256"])
         if run is not None:
             s["run"] = {"line": run["line"], "mode": run["mode"], "model": run["model"]}
+
+
+def _length(value: Any, what: str) -> int:
+    """How many items a recorded list holds (0 when absent)."""
+    if value is None:
+        return 0
+    if not isinstance(value, list):
+        raise Malformed(f"{what} is not a list")
+    return len(value)
+
+
+def _serve(line: int, e: dict) -> dict[str, Any]:
+    """A serve line (one request `kvgraft serve` answered): its library hit, prompt cache use, tokens and times
+    (report/served.py summarizes them; the model is its group's)."""
+    inputs, outputs = _obj(e.get("inputs"), "inputs"), _obj(e.get("outputs"), "outputs")
+    cache = _obj(inputs.get("prompt_cache"), "inputs.prompt_cache")
+    settings = _obj(inputs.get("settings"), "inputs.settings")
+    costs = _obj(outputs.get("costs"), "outputs.costs")
+    return {
+        "line": line,
+        "endpoint": text(_obj(inputs.get("request"), "inputs.request").get("endpoint")),
+        "hit": text(_obj(inputs.get("library"), "inputs.library").get("hit")),
+        "finish_reason": text(outputs.get("finish_reason")),
+        "chunk": count(cache.get("chunk")),
+        "cache_chunks": _length(cache.get("chunks"), "inputs.prompt_cache.chunks"),
+        "deposited": _length(cache.get("deposited"), "inputs.prompt_cache.deposited"),
+        "refused": _length(cache.get("refused"), "inputs.prompt_cache.refused"),
+        "k": count(settings.get("k")),
+        "min_score": text(settings.get("min_score")),
+        "max_tokens": count(settings.get("max_tokens")),
+        **{k: count(costs.get(k)) for k in TOKENS},
+        **{k: num(costs.get(k)) for k in TIMES},
+    }
+
+
+def _replay_served(line: int, e: dict, models: _Models) -> dict[str, Any]:
+    """A replay-served line: which served lines `kvgraft replay --served` computed again, and how many matched."""
+    served = _obj(_obj(e.get("inputs"), "inputs").get("served"), "inputs.served")
+    outputs = _obj(e.get("outputs"), "outputs")
+    return {
+        "line": line,
+        "ledger": shown_path(text(served.get("ledger")), models.base_dir),
+        "lines_sha256": text(served.get("lines_sha256")),
+        "first_seq": count(served.get("first_seq")),
+        "last_seq": count(served.get("last_seq")),
+        "count": count(served.get("count")),
+        "matched": count(outputs.get("matched")),
+        "mismatched": count(outputs.get("mismatched")),
+        "model": models.of(e),
+    }

@@ -20,6 +20,17 @@ from typing import Any
 REPORT_EXTRA_HINT = "pip install 'kvgraft[report]'"
 # The two runs of a comparison, the same colours in every figure (colour-blind safe pair).
 BASELINE, LIBRARY = "#7f7f7f", "#1f77b4"
+# Served requests by library hit (an exact hit the library's colour), and any other recorded value.
+HIT_COLORS = {"exact": LIBRARY, "related": "#56b4e9", "none": "#e69f00", "plain": BASELINE}
+OTHER_HIT = "#cc79a7"
+# Where a served prompt's tokens came from: (cost field, label, colour).
+SOURCES = (
+    ("grafted_tokens", "grafted", LIBRARY),
+    ("cached_tokens", "prompt cache", "#009e73"),
+    ("prefill_tokens", "computed", BASELINE),
+)
+ABOVE: dict[str, Any] = {"loc": "lower left", "bbox_to_anchor": (0, 1), "borderaxespad": 0.2}  # a legend over its axes
+MAX_POINTS = 2000  # served requests drawn one by one; above, the slowest of each run of consecutive requests
 
 
 class PlotsUnavailable(ImportError):
@@ -34,8 +45,8 @@ def available() -> bool:
 
 
 def draw(kind: str, item: dict[str, Any], caption: str) -> str:
-    """One figure as an SVG string: ``kind`` is ``comparison``, ``per_problem`` or ``probe``; ``caption`` (the
-    model) is its title's second line. Raises PlotsUnavailable without matplotlib."""
+    """One figure as an SVG string: ``kind`` is ``comparison``, ``per_problem``, ``probe`` or ``served``;
+    ``caption`` (the model) is its title's second line. Raises PlotsUnavailable without matplotlib."""
     try:
         import matplotlib
     except ImportError as e:
@@ -43,7 +54,12 @@ def draw(kind: str, item: dict[str, Any], caption: str) -> str:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    drawers: dict[str, Callable] = {"comparison": _comparison, "per_problem": _per_problem, "probe": _probe}
+    drawers: dict[str, Callable] = {
+        "comparison": _comparison,
+        "per_problem": _per_problem,
+        "probe": _probe,
+        "served": _served,
+    }
     rc = {
         "svg.fonttype": "path",
         "svg.hashsalt": "kvgraft-report",
@@ -199,3 +215,67 @@ def _probe(plt, p: dict[str, Any]):
     ax.set_ylabel("max |diff| of logits vs fresh")
     ax.legend(frameon=False, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
+
+
+def _served(plt, g: dict[str, Any]):
+    """A model's served requests: first-token seconds in ledger order (left), prompt tokens by source (right)."""
+    from .served import HITS, value
+
+    rows = g["requests"]
+    hits = [h for h in HITS if any(value(r, "hit") == h for r in rows)]
+    hits += sorted({value(r, "hit") for r in rows} - set(hits))  # any other value the ledger records
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4), width_ratios=(2.2, 1.2))
+    _first_token(ax1, rows, hits)
+    _prompt_tokens(ax2, rows, hits)
+    return fig
+
+
+def _first_token(ax, rows: list[dict[str, Any]], hits: list[str]) -> None:
+    """First-token seconds of each request not cancelled, in ledger order, coloured by library hit, filled when its
+    prompt was restored from the prompt cache; above MAX_POINTS requests, the slowest of each run of ``step``."""
+    from .served import cache_use, value
+
+    done = [r for r in rows if r["finish_reason"] != "cancelled"]
+    step = max(1, math.ceil(len(done) / MAX_POINTS))
+    points: dict[tuple[str, bool], dict[int, tuple[int, float]]] = {}  # (hit, restored) -> run -> slowest (x, y)
+    for x, r in enumerate(done, 1):
+        y = fin(r["first_token_s"])
+        if y is None:
+            continue
+        runs = points.setdefault((value(r, "hit"), cache_use(r) == "restored"), {})
+        run = (x - 1) // step
+        if run not in runs or y > runs[run][1]:
+            runs[run] = (x, y)
+    for (hit, restored), runs in sorted(points.items(), key=lambda kv: (hits.index(kv[0][0]), kv[0][1])):
+        color = HIT_COLORS.get(hit, OTHER_HIT)
+        xs, ys = zip(*sorted(runs.values()))
+        ax.plot(xs, ys, "o", color=color, markerfacecolor=color if restored else "white", markersize=4, alpha=0.85)
+    for hit in hits:
+        ax.plot([], [], "o", color=HIT_COLORS.get(hit, OTHER_HIT), label=plain(hit[:20]))
+    ax.plot([], [], "o", color="#444444", markerfacecolor="white", label="computed")
+    ax.plot([], [], "o", color="#444444", label="prompt cache")
+    seconds = [y for runs in points.values() for _, y in runs.values()]
+    if seconds and min(seconds) > 0 and max(seconds) / min(seconds) > 30:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(0, (max(seconds) if seconds else 1) * 1.1)
+    every = f"; each point the slowest of {step}" if step > 1 else ""
+    ax.set_xlabel(f"request, in ledger order ({len(done):,} not cancelled{every})")
+    ax.set_ylabel("first-token seconds")
+    ax.legend(frameon=False, fontsize=7, ncols=min(6, len(hits) + 2), **ABOVE)
+
+
+def _prompt_tokens(ax, rows: list[dict[str, Any]], hits: list[str]) -> None:
+    """The prompt tokens of every request by library hit, stacked by where they came from."""
+    from .served import value
+
+    left = [0] * len(hits)
+    for key, label, color in SOURCES:
+        widths = [sum(max(0, r[key] or 0) for r in rows if value(r, "hit") == h) for h in hits]
+        ax.barh([plain(h[:20]) for h in hits], widths, left=left, color=color, label=label)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.invert_yaxis()
+    ax.locator_params(axis="x", nbins=4)
+    ax.xaxis.set_major_formatter(lambda x, _: f"{x:,.0f}")
+    ax.set_xlabel("prompt tokens (all requests)")
+    ax.legend(frameon=False, fontsize=7, ncols=3, handlelength=1, columnspacing=0.8, **ABOVE)

@@ -146,6 +146,7 @@ def render(data: ReportData, with_plots: bool) -> str:
         ("graft checks", lambda: _graft_checks(data)),
         ("probes", lambda: _probes(data, fig)),
         ("scores", lambda: _scores(data)),
+        ("served", lambda: _served(data, fig)),
         ("deposits", lambda: _deposits(data)),
     ]
     for _, make in sections:
@@ -399,6 +400,132 @@ def _scores(data: ReportData) -> str:
         ],
         rows,
         numeric=(3, 4, 5, 6),
+    )
+
+
+def _served(data: ReportData, fig: _Figures) -> str:
+    """`kvgraft serve`'s requests, per model and manifest (report/served.py), then the `replay --served` lines; no
+    section at all when the ledger holds neither."""
+    if not data.served and not data.served_replays:
+        return ""
+    out = ['<h2 id="served">Served (<code>kvgraft serve</code>)</h2>']
+    out.extend(_served_group(g, fig) for g in data.served)
+    if data.served_replays:
+        out.append(_served_replays(data.served_replays))
+    return "".join(out)
+
+
+def _tally(counts: dict[str, int], n: int) -> str:
+    """Requests by a recorded value, e.g. ``exact 3 (30.0%), none 7 (70.0%)``."""
+    return ", ".join(f"{esc(k)} {v:,}" + (f" ({100 * v / n:.1f}%)" if v and n else "") for k, v in counts.items())
+
+
+def _settings(s: dict[str, list]) -> str:
+    """The server settings a group's lines record (each value seen), as text."""
+    chunks = ", ".join("off" if c is None else f"chunks of {c} tokens" for c in s["chunk"])
+    k = ", ".join("n/a" if v is None else f"{v} (exact hits only)" if v < 1 else str(v) for v in s["k"])
+    min_score = ", ".join("none" if v is None else str(v) for v in s["min_score"])
+    return f"library k {k}, min score {min_score}; prompt cache {chunks}"
+
+
+def _pct(p: dict[str, Any] | None) -> str:
+    """A latency percentile: one request's recorded seconds, its value in full and its line in the title."""
+    if p is None:
+        return "n/a"
+    return f'<span title="{esc(repr(p["value"]))} (line {p["line"]})">{p["value"]:.4f}</span>'
+
+
+def _share(part: int | None, whole: int | None) -> str:
+    """A token count as a percentage of the prompt tokens."""
+    return f"{100 * part / whole:.1f}%" if part is not None and whole else ""
+
+
+def _served_group(g: dict[str, Any], fig: _Figures) -> str:
+    """One model and manifest's requests: counts, tokens, latency and the plot."""
+    s, m = g["summary"], g["model"]
+    n, t, cache = s["requests"], s["tokens"], s["prompt_cache"]
+    name = m.get("manifest_name") or m.get("manifest_shown") or "manifest not recorded"
+    out = [
+        f'<h3>{esc(name)}: {n:,} request{"s" if n != 1 else ""} <span class="sub">(lines {s["first_line"]} to '
+        f"{s['last_line']}; {esc(_settings(s['settings']))})</span></h3>",
+        f'<p class="sub">Served by {esc(model_caption(m))}, compute pin {sha(m.get("compute_sha256"))}.</p>',
+    ]
+    restored = (
+        f"{cache['restored_requests']:,} of {n:,} requests restored from it ({cache['chunks_restored']:,} chunks)"
+    )
+    off = f", {cache['off_requests']:,} served without it" if cache["off_requests"] else ""
+    out.append(
+        _table(
+            ["requests", "count"],
+            [
+                ["by library hit", _tally(s["by_hit"], n)],
+                ["by finish reason", _tally(s["by_finish"], n)],
+                ["by endpoint", _tally(s["by_endpoint"], n)],
+                [
+                    "prompt cache",
+                    f"{restored}{off}; {cache['chunks_deposited']:,} chunks deposited, "
+                    f"{cache['chunks_refused']:,} refused by their check",
+                ],
+            ],
+        )
+    )
+    prompt = t["prompt_tokens"]
+    out.append(
+        _table(
+            ["tokens", "total", "share of prompt"],
+            [
+                ["prompt tokens", cnt(prompt), _share(prompt, prompt)],
+                ["&nbsp;grafted from the library", cnt(t["grafted_tokens"]), _share(t["grafted_tokens"], prompt)],
+                ["&nbsp;restored from the prompt cache", cnt(t["cached_tokens"]), _share(t["cached_tokens"], prompt)],
+                ["&nbsp;computed (prefill)", cnt(t["prefill_tokens"]), _share(t["prefill_tokens"], prompt)],
+                ["decode tokens", cnt(t["decode_tokens"]), ""],
+            ],
+            numeric=(1, 2),
+        )
+    )
+    rows = [
+        [esc(lat["group"]), cnt(lat["requests"])]
+        + [_pct(lat[k][f"p{p}"]) for k in ("first_token_s", "wall_s", "queue_s") for p in (50, 99)]
+        for lat in s["latency"]
+    ]
+    head = ["not cancelled", "requests"] + [f"{k} s p{p}" for k in ("first token", "wall", "queue") for p in (50, 99)]
+    out.append(_table(head, rows, numeric=range(1, 8)))
+    out.append(
+        '<p class="sub">Percentiles by nearest rank: each is the recorded seconds of one request (hover for its '
+        "line); p99 of fewer than 100 requests is the slowest.</p>"
+    )
+    out.append(
+        fig(
+            "served",
+            g,
+            m,
+            f"First-token seconds of each request not cancelled ({s['by_finish'].get('cancelled', 0):,} cancelled), "
+            "in ledger order, by library hit, filled when restored from the prompt cache; prompt tokens by where "
+            "they came from",
+        )
+    )
+    return "".join(out)
+
+
+def _served_replays(replays: list[dict[str, Any]]) -> str:
+    """One row per `kvgraft replay --served` line."""
+    rows = [
+        [
+            str(r["line"]),
+            f"<code>{esc(r['ledger'])}</code> seq {cnt(r['first_seq'])} to {cnt(r['last_seq'])}",
+            cnt(r["count"]),
+            cnt(r["matched"]),
+            cnt(r["mismatched"]),
+            yes_no(None if r["mismatched"] is None else r["mismatched"] == 0, "PASS", "FAIL"),
+            sha(r["lines_sha256"]),
+            _model_cell(r["model"]),
+        ]
+        for r in replays
+    ]
+    return "<h3>Served requests computed again (<code>kvgraft replay --served</code>)</h3>" + _table(
+        ["line", "served lines", "requests", "matched", "mismatched", "result", "lines sha256", "model"],
+        rows,
+        numeric=(0, 2, 3, 4),
     )
 
 

@@ -195,6 +195,8 @@ def test_greedy_only_and_bad_input_are_refused_naming_the_field(server):
         assert data["error"]["message"] and data["error"]["type"]
     with pytest.raises(openai.BadRequestError, match="temperature"):  # the official client raises it as such
         client.chat.completions.create(**q, temperature=1.0)
+    with pytest.raises(openai.BadRequestError, match="context"):  # refused before streaming: an HTTP 400 too
+        client.completions.create(model=MODEL, prompt="word " * 200_000, stream=True)
     status, data = server.post("/v1/chat/completions", b'{"model": "tiny-serve", "messages": [')
     assert status == 400 and data["error"]["code"] == "invalid_json"
     status, _, body = server.request("POST", "/v1/chat/completions", b'{"x": "' + b"a" * (2 << 20) + b'"}')

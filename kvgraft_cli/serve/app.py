@@ -87,9 +87,11 @@ def create_app(worker: Worker, max_body: int = DEFAULT_MAX_BODY, on_shutdown=Non
             worker.submit(job)
         except RequestError as e:
             return error(e)
+        kind, value = await job.events.get()  # the first event: a refusal is still an HTTP error, not a stream
         if req.stream:
-            return _EventStream(job, _stream(job, server.model_id))
-        kind, value = await job.events.get()
+            if kind == "error":
+                return error(_as_request_error(value))
+            return _EventStream(job, _stream(job, server.model_id, (kind, value)))
         while kind == "text":  # (only a streaming job sends text)
             kind, value = await job.events.get()
         if kind == "error":
@@ -188,9 +190,10 @@ def _sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def _stream(job: Job, model_id: str) -> AsyncIterator[bytes]:
-    """The events of a streaming request. Text is held back while it could still be the start of a stop string,
-    so the pieces joined are the non-streaming response's text."""
+async def _stream(job: Job, model_id: str, first: tuple[str, Any]) -> AsyncIterator[bytes]:
+    """The events of a streaming request, from its ``first`` (already received: a request refused before any
+    computation is answered as an HTTP error instead). Text is held back while it could still be the start of a
+    stop string, so the pieces joined are the non-streaming response's text."""
     req = job.request
     cid = f"{'chatcmpl' if req.endpoint == 'chat' else 'cmpl'}-{req.sha256[:12]}"
     hold = max((len(s) for s in req.stop), default=1) - 1
@@ -205,8 +208,10 @@ async def _stream(job: Job, model_id: str) -> AsyncIterator[bytes]:
 
     if req.endpoint == "chat":
         yield _chunk(req, cid, model_id, {"role": "assistant", "content": ""}, None, None)
+    event: tuple[str, Any] | None = first
     while True:
-        kind, value = await job.events.get()
+        kind, value = event if event is not None else await job.events.get()
+        event = None
         if kind == "text":
             text, stopped = cut_at_stop(value, req.stop)
             if not stopped:

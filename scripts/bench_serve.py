@@ -24,7 +24,10 @@ against MATH-500's reference answers (kvgraft_cli.eval.answers, as `kvgraft solv
 output is identical cold / warm / after restart (text; for kvgraft also first_logits_sha256 and
 generated_ids_sha256). Ratios (goals): kvgraft's after-restart first token on the shared prompt over llama.cpp's
 warm one (at most 1.0x); llama.cpp's decode tokens on the recurring questions over kvgraft's (at least 20x);
-responses identical across the phases (100%). Nothing of this runs in the test suite. Usage:
+responses identical across the phases (100%). Nothing of this runs in the test suite. llama.cpp is built once as
+scripts/bench_peers.py builds it (scripts/peers/llama_build.py); its server needs, beside it:
+    pip install fastapi==0.165.0 sse-starlette==3.7.1 starlette-context==0.5.1 pydantic-settings==2.16.3
+Usage:
     python scripts/bench_serve.py [--recurring 10] [--new 10] [--system-tokens 2000] [--max-tokens 32]
                                   [--plain-tokens 256] [--llama-cache ram|disk|none] [--dir DIR] [--json OUT]
 """

@@ -35,6 +35,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import http.client
 import json
 import os
@@ -91,6 +92,7 @@ def main() -> None:
     deposit = _deposit(args, work)
     requests = _requests(args, rows, system)
     env = _environment(build, gguf)
+    env.update(_manifest_facts(args.manifest))
     _print_environment(env, args, system_tokens, system_rows, deposit)
 
     records: list[dict] = []
@@ -697,13 +699,30 @@ def _environment(build: dict, gguf: str) -> dict:
     }
 
 
+def _manifest_facts(manifest: Path) -> dict:
+    """The kvgraft manifest's prefill schedule (its chunks are the prompt cache's) and its hashes."""
+    from kvgraft_cli.config.manifest import load_manifest
+
+    m = load_manifest(manifest)
+    prefill = m.data["prefill"]
+    chunk = f" of {prefill['chunk_size']}" if prefill.get("chunk_size") else ""
+    return {
+        "kvgraft_prefill": f"{prefill['schedule']}{chunk}",
+        "kvgraft_manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest(),
+        "kvgraft_compute_sha256": m.compute_sha256,
+    }
+
+
 def _print_environment(env: dict, args, system_tokens: int, system_rows: int, deposit: dict) -> None:
     print(
         f"machine: {env['cpu']}, {env['cores']} cores; python {env['python']}; torch {env['torch']}, "
         f"transformers {env['transformers']}, kvgraft {env['kvgraft']}; llama-cpp-python {env['llama-cpp-python']} "
         f"(llama.cpp {env['llama.cpp']}, {env['llama_cmake_args']})"
     )
-    print(f"model: {env['gguf']} ({env['gguf_mb']} MB); kvgraft: {args.manifest}")
+    print(
+        f"model: {env['gguf']} ({env['gguf_mb']} MB); kvgraft: {args.manifest} (prefill {env['kvgraft_prefill']}, "
+        f"compute pin {env['kvgraft_compute_sha256'][:12]})"
+    )
     cache = "off" if args.llama_cache == "none" else f"--cache true --cache_type {args.llama_cache}"
     print(
         f"llama.cpp server: n_ctx {args.n_ctx}, n_threads {args.threads}, n_threads_batch {args.threads}, "

@@ -445,7 +445,7 @@ def test_real_model_served_cold_warm_and_after_restart(tmp_path, smol_env):
     math = REPO / "data" / "math500" / "math500.jsonl"
     run_cli("deposit", str(math), "--limit", "2", "-m", "serve.yaml", cwd=tmp_path, env=smol_env, check_rc=0)
     rows = [json.loads(x) for x in math.read_text().splitlines()[:40]]
-    system = "Solve the problem. Worked examples follow.\n\n" + "\n\n".join(r["answer"] for r in rows[20:24])
+    system = "Solve the problem. Worked examples follow.\n\n" + "\n\n".join(r["answer"] for r in rows[20:22])
     model = yaml.safe_load(serve_manifest.read_text())["name"]
     requests = [{"messages": [{"role": "user", "content": r["question"]}]} for r in rows[:2]]
     requests += [

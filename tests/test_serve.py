@@ -328,6 +328,14 @@ def test_a_client_that_disconnects_cancels_its_decode(folder, tmp_path):
             time.sleep(0.1)
         # the server still answers others
         assert client.completions.create(model=MODEL, prompt="Problem: 1 + 1", max_tokens=2).choices
+        # a library deposited while the server runs (it started with none) answers the next lookup
+        p = _problems()[0]
+        status, data = s.post("/v1/chat/completions", chat(p["problem"], model=MODEL))
+        assert status == 200 and data["kvgraft"]["hit"] == "none"
+        (tmp_path / "one.jsonl").write_text(json.dumps(p) + "\n")
+        run_cli("deposit", "one.jsonl", "-m", "serve.yaml", cwd=tmp_path, check_rc=0)
+        status, data = s.post("/v1/chat/completions", chat(p["problem"], model=MODEL))
+        assert status == 200 and data["kvgraft"]["hit"] == "exact"
     finally:
         s.stop()
     entry = ledger_lines(tmp_path / "kvgraft-ledger.jsonl")[0]

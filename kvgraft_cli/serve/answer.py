@@ -114,7 +114,7 @@ class Server:
     def open(self) -> None:
         """Open the store in the thread that will use it (SQLite connections stay in their thread)."""
         self.store = self.ctx.open_store()
-        self.library = self.store.library_size(self.ctx.manifest.compute_sha256) > 0
+        self.library = self.store.library_size(self.ctx.manifest.compute_sha256) > 0  # at start (shown by /health)
 
     def close(self) -> None:
         if self.store is not None:
@@ -187,7 +187,8 @@ class Server:
         engine = self.engine
         t0 = time.perf_counter()
         question = req.question if self._is_question(req) else None
-        found = self._find(question) if question is not None and self.library else Found("none")
+        # Looked up even when the library was empty at start: entries deposited meanwhile count (an indexed query).
+        found = self._find(question) if question is not None else Found("none")
         grafted = None
         if found.hits:
             try:

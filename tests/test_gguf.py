@@ -430,11 +430,12 @@ def test_real_model_deposit_solve_verify(tmp_path, smol_env):
     assert json.loads(p.stdout)["passed"] is True
 
 
-def test_real_model_served_cold_warm_and_after_restart(tmp_path, smol_env):
+def test_real_model_served_cold_and_after_restart(tmp_path, smol_env):
     """`kvgraft serve` on the real model (manifests/smollm2-serve.yaml: chunks of 64), talked to by the openai
     client: library questions are exact hits answered correctly under the answer budget; chats that share a long
     system prompt restore its chunks from the prompt cache; and every response (text, first-token logits hash,
-    generated ids) is the same cold, warm and after a restart."""
+    generated ids) is the same cold and after a restart (chunks read from disk; the warm in-memory path is
+    test_serve.py's, on the tiny model)."""
     import openai
     from serving import start
 
@@ -468,7 +469,7 @@ def test_real_model_served_cold_warm_and_after_restart(tmp_path, smol_env):
 
     s = start(tmp_path, "-m", "serve.yaml", env=smol_env)
     try:
-        cold, warm = ask(s.url), ask(s.url)
+        cold = ask(s.url)
     finally:
         assert s.stop() == 0
     s = start(tmp_path, "-m", "serve.yaml", env=smol_env)
@@ -476,7 +477,7 @@ def test_real_model_served_cold_warm_and_after_restart(tmp_path, smol_env):
         restarted = ask(s.url)
     finally:
         s.stop()
-    assert cold == warm == restarted
+    assert cold == restarted
     assert [x[3] for x in cold] == ["exact", "exact", "plain", "plain", "none"]
     for (text, *_), row in zip(cold[:2], rows[:2]):
         want = answers.extract(row["answer"])
@@ -487,10 +488,9 @@ def test_real_model_served_cold_warm_and_after_restart(tmp_path, smol_env):
         ), text
     entries = [json.loads(x) for x in (tmp_path / "kvgraft-serve-ledger.jsonl").read_text().splitlines()]
     served = [e for e in entries if e["kind"] == "serve"]
-    assert len(served) == 3 * len(requests)
+    assert len(served) == 2 * len(requests)
     costs = [e["outputs"]["costs"] for e in served]
     assert costs[0]["decode_tokens"] <= 32 and costs[0]["grafted_tokens"] > 0
     assert costs[2]["cached_tokens"] == 0 and costs[3]["cached_tokens"] >= 512  # the system prompt's chunks
-    assert costs[len(requests) + 2]["cached_tokens"] >= 512  # warm
-    assert all(c["cached_tokens"] >= 512 for c in costs[2 * len(requests) + 2 : 2 * len(requests) + 4])  # from disk
+    assert all(c["cached_tokens"] >= 512 for c in costs[len(requests) + 2 : len(requests) + 4])  # from disk
     run_cli("verify", "kvgraft-serve-ledger.jsonl", cwd=tmp_path, env=smol_env, check_rc=0)

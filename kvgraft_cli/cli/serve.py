@@ -63,10 +63,9 @@ def serve(
     """Serve the model behind OpenAI's chat and completion endpoints: greedy answers, the library's exact hits, a
     prompt cache kept in the store, one ledger line per request (docs/SERVE.md)."""
     from ..serve.answer import Options
-    from ..serve.run import ServeSettings, check_installed
+    from ..serve.run import ServeSettings
     from ..serve.run import serve as run_serve
 
-    check_installed()
     ctx = context(manifest, store, ledger, allow_drift)
     options = Options(k, min_score, not no_prompt_cache, chunk, requests_log)
     settings = ServeSettings(host, port, queue, max_body)

@@ -405,18 +405,15 @@ def solve_problem(
     chain = None
     if hits:
         assert store is not None  # (hits come from the library)
-        chain = build_chain(store, engine, hits)
-    prompts, exact = engine.prompts, kind == "exact"
-    query = engine.encode(prompts.question_text(p.problem, exact=exact, first=chain is None))
-    if chain is None:  # nothing grafted: the context starts here, with BOS as every deposited prefix does
+        chain, query, cache, logits = graft_question(engine, store, hits, p.problem, kind == "exact")
+    else:  # nothing grafted: the context starts here, with BOS as every deposited prefix does
+        query = engine.encode(engine.prompts.question_text(p.problem, first=True))
         bos = engine.tokenizer.bos_token_id
         if engine.manifest.data["prompt"]["add_bos"] and bos is not None:
             query = [bos] + query
-    elif prompts.chat:  # what is grafted and the question must be the whole conversation's tokens, exactly
-        whole = engine.encode(prompts.conversation_text([hit_fields(h) for h in hits], p.problem, exact))
-        prompts.check_conversation([t for a in chain.artifacts for t in a.token_ids], query, whole)
-    cache = engine.restore_chain(chain.artifacts) if chain else engine.new_cache()
-    logits = engine.forward(cache, query)
+        cache = engine.new_cache()
+        logits = engine.forward(cache, query)
+    prompts, exact = engine.prompts, kind == "exact"
     gen, _ = engine.greedy(cache, logits[-1], budget, stop_at_eos=True, stop=stop)
     continuation = engine.decode_text(gen, skip_special=True)
     for s in stop:  # the stop string and anything after it are not part of the answer
@@ -472,6 +469,21 @@ def solve_problem(
         },
     )
     return Solved(rec, body, chain.shas if chain else [])
+
+
+def graft_question(engine: Engine, store: Store, hits: list, question: str, exact: bool):
+    """The library's hits (most relevant last) grafted as one chain, then the question asked after them: returns
+    (chain, the question's ids, the cache, the question's logits). Under a chat template the grafted tokens and the
+    question's must be the whole conversation's, exactly (UnsupportedModel otherwise). `solve` and `kvgraft serve`
+    both answer a hit through here."""
+    chain = build_chain(store, engine, hits)
+    prompts = engine.prompts
+    query = engine.encode(prompts.question_text(question, exact=exact))
+    if prompts.chat:
+        whole = engine.encode(prompts.conversation_text([hit_fields(h) for h in hits], question, exact))
+        prompts.check_conversation([t for a in chain.artifacts for t in a.token_ids], query, whole)
+    cache = engine.restore_chain(chain.artifacts)
+    return chain, query, cache, engine.forward(cache, query)
 
 
 def _deposit_answer(

@@ -27,8 +27,8 @@ from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
 from ..errors import InputError, UnsupportedModel
 from ..eval.problems import normalize_key
 from ..ledger import log as ledger
-from ..library.chain import build_chain, hit_fields
 from ..library.retrieval import Found, find
+from ..library.solve import graft_question
 from ..runs.context import RunContext
 from ..store.local import Store, problem_key
 from ..util.hashing import canonical_json, digest, sha256_bytes
@@ -254,13 +254,9 @@ class Server:
             hits.pop(0)
         if not hits:
             return None
-        chain = build_chain(self.store, engine, hits)
-        if prompts.chat:  # what is grafted and the question must be the whole conversation's tokens, exactly
-            whole = engine.encode(prompts.conversation_text([hit_fields(h) for h in hits], question, exact))
-            prompts.check_conversation([t for a in chain.artifacts for t in a.token_ids], query, whole)
+        chain, query, cache, logits = graft_question(engine, self.store, hits, question, exact)
+        last = logits[-1]  # solve's very call: a row's bits may depend on the rows computed beside it
         budget = self._budget(req, chain.num_tokens + len(query), exact)
-        cache = engine.restore_chain(chain.artifacts)
-        last = engine.forward(cache, query)[-1]  # solve's very call (a row's bits may depend on the rows beside it)
         ans = Answer("", [], "length", chain.num_tokens + len(query), found.kind)
         ans.artifacts = [h.artifact for h in hits]
         ans.chain = chain.shas

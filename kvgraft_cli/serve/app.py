@@ -83,7 +83,7 @@ def create_app(worker: Worker, max_body: int = DEFAULT_MAX_BODY, on_shutdown=Non
                     status=404,
                     code="model_not_found",
                 )
-            job = Job(req, asyncio.get_running_loop(), streaming=req.stream)
+            job = Job(req, asyncio.get_running_loop())
             worker.submit(job)
         except RequestError as e:
             return error(e)
@@ -92,8 +92,6 @@ def create_app(worker: Worker, max_body: int = DEFAULT_MAX_BODY, on_shutdown=Non
             if kind == "error":
                 return error(_as_request_error(value))
             return _EventStream(job, _stream(job, server.model_id, (kind, value)))
-        while kind == "text":  # (only a streaming job sends text)
-            kind, value = await job.events.get()
         if kind == "error":
             return error(_as_request_error(value))
         return JSONResponse(_response(req, value, server.model_id))
@@ -146,7 +144,7 @@ def _as_request_error(e: BaseException) -> RequestError:
     )
 
 
-def _ids(req: Request, answer: Answer) -> str:
+def _response_id(req: Request, answer: Answer) -> str:
     prefix = "chatcmpl" if req.endpoint == "chat" else "cmpl"
     return f"{prefix}-{req.sha256[:12]}-{answer.ledger_seq}"
 
@@ -166,7 +164,7 @@ def _response(req: Request, a: Answer, model_id: str) -> dict[str, Any]:
         choice = {"index": 0, "text": a.text, "finish_reason": reason, "logprobs": None}
         obj = "text_completion"
     return {
-        "id": _ids(req, a),
+        "id": _response_id(req, a),
         "object": obj,
         "created": int(time.time()),
         "model": model_id,
@@ -231,7 +229,7 @@ async def _stream(job: Job, model_id: str, first: tuple[str, Any]) -> AsyncItera
         if out:
             yield out
         reason = "length" if answer.finish_reason == "cancelled" else answer.finish_reason
-        cid = _ids(req, answer)
+        cid = _response_id(req, answer)
         last = json.loads(_chunk(req, cid, model_id, {}, "", reason)[6:])
         last["kvgraft"] = answer.kvgraft()
         yield _sse(last)

@@ -29,7 +29,6 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     queued: float = field(default_factory=time.perf_counter)
-    streaming: bool = False
 
     def send(self, kind: str, value: Any) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
@@ -103,7 +102,7 @@ class Worker:
     def _compute(self, job: Job) -> None:
         start = time.perf_counter()
         on_ids: Callable[[list[int], str], None] | None = None
-        if job.streaming:  # the text so far, decoded here: the event loop never touches the tokenizer
+        if job.request.stream:  # the text so far, decoded here: the event loop never touches the tokenizer
             decode = self.server.engine.decode_text
             on_ids = lambda ids, prefix: job.send("text", prefix + decode(ids, skip_special=True))  # noqa: E731
         try:

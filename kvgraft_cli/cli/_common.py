@@ -39,6 +39,11 @@ class Attn(StrEnum):
     grouped = "grouped"
 
 
+class Weights(StrEnum):  # engine.quantized.WEIGHTS
+    dequantized = "dequantized"
+    q4 = "q4"
+
+
 class SdpaBackend(StrEnum):
     math = "math"
     efficient = "efficient"

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from ..errors import InputError
-from ._common import JSON_OPT, MAX_THREADS, Attn, Device, Dtype, Identity, Profile, Schedule
+from ._common import JSON_OPT, MAX_THREADS, Attn, Device, Dtype, Identity, Profile, Schedule, Weights
 from ._help import Command, Group
 from ._output import err, out, print_json
 
@@ -78,6 +78,12 @@ def init(
         "sha256-tree (SHA-256 over 1 MiB leaves: every core verifies a restore) or "
         "sha256 (one SHA-256 stream of the payload, what sha256sum of it prints).",
     ),
+    weights: Weights = typer.Option(
+        Weights.dequantized,
+        "--weights",
+        help="A GGUF's weights: dequantized (into --dtype) or q4 (its Q4_0/Q4_1/Q8_0 linear layers kept as 4-bit "
+        "codes, torch's int4 CPU kernel; fast under --profile native).",
+    ),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
 ) -> None:
     """Write a pinned manifest for a local model (model and tokenizer hashes computed here). A GGUF is dequantized
@@ -111,7 +117,9 @@ def init(
     if is_gguf_path(model_dir):
         from ..engine.gguf import manifest_for_gguf
 
-        text, hashes = manifest_for_gguf(model_dir, output, **settings)
+        text, hashes = manifest_for_gguf(model_dir, output, weights=weights.value, **settings)
+    elif weights != Weights.dequantized:
+        raise InputError(f"--weights {weights.value} keeps a GGUF's own codes", "give a .gguf file or package:DIST")
     else:
         text, hashes = manifest_for_model_dir(model_dir, output, **settings)
     if output is None:

@@ -249,7 +249,8 @@ def validate_data(data: Any, source: str, text: str | None = None) -> list[str]:
 
 
 def _model_problems(data: dict) -> list[tuple[str, str]]:
-    """model.path ``builtin:NAME`` must name a model the package ships (never a path out of it)."""
+    """model.path ``builtin:NAME`` must name a model the package ships (never a path out of it); a GGUF pins its
+    SHA-256; ``model.weights: q4`` needs a GGUF, its converted weights' hash and the CPU."""
     model = m if isinstance(m := data.get("model"), dict) else {}
     path = model.get("path")
     if isinstance(path, str) and is_gguf_path(path) and "gguf_sha256" not in model:
@@ -260,6 +261,23 @@ def _model_problems(data: dict) -> list[tuple[str, str]]:
                 "(`kvgraft manifest init` writes it)",
             )
         ]
+    weights = model.get("weights", "dequantized")
+    if weights != "dequantized":
+        runtime = r if isinstance(r := data.get("runtime"), dict) else {}
+        if not (isinstance(path, str) and is_gguf_path(path)):
+            return [("model.weights", f"weights {clip(weights, 40)} needs a GGUF model.path (the file's own codes)")]
+        if "weights_sha256" not in model:
+            return [
+                (
+                    "model.weights_sha256",
+                    f"model.weights {clip(weights, 40)}: pin the converted weights' SHA-256 as model.weights_sha256 "
+                    "(`kvgraft manifest init --weights q4` writes it)",
+                )
+            ]
+        if runtime.get("device", "cpu") != "cpu":
+            return [("model.weights", f"weights {clip(weights, 40)} runs on torch's CPU kernels: device must be cpu")]
+    elif "weights_sha256" in model:
+        return [("model.weights_sha256", "only for model.weights q4: remove it")]
     if isinstance(path, str) and path.startswith(BUILTIN_PREFIX):
         known = builtin_models()
         if path[len(BUILTIN_PREFIX) :] not in known:
@@ -437,13 +455,14 @@ def make_manifest(
     identity: str = "sha256-tree",
     gguf_sha256: str | None = None,
     chat: bool = False,
+    weights_sha256: str | None = None,
 ) -> dict[str, Any]:
     """A complete pinned manifest for a model directory, with this environment's library versions.
 
     ``profile`` names a kernel-flag profile (see profiles.PROFILES); ``schedule`` the prefill schedule (single or
     invariant; chunked needs a chunk size: edit the file); ``identity`` how deposited artifacts are named (sha256-tree:
     verified on every core; sha256: one SHA-256 stream, what every manifest without the key means). ``gguf_sha256``
-    pins the GGUF a model was dequantized from. ``chat`` (a tokenizer with a chat template) writes the chat prompts
+    pins the GGUF a model was dequantized from; ``weights_sha256`` its 4-bit form (``model.weights: q4``). ``chat`` (a tokenizer with a chat template) writes the chat prompts
     (CHAT_PROMPT) and a reasoning budget (CHAT_DECODE), so that a first `solve` works unedited. Every bit-affecting environment variable
     the profile does not set is pinned to null (must be unset), so a stray one in the shell shows up as drift.
     """
@@ -466,6 +485,7 @@ def make_manifest(
             "tokenizer_sha256": tokenizer_sha256,
             "dtype": dtype,
             "attn_implementation": attn_implementation,
+            **({"weights": "q4", "weights_sha256": weights_sha256} if weights_sha256 else {}),
         },
         "runtime": {
             "device": device,

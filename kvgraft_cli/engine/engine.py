@@ -123,10 +123,21 @@ class Engine:
         with torch.inference_mode(), determinism.sdpa_context(self.manifest.data["runtime"]):
             yield
 
-    def new_cache(self):
+    def new_cache(self, grow: bool = True):
+        """An empty cache for this model. On the CPU its full layers grow in place (growcache.GrowingLayer: a decode
+        step writes its token into room instead of concatenating the whole layer into new tensors, a copy of the
+        cache every step); ``grow`` False keeps transformers' layers (what :meth:`restore` starts from)."""
         from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
 
-        return DynamicCache(config=self.model.config)
+        from .growcache import enabled, layer_class
+
+        cache = DynamicCache(config=self.model.config)
+        if grow and enabled(self.device):
+            for i, layer in enumerate(cache.layers):
+                if type(layer) is DynamicLayer:
+                    cache.layers[i] = layer_class()()
+        return cache
 
     def forward(self, cache, ids: list[int], last_only: bool = False, start: int | None = None):
         """Run ``ids`` through the model on ``cache`` (extended in place). Returns float logits [len(ids) or 1, vocab].
@@ -303,7 +314,7 @@ class Engine:
 
         from .growcache import enabled, layer_class, take_room
 
-        cache = self.new_cache()
+        cache = self.new_cache(grow=False)
         if len(cache.layers) != len(layers):
             raise UnsupportedModel(f"cache has {len(cache.layers)} layers, artifact {len(layers)}")
         grow = enabled(self.device)
@@ -436,7 +447,18 @@ def load_engine(manifest: Manifest, allow_drift: bool = False, drift: Drift | No
         dtype=getattr(torch, manifest.data["model"]["dtype"]),
         attn_implementation=manifest.data["model"]["attn_implementation"],
     )
-    return engine_from_model(manifest, model.to(device), tokenizer, device, hashes, drift)
+    model = model.to(device)
+    if manifest.data["model"].get("weights", "dequantized") == "q4":
+        from .quantized import quantize_from_gguf
+
+        want = manifest.data["model"]["weights_sha256"]
+        gguf_path = manifest.gguf_path
+        assert gguf_path is not None  # model.weights q4 validates only with a GGUF model.path
+        have = quantize_from_gguf(model, gguf_path)
+        if have != want:
+            drift.add("model.weights_sha256", want, have)
+            drift.enforce(allow_drift, manifest.source)
+    return engine_from_model(manifest, model, tokenizer, device, hashes, drift)
 
 
 def engine_from_model(

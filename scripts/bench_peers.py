@@ -46,7 +46,7 @@ def main() -> None:
         "--kvgraft",
         nargs="+",
         default=["float32:native:eager", "bfloat16:native:eager"],
-        metavar="DTYPE:PROFILE:ATTN",
+        metavar="DTYPE:PROFILE:ATTN[:WEIGHTS]",
         help="kvgraft configurations (a worker each)",
     )
     ap.add_argument("--schedule", default="single", help="kvgraft's prefill schedule: single or chunked:N")
@@ -151,8 +151,9 @@ def _worker(args) -> None:
     else:
         from peers.kvgraft_side import serve_kvgraft
 
-        dtype, profile, attn = (args.config.split(":") + ["native", "eager"])[:3]
-        serve_kvgraft(args.gguf, dtype, profile, attn, args.threads, args.schedule)
+        parts = args.config.split(":")
+        dtype, profile, attn, weights = parts + ["float32", "native", "eager", "dequantized"][len(parts) :]
+        serve_kvgraft(args.gguf, dtype, profile, attn, args.threads, args.schedule, weights)
 
 
 def _describe(args, gguf: str, build: dict, info: dict) -> None:

@@ -17,8 +17,9 @@ from conftest import REPO, run_cli
 from kvgraft_cli.config.gguf import KNOWN_PACKAGES, check_known, package_gguf
 from kvgraft_cli.errors import InputError, IntegrityError
 
-SMOL = REPO / "manifests" / "smollm2-math500.yaml"
+SMOL = REPO / "manifests" / "smollm2-math500.yaml"  # float32, portable: REAL_MODEL.md's figures
 PINNED = yaml.safe_load(SMOL.read_text())["model"]
+MAIN = REPO / "manifests" / "smollm2-math500-q4.yaml"  # the main job's: q4 weights, grouped attention, native
 
 pytestmark = pytest.mark.xdist_group("smollm2")  # one worker converts once and runs the real model's tests
 
@@ -392,10 +393,13 @@ def test_chat_pieces_are_the_whole_conversation(smol_cache):
 
 
 def test_real_model_deposit_solve_verify(tmp_path, smol_env):
-    """The real model end to end through the CLI: two verified MATH-500 solutions deposited; asked again, both are
-    exact hits answered from the grafted solution under the short budget; the prompts are in the ledger; verify
-    passes; graft --check is byte-exact on the real model."""
-    m = ["-m", str(SMOL)]
+    """The real model end to end through the CLI, under the main job's manifest (q4 weights): two verified MATH-500
+    solutions deposited; asked again, both are exact hits answered from the grafted solution under the short budget;
+    the prompts are in the ledger; verify passes; graft --check is byte-exact; a manifest pinning other 4-bit weights
+    is refused as drift before anything runs. (The main job's pinned weights_sha256, written by `manifest init
+    --weights q4` on another day, is recomputed from the GGUF at every load here: a conversion that changed would be
+    drift, and this test red.)"""
+    m = ["-m", str(MAIN)]
     run_cli(
         "deposit",
         str(REPO / "data" / "math500" / "math500.jsonl"),
@@ -428,10 +432,18 @@ def test_real_model_deposit_solve_verify(tmp_path, smol_env):
     run_cli("verify", *m, cwd=tmp_path, env=smol_env, check_rc=0)
     p = run_cli("graft", "--check", "-n", "16", "--samples", "1", "--json", *m, cwd=tmp_path, env=smol_env, check_rc=0)
     assert json.loads(p.stdout)["passed"] is True
+    data = yaml.safe_load(MAIN.read_text())
+    data["model"]["weights_sha256"] = "0" * 64
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(data))
+    ledger = (tmp_path / "kvgraft-ledger.jsonl").read_bytes()
+    math = str(REPO / "data" / "math500" / "math500.jsonl")
+    p = run_cli("deposit", math, "--limit", "3", "-m", "other.yaml", cwd=tmp_path, env=smol_env)
+    assert p.returncode == 2 and "model.weights_sha256" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert (tmp_path / "kvgraft-ledger.jsonl").read_bytes() == ledger  # refused before anything was written
 
 
 def test_real_model_served_cold_and_after_restart(tmp_path, smol_env):
-    """`kvgraft serve` on the real model (manifests/smollm2-serve.yaml: chunks of 64), talked to by the openai
+    """`kvgraft serve` on the real model (manifests/smollm2-serve.yaml: q4 weights, chunks of 64), talked to by the openai
     client: library questions are exact hits answered correctly under the answer budget; chats that share a long
     system prompt restore its chunks from the prompt cache; and every response (text, first-token logits hash,
     generated ids) is the same cold and after a restart (chunks read from disk; the warm in-memory path is

@@ -124,3 +124,12 @@ def test_manifest_refuses_weights_it_cannot_run(model, runtime, field, words):
 
 def test_a_q4_manifest_validates():
     assert validate_data(_manifest(weights="q4", weights_sha256="d" * 64), "m.yaml") == []
+
+
+def test_init_refuses_q4_for_a_checkpoint(tmp_path):
+    """--weights q4 keeps a GGUF's own codes: a checkpoint directory has none, refused in one line, nothing written."""
+    from conftest import run_cli
+
+    p = run_cli("manifest", "init", "builtin:tiny-gemma4", "--weights", "q4", "-o", "m.yaml", cwd=tmp_path)
+    assert p.returncode == 2 and "--weights q4" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not (tmp_path / "m.yaml").exists()

@@ -13,7 +13,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-smollm2-run}
-m=(-m "$root/manifests/smollm2-math500.yaml")
+m=(-m "$root/manifests/smollm2-math500-q4.yaml")
 mkdir -p "$out" && cd "$out"
 kvgraft deposit "$root/data/math500/math500.jsonl" "${m[@]}" --limit 20
 for set in recurring heldout; do

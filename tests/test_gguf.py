@@ -428,6 +428,8 @@ def test_real_model_deposit_solve_verify(tmp_path, smol_env):
     entries = [json.loads(x) for x in (tmp_path / "kvgraft-ledger.jsonl").read_text().splitlines()]
     solves = [e for e in entries if e["kind"] == "solve"]
     assert solves and all(e["inputs"]["settings"]["prompts"]["format"] == "chat" for e in solves)
+    # engine.lean in force: its forward gave transformers' bytes in the check at load (else "transformers")
+    assert {e["environment"]["forward"] for e in entries} == {"lean"}
     assert solves[0]["inputs"]["settings"]["prompts"]["query_exact"].startswith("Repeat the final answer")
     run_cli("verify", *m, cwd=tmp_path, env=smol_env, check_rc=0)
     p = run_cli("graft", "--check", "-n", "16", "--samples", "1", "--json", *m, cwd=tmp_path, env=smol_env, check_rc=0)

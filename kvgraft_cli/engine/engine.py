@@ -58,6 +58,7 @@ class Engine:
     drift: Drift
     environment: dict[str, Any]
     layout: list[tuple[str, int | None]] = field(default_factory=list)  # (kind, sliding window) per cache layer
+    lean: Any = None  # engine.lean.LeanLlama when in force: transformers' bits, less overhead a step
     _prompts: Any = field(default=None, init=False, repr=False)
 
     @property
@@ -149,6 +150,9 @@ class Engine:
 
         if self.invariant and len(ids) > 1:
             return self._forward_token_by_token(cache, ids, last_only, start)
+        if self.lean is not None and start is None:
+            with self._infer():
+                return self.lean(cache, ids, last_only)
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         extra = {}
         if start is not None:
@@ -473,6 +477,9 @@ def engine_from_model(
     engine = Engine(manifest, model, tokenizer, device, hashes, drift, {})
     engine.environment = determinism.effective_environment(manifest.data["runtime"], device)
     engine.layout = _probe_layout(engine)
+    from .lean import attach
+
+    engine.environment["forward"] = "lean" if attach(engine) else "transformers"
     return engine
 
 

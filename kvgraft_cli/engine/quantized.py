@@ -177,7 +177,18 @@ def canonical_sha256(planes: dict[str, list[Plane]]) -> str:
     return h.hexdigest()
 
 
+_INT4: type | None = None
+
+
 def _int4_linear_class():
+    """The int4 linear layer's class, built on first use (importing this module imports no torch)."""
+    global _INT4
+    if _INT4 is None:
+        _INT4 = _build_int4_linear_class()
+    return _INT4
+
+
+def _build_int4_linear_class():
     import torch
 
     class _Int4Linear(torch.nn.Module):
@@ -210,6 +221,27 @@ def _int4_linear_class():
             return y.reshape(*shape[:-1], self.out_features)
 
     return _Int4Linear
+
+
+def fuse(layers: list) -> Any:
+    """One int4 layer computing ``layers`` (int4 layers of one plane each, the same input, no bias) side by side:
+    their packed codes and their scales and zeros stacked along the output dimension (engine.lean). Each output
+    column is computed from its own row of codes, so its bits are the separate layer's (tests/test_lean.py; the
+    packed layout is row by row, so stacking packed tensors is packing the stacked codes)."""
+    import torch
+
+    if any(len(m.packed) != 1 or m.bias is not None for m in layers):
+        raise UnsupportedModel("only single-plane int4 layers without a bias are fused")
+    cls = _int4_linear_class()
+    fused = cls.__new__(cls)
+    torch.nn.Module.__init__(fused)
+    fused.in_features = layers[0].in_features
+    fused.out_features = sum(m.out_features for m in layers)
+    fused.packed = [torch.cat([m.packed[0] for m in layers])]
+    fused.scales_zeros = [torch.cat([m.scales_zeros[0] for m in layers], dim=1).contiguous()]
+    fused.bias = None
+    fused.nbytes = sum(m.nbytes for m in layers)
+    return fused
 
 
 def quantize_model(model, planes: dict[str, list[Plane]]) -> None:

@@ -1,0 +1,161 @@
+"""A lean forward for Llama models under ``model.weights: q4`` and ``grouped`` attention: transformers' arithmetic,
+bit for bit, without transformers' per-step overhead.
+
+A decode step of SmolLM2-135M through transformers' LlamaForCausalLM is about 2,000 small operations and the Python
+around them (decorators, keyword plumbing, a causal mask built for every call, 30 decoder-layer modules, seven
+projection modules a layer): with the weights at 4 bits that overhead is more than half of the step. This forward
+runs the same operations in the same order on the same tensors (the model's own embedding, norm weights, rotary
+module, ``apply_rotary_pos_emb``, kvgraft's ``grouped_attention`` arithmetic, the cache's own ``update``), with three
+changes that do not change a bit:
+
+- q, k and v are one int4 product, and so are gate and up: their planes are stacked along the output dimension.
+  torch's int4 kernel computes each output column from its own row of codes, so a column's bits do not depend on
+  which other rows share the call (tests/test_lean.py checks it; the packed layout is row by row, so stacking the
+  packed tensors is packing the stacked codes).
+- attention reads the cache's keys and values where the cache holds them, instead of copying the whole cache into
+  contiguous tensors first (:meth:`LeanLlama._attend`).
+- the additive causal mask is built only when a forward has more than one token (a decode step attends to every
+  cached token: eager's mask is all zeros there, and adding zero changes no bit that softmax reads).
+
+Whether it is in force is checked at every load (:func:`attach`): a forward of a few tokens and a decode step
+through both paths on fresh caches must give the same logits bytes and the same cache bytes, or the engine keeps
+transformers' forward. ``KVGRAFT_LEAN=0`` turns it off (for comparisons; scripts/bench_lean.py measures both).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("llama",)
+
+
+class LeanLlama:
+    """The forward of a q4 Llama model (see the module doc). ``__call__(cache, ids, last_only)`` returns the logits
+    [len(ids) or 1, vocab] of ``ids`` at the positions after the cache's, extending ``cache`` in place, as
+    ``model(input_ids=..., cache=...)`` does."""
+
+    def __init__(self, model: Any):
+        from .quantized import fuse
+
+        inner = model.model
+        cfg = model.config
+        self.model = model
+        self.embed = inner.embed_tokens.weight
+        self.rotary = inner.rotary_emb
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.layers = []
+        for layer in inner.layers[: cfg.num_hidden_layers]:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.layers.append(
+                (
+                    layer.input_layernorm,
+                    fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
+                    (attn.q_proj.out_features, attn.k_proj.out_features),
+                    attn,
+                    layer.post_attention_layernorm,
+                    fuse([mlp.gate_proj, mlp.up_proj]),
+                    mlp.gate_proj.out_features,
+                    mlp.down_proj,
+                )
+            )
+        self.norm = inner.norm
+        self.head = model.lm_head
+
+    @staticmethod
+    def _rms(norm, x):
+        # LlamaRMSNorm.forward, inline: the same operations in the same order
+        import torch
+
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        variance = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(variance + norm.variance_epsilon)
+        return norm.weight * h.to(dtype)
+
+    def _attend(self, query, key, value, mask, scaling: float):
+        """attention.grouped_attention's arithmetic (float32, no dropout) on the cache's own views: the keys and
+        values are not first copied into contiguous tensors. Each head's rows are contiguous in the buffer the cache
+        grows in, and the batched products over them give the same bits as over a copy (tests/test_lean.py, up to
+        4,100 keys at 1 and 2 threads): the copy was the whole cache, every step."""
+        import torch
+
+        b, heads, q_len, dim = query.shape
+        group = heads // self.kv_heads
+        q = query.reshape(b, self.kv_heads, group * q_len, dim)
+        weights = torch.matmul(q, key.transpose(2, 3)).view(b, heads, q_len, -1) * scaling
+        if mask is not None:
+            weights = weights + mask
+        weights = torch.nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+        out = torch.matmul(weights.view(b, self.kv_heads, group * q_len, -1), value)
+        return out.view(b, heads, q_len, value.shape[-1]).transpose(1, 2).contiguous()
+
+    def __call__(self, cache, ids: list[int], last_only: bool = False):
+        import torch
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        n = len(ids)
+        past = cache.get_seq_length()
+        x = torch.tensor([ids], dtype=torch.long)
+        position_ids = torch.arange(past, past + n).unsqueeze(0)
+        hidden = torch.nn.functional.embedding(x, self.embed)
+        mask = None
+        if n > 1:  # eager's additive causal mask (masking_utils.eager_mask): 0 where a key is seen, the dtype's min
+            keys = past + n
+            seen = torch.arange(keys).unsqueeze(0) <= position_ids[0].unsqueeze(1)
+            mask = torch.where(seen, 0.0, torch.finfo(hidden.dtype).min).to(hidden.dtype)[None, None]
+        cos, sin = self.rotary(hidden, position_ids=position_ids)
+        shape = (1, n, -1, self.head_dim)
+        for i, (norm1, qkv, (q_out, k_out), attn, norm2, gate_up, g_out, down) in enumerate(self.layers):
+            residual = hidden
+            h = qkv(self._rms(norm1, hidden))
+            q = h[..., :q_out].view(shape).transpose(1, 2)
+            k = h[..., q_out : q_out + k_out].view(shape).transpose(1, 2)
+            v = h[..., q_out + k_out :].view(shape).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            k, v = cache.update(k, v, i)
+            out = self._attend(q, k, v, mask, attn.scaling)
+            hidden = residual + attn.o_proj(out.reshape(1, n, -1).contiguous())
+            residual = hidden
+            h = gate_up(self._rms(norm2, hidden))
+            hidden = residual + down(torch.nn.functional.silu(h[..., :g_out]) * h[..., g_out:])
+        hidden = self._rms(self.norm, hidden)
+        if last_only:
+            hidden = hidden[:, -1:, :]
+        return self.head(hidden)[0]
+
+
+def attach(engine) -> bool:
+    """Give ``engine`` the lean forward when its model is one (a q4 Llama under grouped attention, KVGRAFT_LEAN not
+    0) and a check on this machine shows it computes transformers' bytes: a 5-token forward, a 3-token one after it
+    and a decode step, on fresh caches, logits and cache states compared with torch.equal. Returns whether it did."""
+    import torch
+
+    if os.environ.get("KVGRAFT_LEAN", "1") == "0":
+        return False
+    model = engine.model
+    m = engine.manifest.data["model"]
+    if (
+        m.get("weights", "dequantized") != "q4"
+        or m["attn_implementation"] != "grouped"
+        or getattr(model.config, "model_type", None) not in SUPPORTED_MODEL_TYPES
+        or str(engine.device) != "cpu"
+    ):
+        return False
+    lean = LeanLlama(model)
+    steps = ([11, 12, 13, 14, 15], [16, 17, 18], [19])
+    with engine._infer():
+        ref_cache, lean_cache = engine.new_cache(), engine.new_cache()
+        for ids in steps:
+            x = torch.tensor([ids], dtype=torch.long)
+            want = model(input_ids=x, cache=ref_cache, use_cache=True).logits[0]
+            got = lean(lean_cache, ids)
+            if not torch.equal(want, got):
+                return False
+        for a, b in zip(ref_cache.layers, lean_cache.layers):
+            if not (torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)):
+                return False
+    engine.lean = lean
+    return True

@@ -133,3 +133,52 @@ def test_init_refuses_q4_for_a_checkpoint(tmp_path):
     p = run_cli("manifest", "init", "builtin:tiny-gemma4", "--weights", "q4", "-o", "m.yaml", cwd=tmp_path)
     assert p.returncode == 2 and "--weights q4" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert not (tmp_path / "m.yaml").exists()
+
+
+def _planes_of(kind: str, rows: int, cols: int, seed: int):
+    tensor, _ = _quantized(kind, rows, cols, seed)
+    return Q._planes(kind, *Q._block_fields(tensor))
+
+
+def test_the_cached_form_is_the_canonical_form(tmp_path):
+    """The model cache's copy (save_planes / load_planes) gives back planes with the same canonical hash and the
+    same products."""
+    planes = {"a.proj": _planes_of("Q4_1", 48, 64, 3), "head": _planes_of("Q8_0", 32, 64, 4)}
+    path = tmp_path / "q4.safetensors"
+    Q.save_planes(planes, path)
+    back = Q.load_planes(path)
+    assert sorted(back) == sorted(planes) and Q.canonical_sha256(back) == Q.canonical_sha256(planes)
+    x = torch.from_numpy(np.random.default_rng(5).standard_normal((3, 64)).astype(np.float32))
+    cls = Q._int4_linear_class()
+    with torch.inference_mode():
+        for name, rows in (("a.proj", 48), ("head", 32)):
+            assert torch.equal(cls(back[name], None, rows, 64)(x), cls(planes[name], None, rows, 64)(x))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "other planes"])
+def test_a_damaged_or_stale_cache_is_converted_again(tmp_path, monkeypatch, damage):
+    """A cache file that does not hash to the pinned form is never used (nor reported as drift): the GGUF is read
+    again and the cache rewritten."""
+    planes = {"proj": _planes_of("Q4_1", 48, 64, 6)}
+    want = Q.canonical_sha256(planes)
+    cache = tmp_path / "q4.safetensors"
+    if damage == "truncated":
+        Q.save_planes(planes, cache)
+        cache.write_bytes(cache.read_bytes()[:-100])
+    else:
+        Q.save_planes({"proj": _planes_of("Q4_1", 48, 64, 7)}, cache)
+    reads = []
+    monkeypatch.setattr(Q, "read_planes", lambda path, model: reads.append(path) or planes)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(64, 48, bias=False)
+
+    model = Model()
+    assert Q.quantize_from_gguf(model, tmp_path / "m.gguf", cache, want) == want
+    assert reads == [tmp_path / "m.gguf"] and Q.canonical_sha256(Q.load_planes(cache)) == want
+    assert hasattr(model.proj, "scales_zeros")
+    model = Model()
+    assert Q.quantize_from_gguf(model, tmp_path / "m.gguf", cache, want) == want
+    assert len(reads) == 1  # the rewritten cache is used

@@ -229,3 +229,8 @@ def cache_root() -> Path:
 def dequantized_dir(gguf_sha256: str, dtype: str) -> Path:
     """Where the dequantized checkpoint of the GGUF with this SHA-256 lives, in ``dtype``."""
     return cache_root() / f"gguf-{gguf_sha256}-{dtype}"
+
+
+def quantized_path(gguf_sha256: str) -> Path:
+    """Where the 4-bit form (``model.weights: q4``; engine.quantized) of the GGUF with this SHA-256 is cached."""
+    return cache_root() / f"gguf-{gguf_sha256}-q4.safetensors"

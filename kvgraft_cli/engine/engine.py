@@ -456,9 +456,12 @@ def load_engine(manifest: Manifest, allow_drift: bool = False, drift: Drift | No
         from .quantized import quantize_from_gguf
 
         want = manifest.data["model"]["weights_sha256"]
+        from ..config.gguf import quantized_path
+
         gguf_path = manifest.gguf_path
         assert gguf_path is not None  # model.weights q4 validates only with a GGUF model.path
-        have = quantize_from_gguf(model, gguf_path)
+        cache = quantized_path(manifest.data["model"]["gguf_sha256"])
+        have = quantize_from_gguf(model, gguf_path, cache, want)
         if have != want:
             drift.add("model.weights_sha256", want, have)
             drift.enforce(allow_drift, manifest.source)

@@ -158,7 +158,7 @@ def manifest_for_gguf(source: str, output: Path | None, **settings) -> tuple[str
 
         if settings.get("device", "cpu") != "cpu":
             raise InputError("--weights q4 runs on torch's CPU kernels", "use --device cpu, or --weights dequantized")
-        settings["weights_sha256"] = weights_sha256(path, out, dtype)
+        settings["weights_sha256"] = weights_sha256(path, out, dtype, gguf_config.quantized_path(sha))
     if source.startswith(gguf_config.PACKAGE_PREFIX):
         model_path = source
     else:

@@ -5,13 +5,15 @@ A decode step of SmolLM2-135M through transformers' LlamaForCausalLM is about 2,
 around them (decorators, keyword plumbing, a causal mask built for every call, 30 decoder-layer modules, seven
 projection modules a layer): with the weights at 4 bits that overhead is more than half of the step. This forward
 runs the same operations in the same order on the same tensors (the model's own embedding, norm weights, rotary
-module, ``apply_rotary_pos_emb``, kvgraft's ``grouped_attention`` arithmetic, the cache's own ``update``), with three
-changes that do not change a bit:
+module, ``apply_rotary_pos_emb``'s products, kvgraft's ``grouped_attention`` arithmetic, the cache's own ``update``),
+with changes that do not change a bit:
 
 - q, k and v are one int4 product, and so are gate and up: their planes are stacked along the output dimension.
   torch's int4 kernel computes each output column from its own row of codes, so a column's bits do not depend on
   which other rows share the call (tests/test_lean.py checks it; the packed layout is row by row, so stacking the
   packed tensors is packing the stacked codes).
+- q and k, side by side in that product's output, are rotated as one tensor (elementwise: each head's bits are
+  its own), and a float32 norm skips the casts to float32 that return their input.
 - attention reads the cache's keys and values where the cache holds them, instead of copying the whole cache into
   contiguous tensors first (:meth:`LeanLlama._attend`).
 - the additive causal mask is built only when a forward has more than one token (a decode step attends to every
@@ -70,10 +72,10 @@ class LeanLlama:
         import torch
 
         dtype = x.dtype
-        h = x.to(torch.float32)
+        h = x if dtype == torch.float32 else x.to(torch.float32)  # .to of a float32 tensor returns it: one call less
         variance = h.pow(2).mean(-1, keepdim=True)
         h = h * torch.rsqrt(variance + norm.variance_epsilon)
-        return norm.weight * h.to(dtype)
+        return norm.weight * (h if dtype == torch.float32 else h.to(dtype))
 
     def _attend(self, query, key, value, mask, scaling: float):
         """attention.grouped_attention's arithmetic (float32, no dropout) on the cache's own views: the keys and
@@ -94,7 +96,7 @@ class LeanLlama:
 
     def __call__(self, cache, ids: list[int], last_only: bool = False):
         import torch
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+        from transformers.models.llama.modeling_llama import rotate_half
 
         n = len(ids)
         past = cache.get_seq_length()
@@ -111,10 +113,11 @@ class LeanLlama:
         for i, (norm1, qkv, (q_out, k_out), attn, norm2, gate_up, g_out, down) in enumerate(self.layers):
             residual = hidden
             h = qkv(self._rms(norm1, hidden))
-            q = h[..., :q_out].view(shape).transpose(1, 2)
-            k = h[..., q_out : q_out + k_out].view(shape).transpose(1, 2)
+            # q and k side by side are rotated as one tensor: an elementwise product, each head's bits its own
+            qk = h[..., : q_out + k_out].view(shape).transpose(1, 2)
+            qk = qk * cos.unsqueeze(1) + rotate_half(qk) * sin.unsqueeze(1)
+            q, k = qk[:, : q_out // self.head_dim], qk[:, q_out // self.head_dim :]
             v = h[..., q_out + k_out :].view(shape).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
             k, v = cache.update(k, v, i)
             out = self._attend(q, k, v, mask, attn.scaling)
             hidden = residual + attn.o_proj(out.reshape(1, n, -1).contiguous())

@@ -159,15 +159,13 @@ def read_planes(gguf_path: Path, model) -> dict[str, list[Plane]]:
 def canonical_sha256(planes: dict[str, list[Plane]]) -> str:
     """SHA-256 of what the kernels compute with: per module (sorted) and plane, the codes packed two to a byte (low
     nibble first) and the bfloat16 scales and zeros, each tensor's name, dtype and shape framed before its bytes."""
-    import numpy as np
     import torch
 
     h = hashlib.sha256()
     for name in sorted(planes):
         for i, p in enumerate(planes[name]):
-            packed = (p.codes[:, 0::2] | (p.codes[:, 1::2] << 4)).astype(np.uint8)
             parts = {
-                "codes": packed.tobytes(),
+                "codes": _packed(p.codes).tobytes(),
                 "scale": torch.from_numpy(p.scale).to(torch.bfloat16).view(torch.uint16).numpy().tobytes(),
                 "zero": torch.from_numpy(p.zero).to(torch.bfloat16).view(torch.uint16).numpy().tobytes(),
             }
@@ -255,18 +253,86 @@ def quantize_model(model, planes: dict[str, list[Plane]]) -> None:
         setattr(parent, attr, cls(ps, bias, old.out_features, old.in_features))
 
 
-def quantize_from_gguf(model, gguf_path: Path) -> str:
-    """Put ``model`` (loaded from ``gguf_path``'s dequantized checkpoint, on the CPU) in its q4 form: read and check
-    the planes (:func:`read_planes`), replace the linear layers. Returns the canonical SHA-256 the manifest pins."""
-    planes = read_planes(gguf_path, model)
-    digest = canonical_sha256(planes)
+def _packed(codes):
+    """Codes [rows, cols] 0..15 packed two to a byte, the low nibble first (the canonical form's and the cache's)."""
+    import numpy as np
+
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+
+
+def save_planes(planes: dict[str, list[Plane]], path: Path) -> None:
+    """Write the canonical form (packed codes, bfloat16 scales and zeros) as safetensors, atomically: the model cache's
+    copy, so a later load reads 60 MB instead of parsing and decoding the GGUF again."""
+    import os
+    import tempfile
+
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for name in sorted(planes):
+        for i, p in enumerate(planes[name]):
+            tensors[f"{name}/{i}/codes"] = torch.from_numpy(_packed(p.codes))
+            tensors[f"{name}/{i}/scale"] = torch.from_numpy(p.scale).to(torch.bfloat16)
+            tensors[f"{name}/{i}/zero"] = torch.from_numpy(p.zero).to(torch.bfloat16)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"format": "kvgraft-q4", "group": str(GROUP)})
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_planes(path: Path) -> dict[str, list[Plane]]:
+    """The planes :func:`save_planes` wrote (bfloat16 scales and zeros widened to float32 exactly)."""
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    out: dict[str, list[Plane]] = {}
+    for key in sorted(k for k in tensors if k.endswith("/codes")):
+        name, index, _ = key.rsplit("/", 2)
+        packed = tensors[key].numpy()
+        codes = np.empty((packed.shape[0], packed.shape[1] * 2), dtype=np.uint8)
+        codes[:, 0::2], codes[:, 1::2] = packed & 0x0F, packed >> 4
+        scale = tensors[f"{name}/{index}/scale"].to(torch.float32).numpy()
+        zero = tensors[f"{name}/{index}/zero"].to(torch.float32).numpy()
+        out.setdefault(name, []).append(Plane(codes, scale, zero))
+    return out
+
+
+def quantize_from_gguf(model, gguf_path: Path, cache: Path | None = None, want: str | None = None) -> str:
+    """Put ``model`` (loaded from ``gguf_path``'s dequantized checkpoint, on the CPU) in its q4 form and return the
+    canonical SHA-256 the manifest pins. The planes come from ``cache`` when it holds them and they hash to
+    ``want``; otherwise they are read from the GGUF and checked code by code (:func:`read_planes`), and ``cache`` is
+    (re)written. A damaged or stale cache is therefore converted again, never used and never reported as drift."""
+    planes, digest = None, None
+    if cache is not None and cache.is_file():
+        try:
+            planes = load_planes(cache)
+            digest = canonical_sha256(planes)
+        except Exception:  # an unreadable cache file is converted again below
+            planes = None
+        if digest != want:
+            planes = None
+    if planes is None:
+        planes = read_planes(gguf_path, model)
+        digest = canonical_sha256(planes)
+        if cache is not None:
+            save_planes(planes, cache)
     quantize_model(model, planes)
+    assert digest is not None
     return digest
 
 
-def weights_sha256(gguf_path: Path, model_dir: Path, dtype: str) -> str:
+def weights_sha256(gguf_path: Path, model_dir: Path, dtype: str, cache: Path | None = None) -> str:
     """The q4 form's canonical SHA-256 for a GGUF whose dequantized checkpoint is ``model_dir`` (what `kvgraft
-    manifest init --weights q4` pins)."""
+    manifest init --weights q4` pins), the form written to ``cache`` for the runs that follow."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -274,4 +340,7 @@ def weights_sha256(gguf_path: Path, model_dir: Path, dtype: str) -> str:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=getattr(torch, dtype))
-    return canonical_sha256(read_planes(gguf_path, model))
+    planes = read_planes(gguf_path, model)
+    if cache is not None:
+        save_planes(planes, cache)
+    return canonical_sha256(planes)

@@ -399,7 +399,12 @@ def test_real_model_deposit_solve_verify(tmp_path, smol_env):
     is refused as drift before anything runs. (The main job's pinned weights_sha256, written by `manifest init
     --weights q4` on another day, is recomputed from the GGUF at every load here: a conversion that changed would be
     drift, and this test red.)"""
-    m = ["-m", str(MAIN)]
+    # The main job's manifest at 1 thread: the suite runs two workers on two cores, where a second thread each would
+    # contend (its 2-thread bits are scripts/real_model_exactness.sh's). The compute pin is otherwise the main job's.
+    data = yaml.safe_load(MAIN.read_text())
+    data["runtime"]["threads"] = 1
+    (tmp_path / "main.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    m = ["-m", "main.yaml"]
     run_cli(
         "deposit",
         str(REPO / "data" / "math500" / "math500.jsonl"),
@@ -434,7 +439,6 @@ def test_real_model_deposit_solve_verify(tmp_path, smol_env):
     run_cli("verify", *m, cwd=tmp_path, env=smol_env, check_rc=0)
     p = run_cli("graft", "--check", "-n", "16", "--samples", "1", "--json", *m, cwd=tmp_path, env=smol_env, check_rc=0)
     assert json.loads(p.stdout)["passed"] is True
-    data = yaml.safe_load(MAIN.read_text())
     data["model"]["weights_sha256"] = "0" * 64
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(data))
     ledger = (tmp_path / "kvgraft-ledger.jsonl").read_bytes()

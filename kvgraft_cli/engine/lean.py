@@ -147,7 +147,12 @@ def attach(engine) -> bool:
         or str(engine.device) != "cpu"
     ):
         return False
-    lean = LeanLlama(model)
+    from ..errors import UnsupportedModel
+
+    try:
+        lean = LeanLlama(model)
+    except UnsupportedModel:  # a projection the GGUF stores in a type kept dequantized (Q4_K...): nothing to fuse
+        return False
     steps = ([11, 12, 13, 14, 15], [16, 17, 18], [19])
     with engine._infer():
         ref_cache, lean_cache = engine.new_cache(), engine.new_cache()

@@ -115,7 +115,13 @@ def read_planes(gguf_path: Path, model) -> dict[str, list[Plane]]:
     processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=model.config.to_dict())
     # GGUF tensor name -> module name, from gguf's own table for the architecture (what transformers' loader uses,
     # built once instead of once per module).
-    table = get_tensor_name_map(next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch), text.num_hidden_layers)
+    arch_key = next((k for k, v in MODEL_ARCH_NAMES.items() if v == arch), None)
+    if arch_key is None:
+        raise UnsupportedModel(
+            f"{gguf_path}: gguf {arch!r} has no tensor-name table to keep its weights 4-bit",
+            "use model.weights: dequantized for this GGUF",
+        )
+    table = get_tensor_name_map(arch_key, text.num_hidden_layers)
     modules = dict(model.named_modules())
     names = {g: n for n in modules if (g := table.get_name(n)) is not None}
     linears = {n for n, mod in modules.items() if isinstance(mod, torch.nn.Linear)}
@@ -228,9 +234,9 @@ def fuse(layers: list) -> Any:
     packed layout is row by row, so stacking packed tensors is packing the stacked codes)."""
     import torch
 
-    if any(len(m.packed) != 1 or m.bias is not None for m in layers):
-        raise UnsupportedModel("only single-plane int4 layers without a bias are fused")
     cls = _int4_linear_class()
+    if any(not isinstance(m, cls) or len(m.packed) != 1 or m.bias is not None for m in layers):
+        raise UnsupportedModel("only single-plane int4 layers without a bias are fused")
     fused = cls.__new__(cls)
     torch.nn.Module.__init__(fused)
     fused.in_features = layers[0].in_features

@@ -176,6 +176,7 @@ def test_choice_enums_offer_what_the_config_and_the_artifacts_know():
     assert values(c.Dtype) == list(profiles.DTYPES)
     assert values(c.Attn) == list(profiles.ATTN_IMPLEMENTATIONS)
     assert values(c.SdpaBackend) == list(profiles.SDPA_BACKENDS)
+    assert values(c.Weights) == list(profiles.WEIGHTS)
     assert sorted(values(c.Identity)) == sorted(SCHEMES)
     assert values(c.Codec) == ["auto", *CODECS]
 

@@ -152,4 +152,5 @@ def test_cli_choices_match_the_schema():
     assert list(profiles.DEVICES) == props["runtime"]["properties"]["device"]["enum"]
     assert list(profiles.DTYPES) == props["model"]["properties"]["dtype"]["enum"]
     assert list(profiles.ATTN_IMPLEMENTATIONS) == props["model"]["properties"]["attn_implementation"]["enum"]
+    assert list(profiles.WEIGHTS) == props["model"]["properties"]["weights"]["enum"]
     assert list(profiles.SDPA_BACKENDS) + [None] == props["runtime"]["properties"]["sdpa_backend"]["enum"]

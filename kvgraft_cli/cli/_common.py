@@ -39,7 +39,7 @@ class Attn(StrEnum):
     grouped = "grouped"
 
 
-class Weights(StrEnum):  # engine.quantized.WEIGHTS
+class Weights(StrEnum):  # config.profiles.WEIGHTS
     dequantized = "dequantized"
     q4 = "q4"
 

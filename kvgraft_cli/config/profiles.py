@@ -11,6 +11,7 @@ from typing import Any
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "grouped")  # grouped: kvgraft's own (engine.attention)
+WEIGHTS = ("dequantized", "q4")  # a GGUF's linear layers: dequantized, or its 4-bit codes kept (engine.quantized)
 SDPA_BACKENDS = ("math", "efficient", "flash", "cudnn")
 
 # Environment variables known to change the bits of a forward pass. A manifest pins each (a value, or null for

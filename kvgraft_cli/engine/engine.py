@@ -453,18 +453,9 @@ def load_engine(manifest: Manifest, allow_drift: bool = False, drift: Drift | No
     )
     model = model.to(device)
     if manifest.data["model"].get("weights", "dequantized") == "q4":
-        from .quantized import quantize_from_gguf
+        from .quantized import quantize_for_manifest
 
-        want = manifest.data["model"]["weights_sha256"]
-        from ..config.gguf import quantized_path
-
-        gguf_path = manifest.gguf_path
-        assert gguf_path is not None  # model.weights q4 validates only with a GGUF model.path
-        cache = quantized_path(manifest.data["model"]["gguf_sha256"])
-        have = quantize_from_gguf(model, gguf_path, cache, want)
-        if have != want:
-            drift.add("model.weights_sha256", want, have)
-            drift.enforce(allow_drift, manifest.source)
+        quantize_for_manifest(model, manifest, drift, allow_drift)
     return engine_from_model(manifest, model, tokenizer, device, hashes, drift)
 
 

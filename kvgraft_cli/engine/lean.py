@@ -42,12 +42,10 @@ class LeanLlama:
 
         inner = model.model
         cfg = model.config
-        self.model = model
         self.embed = inner.embed_tokens.weight
         self.rotary = inner.rotary_emb
-        self.heads = cfg.num_attention_heads
         self.kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.layers = []
         for layer in inner.layers[: cfg.num_hidden_layers]:
             attn, mlp = layer.self_attn, layer.mlp

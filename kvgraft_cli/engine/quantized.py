@@ -9,9 +9,9 @@ the file stores them, and a decode step reads about what llama.cpp reads. A Q8_0
 products are added: the same 8-bit codes, read at a byte a weight.
 
 What it changes against the dequantized model (the default, ``model.weights: dequantized``): the kernel takes its
-activations, scales and zeros in bfloat16 (its float32 path is 30x slower: a fallback), so the codes are the file's
-but a scale or zero that float16 held exactly is rounded to bfloat16, and each linear layer's input is rounded to
-bfloat16 and its output comes back as float32 from a bfloat16 result. The rest of the model (embeddings, norms,
+activations, scales and zeros in bfloat16 (its float32 path is a fallback, 23-29x slower here), so the codes are the
+file's but a scale or zero that float16 held exactly is rounded to bfloat16, and each linear layer's input is rounded
+to bfloat16 and its output comes back as float32 from a bfloat16 result. The rest of the model (embeddings, norms,
 rotary, attention, the residual stream) stays in the manifest's dtype. docs/PERFORMANCE.md measures the logits'
 distance and the main job's accuracy.
 
@@ -34,7 +34,6 @@ from typing import Any
 
 from ..errors import UnsupportedModel
 
-WEIGHTS = ("dequantized", "q4")
 GROUP = 32  # a Q4_0 / Q4_1 / Q8_0 block, and the kernel's group size
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # the GGUF types kept quantized; other tensors stay dequantized
 
@@ -334,6 +333,21 @@ def quantize_from_gguf(model, gguf_path: Path, cache: Path | None = None, want: 
     quantize_model(model, planes)
     assert digest is not None
     return digest
+
+
+def quantize_for_manifest(model, manifest, drift, allow_drift: bool) -> None:
+    """load_engine's q4 step: ``model`` in its 4-bit form from the manifest's GGUF (through the model cache's copy),
+    its canonical hash checked against ``model.weights_sha256`` (drift, refused unless ``allow_drift``)."""
+    from ..config.gguf import quantized_path
+
+    pinned = manifest.data["model"]
+    gguf_path = manifest.gguf_path
+    assert gguf_path is not None  # model.weights q4 validates only with a GGUF model.path
+    want = pinned["weights_sha256"]
+    have = quantize_from_gguf(model, gguf_path, quantized_path(pinned["gguf_sha256"]), want)
+    if have != want:
+        drift.add("model.weights_sha256", want, have)
+        drift.enforce(allow_drift, manifest.source)
 
 
 def weights_sha256(gguf_path: Path, model_dir: Path, dtype: str, cache: Path | None = None) -> str:

@@ -20,13 +20,15 @@ def _layer(rows: int, cols: int, seed: int):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_a_fused_product_is_the_separate_products_side_by_side(threads):
-    """q, k and v (576, 192, 192 rows of SmolLM2's shape) fused into one int4 product: every column's bits are the
+@pytest.mark.parametrize("shapes", [(576, 192, 192), (32, 16, 16)])
+def test_a_fused_product_is_the_separate_products_side_by_side(threads, shapes):
+    """q, k and v (576, 192, 192 rows of SmolLM2's shape; 32, 16, 16 of the tiny Llama's, which the kernel's packing
+    does not stack: quantized.fuse joins their outputs instead) fused into one product: every column's bits are the
     separate layer's, for one token and for a chunk."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        parts = [_layer(n, 576, i) for i, n in enumerate((576, 192, 192))]
+        parts = [_layer(n, 576, i) for i, n in enumerate(shapes)]
         fused = Q.fuse(parts)
         x = torch.from_numpy(np.random.default_rng(9).standard_normal((64, 576)).astype(np.float32))
         with torch.inference_mode():
@@ -71,3 +73,86 @@ def test_fuse_refuses_a_layer_kept_dequantized():
     (lean.attach keeps transformers' forward)."""
     with pytest.raises(Exception, match="single-plane"):
         Q.fuse([_layer(64, 64, 1), torch.nn.Linear(64, 64, bias=False)])
+
+
+def _q4_tiny_llama(tmp_path, threads: int):
+    """The zoo's tiny Llama under grouped attention and the invariant schedule, its projections and head swapped for
+    int4 layers of random codes (what model.weights q4 makes of a GGUF's), with the lean forward attached."""
+    from kvgraft_cli.engine import lean
+    from kvgraft_cli.engine.engine import load_engine
+    from kvgraft_cli.engine.zoo import tiny_manifest
+
+    eng = load_engine(
+        tiny_manifest("llama", tmp_path, attn_implementation="grouped", schedule="invariant", threads=threads)
+    )
+    assert eng.lean is None  # dequantized weights: transformers' forward
+    seed = 100
+    for layer in eng.model.model.layers:
+        for mod, names in (
+            (layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+            (layer.mlp, ("gate_proj", "up_proj", "down_proj")),
+        ):
+            for name in names:
+                old = getattr(mod, name)
+                seed += 1
+                setattr(mod, name, _layer(old.out_features, old.in_features, seed))
+    # (the head stays float32: the zoo's vocabulary is no multiple of the kernel's 16 rows)
+    eng.manifest.data["model"]["weights"] = "q4"  # what attach requires of the manifest
+    assert lean.attach(eng)  # its own check: the lean rows against transformers one token a call
+    return eng
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_invariant_schedule_batched_gives_the_token_by_token_bytes(tmp_path, threads):
+    """Under the invariant schedule the lean forward computes many tokens at once, attention row by row: logits and
+    cache bytes equal transformers' forward one token a call (the schedule's definition), whatever the split."""
+    before = torch.get_num_threads()
+    eng = _q4_tiny_llama(tmp_path, threads)
+    try:
+        ids = [int(t) for t in np.random.default_rng(3).integers(3, 200, 90)]
+        ref_cache = eng.new_cache()
+        with eng._infer():
+            want = torch.cat(
+                [eng.model(input_ids=torch.tensor([[t]]), cache=ref_cache, use_cache=True).logits[0] for t in ids]
+            )
+        for splits in ([90], [64, 26], [7] * 12 + [6], [1, 89]):
+            cache, got, pos = eng.new_cache(), [], 0
+            for n in splits:
+                got.append(eng.forward(cache, ids[pos : pos + n]))
+                pos += n
+            assert torch.equal(torch.cat(got), want), splits
+            for a, b in zip(ref_cache.layers, cache.layers):
+                assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values), splits
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("past,n", [(0, 64), (1984, 43), (500, 7)])
+def test_attention_row_by_row_is_the_decode_steps(threads, past, n):
+    """The invariant schedule's attention (LeanLlama._attend_rows) on SmolLM2's shapes (3 KV heads, 9 query heads,
+    64 dims) over a growing cache's views: each row's bits are the decode step's at its position. The batched
+    products with a causal mask give other bits here, which is why the rows are computed alone (the tiny model's
+    shapes are too small to tell the two apart)."""
+    from kvgraft_cli.engine.lean import LeanLlama
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        lean = LeanLlama.__new__(LeanLlama)
+        lean.kv_heads = 3
+        g = torch.Generator().manual_seed(past + n)
+        kb, vb = (torch.randn(1, 3, past + n + 100, 64, generator=g) for _ in range(2))
+        q = torch.randn(1, 9, n, 64, generator=g)
+        k, v = kb[:, :, : past + n], vb[:, :, : past + n]
+        steps = [
+            lean._attend(q[:, :, r : r + 1], kb[:, :, : past + r + 1], vb[:, :, : past + r + 1], None, 0.125)
+            for r in range(n)
+        ]
+        decode = torch.cat(steps, dim=1)
+        assert torch.equal(lean._attend_rows(q, k, v, 0.125), decode)
+        seen = torch.arange(past + n).unsqueeze(0) <= torch.arange(past, past + n).unsqueeze(1)
+        mask = torch.where(seen, 0.0, torch.finfo(torch.float32).min)[None, None]
+        assert not torch.equal(lean._attend(q, k, v, mask, 0.125), decode)
+    finally:
+        torch.set_num_threads(before)

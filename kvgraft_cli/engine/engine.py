@@ -148,11 +148,11 @@ class Engine:
         """
         import torch
 
+        if self.lean is not None and start is None:  # under invariant: the token-by-token bits, batched (lean.py)
+            with self._infer():
+                return self.lean(cache, ids, last_only, rows=self.invariant)
         if self.invariant and len(ids) > 1:
             return self._forward_token_by_token(cache, ids, last_only, start)
-        if self.lean is not None and start is None:
-            with self._infer():
-                return self.lean(cache, ids, last_only)
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         extra = {}
         if start is not None:

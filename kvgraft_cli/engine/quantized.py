@@ -226,16 +226,37 @@ def _build_int4_linear_class():
     return _Int4Linear
 
 
+def _stacks(rows: int) -> bool:
+    """Whether packed codes of ``rows`` rows, stacked on others, are the packing of the stacked codes. The kernel
+    packs rows in blocks (64 on an AVX-512 CPU, measured), so this holds for a multiple of the block only; asked of
+    the kernel itself, on this CPU, once per row count."""
+    if rows not in _STACKS:
+        import torch
+
+        pack = torch.ops.aten._convert_weight_to_int4pack_for_cpu
+        g = torch.Generator().manual_seed(rows)
+        a = torch.randint(0, 16, (rows, 2 * GROUP), dtype=torch.int32, generator=g)
+        b = torch.randint(0, 16, (64, 2 * GROUP), dtype=torch.int32, generator=g)
+        _STACKS[rows] = torch.equal(torch.cat([pack(a, 1), pack(b, 1)]), pack(torch.cat([a, b]), 1))
+    return _STACKS[rows]
+
+
+_STACKS: dict[int, bool] = {}
+
+
 def fuse(layers: list) -> Any:
-    """One int4 layer computing ``layers`` (int4 layers of one plane each, the same input, no bias) side by side:
-    their packed codes and their scales and zeros stacked along the output dimension (engine.lean). Each output
-    column is computed from its own row of codes, so its bits are the separate layer's (tests/test_lean.py; the
-    packed layout is row by row, so stacking packed tensors is packing the stacked codes)."""
+    """One layer computing ``layers`` (int4 layers of one plane each, the same input, no bias) side by side
+    (engine.lean). Their packed codes and their scales and zeros stacked along the output dimension when the
+    kernel's packing allows it (:func:`_stacks`): each output column is computed from its own row of codes, so its
+    bits are the separate layer's (tests/test_lean.py). Otherwise the layers are computed one after another and
+    their outputs joined: the same bits, without the saving."""
     import torch
 
     cls = _int4_linear_class()
     if any(not isinstance(m, cls) or len(m.packed) != 1 or m.bias is not None for m in layers):
         raise UnsupportedModel("only single-plane int4 layers without a bias are fused")
+    if not all(_stacks(m.out_features) for m in layers[:-1]):
+        return _Joined(layers)
     fused = cls.__new__(cls)
     torch.nn.Module.__init__(fused)
     fused.in_features = layers[0].in_features
@@ -245,6 +266,20 @@ def fuse(layers: list) -> Any:
     fused.bias = None
     fused.nbytes = sum(m.nbytes for m in layers)
     return fused
+
+
+class _Joined:
+    """Layers computed one after another, their outputs joined along the last dimension (what :func:`fuse` gives
+    when the packing does not stack)."""
+
+    def __init__(self, layers: list):
+        self.layers = layers
+        self.out_features = sum(m.out_features for m in layers)
+
+    def __call__(self, x):
+        import torch
+
+        return torch.cat([m(x) for m in self.layers], dim=-1)
 
 
 def quantize_model(model, planes: dict[str, list[Plane]]) -> None:

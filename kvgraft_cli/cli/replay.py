@@ -69,8 +69,11 @@ def replay(
             )
         return
     with err.status("replaying") as status:
-        # The runner table: this layer's runs, plus the library's solve (runs.replay never imports the library).
-        runners = {**RUNNERS, "solve": replay_solve}
+        # The runner table: this layer's runs, plus the library's solve and the served requests' (runs.replay never
+        # imports the library).
+        from ..serve.replay import replay_served_run
+
+        runners = {**RUNNERS, "solve": replay_solve, "serve": replay_served_run}
         report = do_replay(ctx, pr, target, on_run=lambda rid: status.update(f"replaying {rid}"), runners=runners)
     if as_json:
         print_json(report.to_json())

@@ -2,9 +2,14 @@
 ledger before anything runs, replay it on another machine or device, and compare every hash.
 
 A prereg (YAML, schema in schemas/prereg.schema.json) names the manifest by hash, the runs (deposit, graft-check,
-score, solve) with their inputs by hash, and per *target* (e.g. ``cpu-portable``, ``cuda-h200``) the expected
+score, solve, serve) with their inputs by hash, and per *target* (e.g. ``cpu-portable``, ``cuda-h200``) the expected
 outputs. Each run kind has a runner; :data:`RUNNERS` holds this layer's, and a caller above (the CLI) adds the
-library's ``solve`` runner, so this module never imports the library.
+library's ``solve`` runner and kvgraft serve's ``serve`` runner, so this module never imports the library.
+
+A ``serve`` run is a served log made replayable: the bodies of the requests a server answered (its ``serve``
+ledger lines, each naming its body by hash in the requests log beside the ledger) copied in order into a requests
+file that the prereg pins by hash, and per request the hashes the server recorded (prompt ids, first-token logits,
+generated ids, text). A cancelled request is left out (its decode stopped where the client left).
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from ..util import jsonio
 from ..util.hashing import digest, sha256_bytes, sha256_file
 from .context import RunContext
 
-KINDS = ("deposit", "graft-check", "score", "solve", "solve-outputs")
+KINDS = ("deposit", "graft-check", "score", "solve", "solve-outputs", "serve")
+SERVE = "serve"  # a served request's ledger kind (serve.answer.KIND), and the prereg run that replays such lines
 
 
 @dataclass(frozen=True)
@@ -311,12 +317,19 @@ RUNNERS = {"deposit": _run_deposit, "graft-check": _run_check, "score": _run_sco
 
 
 def prereg_from_ledger(
-    ledger_path: Path, target: str, out_path: Path, name: str | None = None, from_seq: int = 0
+    ledger_path: Path,
+    target: str,
+    out_path: Path,
+    name: str | None = None,
+    from_seq: int = 0,
+    files: dict[Path, bytes] | None = None,
 ) -> dict[str, Any]:
-    """Turn a finished run's ledger entries (deposit, graft-check, score; from ``from_seq`` on) into a prereg whose
-    ``target`` expects exactly the hashes that run produced. Paths are rewritten relative to ``out_path``."""
+    """Turn a finished run's ledger entries (deposit, graft-check, score, solve, served requests; from ``from_seq``
+    on) into a prereg whose ``target`` expects exactly the hashes that run produced. Paths are rewritten relative to
+    ``out_path``. Served requests need a requests file beside the prereg (``<prereg name>.requests.jsonl``): its
+    path and bytes go into ``files``, which the caller writes with the prereg (InputError without ``files``)."""
     try:
-        return _prereg_from_ledger(ledger_path, target, out_path, name, from_seq)
+        return _prereg_from_ledger(ledger_path, target, out_path, name, from_seq, files)
     except (AttributeError, KeyError, TypeError) as e:  # an entry that is not what kvgraft writes
         raise LedgerError(
             f"{ledger_path}: an entry lacks what a kvgraft run writes ({type(e).__name__}: {str(e)[:80]})",
@@ -325,14 +338,16 @@ def prereg_from_ledger(
 
 
 def _prereg_from_ledger(
-    ledger_path: Path, target: str, out_path: Path, name: str | None, from_seq: int
+    ledger_path: Path, target: str, out_path: Path, name: str | None, from_seq: int, files: dict[Path, bytes] | None
 ) -> dict[str, Any]:
     ledger_path, out_dir = Path(ledger_path), Path(out_path).resolve().parent
     if not ledger_path.is_file():
         raise InputError(f"ledger not found: {ledger_path}")
     entries = [e for e in ledger_mod.read(ledger_path)[from_seq:] if e.get("kind") in KINDS]
     if not entries:
-        raise InputError(f"{ledger_path}: no deposit, graft-check, score or solve entries from line {from_seq + 1} on")
+        raise InputError(
+            f"{ledger_path}: no deposit, graft-check, score, solve or served entries from line {from_seq + 1} on"
+        )
 
     def rel(p: str) -> str:
         return os.path.relpath((ledger_path.resolve().parent / p).resolve(), out_dir)
@@ -347,8 +362,14 @@ def _prereg_from_ledger(
     runs: dict[tuple, dict] = {}  # (kind, what tells its runs apart...) -> the run
     exp: dict[str, dict] = {}
     solved: list[dict] = []  # the solve entries of a run, until its solve-outputs entry closes it
+    served: dict[tuple, list[dict]] = {}  # (k, min_score) -> the served requests answered under those settings
     for e in entries:
         ins, outs = e["inputs"], e["outputs"]
+        if e["kind"] == SERVE:
+            if outs["finish_reason"] != "cancelled":
+                s = ins["settings"]
+                served.setdefault((s["k"], s["min_score"]), []).append(e)
+            continue
         if e["kind"] == "solve":
             solved.append(e)
             continue
@@ -442,6 +463,22 @@ def _prereg_from_ledger(
                 "n": outs["result"]["n"],
                 "correct": outs["result"]["correct"],
             }
+    if served:
+        if files is None:
+            raise InputError(f"{ledger_path}: served requests need a requests file beside the prereg")
+        for n, ((k, min_score), group) in enumerate(sorted(served.items(), key=lambda x: x[1][0]["seq"]), 1):
+            requests = Path(out_path).with_name(f"{Path(out_path).stem}.{SERVE}-{n}.requests.jsonl")
+            data, expected = _served_run(ledger_path, group)
+            files[requests] = data
+            rid = f"{SERVE}-{n}"
+            runs[(SERVE, n)] = {
+                "id": rid,
+                "kind": SERVE,
+                "requests": os.path.relpath(requests.resolve(), out_dir),
+                "requests_sha256": sha256_bytes(data),
+                "settings": {"k": k, "min_score": min_score},
+            }
+            exp[rid] = {"requests_sha256": sha256_bytes(data), **expected}
     manifest_path = mref if mref.startswith(BUILTIN_PREFIX) else rel(mref)
     return {
         "kvgraft_prereg": 1,
@@ -450,6 +487,57 @@ def _prereg_from_ledger(
         "runs": list(runs.values()),
         "targets": {target: exp},
     }
+
+
+def _served_run(ledger_path: Path, entries: list[dict]) -> tuple[bytes, dict[str, Any]]:
+    """The requests file of served ledger lines (one canonical ``{"endpoint", "body"}`` line per request, in ledger
+    order) and what a replay must compute for request i (1-based): the hashes the server recorded."""
+    from ..util.hashing import canonical_json
+
+    bodies = request_bodies(ledger_path, entries)
+    lines: list[bytes] = []
+    expected: dict[str, Any] = {}
+    for i, e in enumerate(entries, 1):
+        ins, outs = e["inputs"], e["outputs"]
+        found = bodies.get(ins["request"]["sha256"])
+        if found is None:
+            raise InputError(
+                f"{ledger_path}:{e['seq'] + 1}: the body of served request {ins['request']['sha256'][:16]}... is not "
+                f"in its requests log {ins['request'].get('log')}",
+                "a prereg needs every request's body: keep the requests log beside the ledger",
+            )
+        lines.append(canonical_json({"endpoint": found[0], "body": found[1]}) + b"\n")
+        expected[f"request {i}"] = ins["request"]["sha256"]
+        expected[f"hit {i}"] = ins["library"]["hit"]
+        expected[f"prompt ids {i}"] = ins["prompt_ids"]["sha256"]
+        if outs.get("first_logits"):
+            expected[f"first-token logits {i}"] = outs["first_logits"]["sha256"]
+        expected[f"generated ids {i}"] = outs["generated_ids"]["sha256"]
+        expected[f"text {i}"] = outs["output"]["sha256"]
+        expected[f"finish reason {i}"] = outs["finish_reason"]
+    return b"".join(lines), expected
+
+
+def request_bodies(ledger_path: Path, entries: list[dict]) -> dict[str, tuple[str, dict]]:
+    """sha256 -> (endpoint, body) from the requests logs served lines name (paths relative to the ledger's folder).
+    A torn or foreign line is skipped: its request was never answered, so no served line names it."""
+    from ..util.limits import read_lines
+
+    bodies: dict[str, tuple[str, dict]] = {}
+    logs = {e["inputs"]["request"].get("log") for e in entries}
+    for name in sorted(x for x in logs if isinstance(x, str)):
+        path = Path(ledger_path).parent / name
+        if not path.is_file():
+            continue
+        for _, line in read_lines(path, "requests log"):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                bodies[record["sha256"]] = (record["endpoint"], record["body"])
+            except (ValueError, KeyError, TypeError, RecursionError):
+                continue
+    return bodies
 
 
 def write_prereg(path: Path, data: dict[str, Any]) -> None:

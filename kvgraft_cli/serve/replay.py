@@ -21,6 +21,7 @@ from ..engine.engine import Engine, token_ids_sha256
 from ..errors import InputError
 from ..ledger import log as ledger
 from ..runs.context import RunContext
+from ..runs.replay import Prereg, file_check, request_bodies
 from ..util.hashing import canonical_json, sha256_bytes
 from ..util.limits import read_lines
 from .answer import KIND, Options, Server
@@ -102,25 +103,6 @@ def served_manifest(path: Path, entries: list[dict]) -> Manifest:
             "the manifest changed since: restore the one the server ran",
         )
     return m
-
-
-def request_bodies(ledger_path: Path, entries: list[dict]) -> dict[str, tuple[str, dict]]:
-    """sha256 -> (endpoint, body) from the requests logs the entries name (paths relative to the ledger's folder)."""
-    bodies: dict[str, tuple[str, dict]] = {}
-    logs = {e["inputs"]["request"].get("log") for e in entries}
-    for name in sorted(x for x in logs if isinstance(x, str)):
-        path = Path(ledger_path).parent / name
-        if not path.is_file():
-            continue
-        for _, line in read_lines(path, "requests log"):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                bodies[record["sha256"]] = (record["endpoint"], record["body"])
-            except (ValueError, KeyError, TypeError, RecursionError):
-                continue  # a torn line: its request was never answered, so no serve line names it
-    return bodies
 
 
 def replay_served(
@@ -211,3 +193,38 @@ def _compare(server: Server, e: dict, bodies: dict[str, tuple[str, dict]]) -> Co
         got["finish reason"], expected["finish reason"] = ans.finish_reason, outs["finish_reason"]
     row.mismatches = [what for what in expected if got[what] != expected[what]]
     return row
+
+
+def replay_served_run(ctx: RunContext, pr: Prereg, run: dict, get_engine: Callable[[], Engine]) -> dict[str, Any]:
+    """The runner of a prereg's ``serve`` run (runs.replay): every request of its requests file computed again, as
+    `replay --served` does (prompt cache off, the library read, never written), and the hashes the server recorded
+    recomputed under the same names (``request i``, ``hit i``, ``prompt ids i``, ``first-token logits i``, ``generated
+    ids i``, ``text i``, ``finish reason i``)."""
+    path, sha = file_check(pr, run["requests"])
+    got: dict[str, Any] = {"requests_sha256": sha}
+    if sha != run["requests_sha256"]:
+        return got
+    s = run["settings"]
+    min_score = float(s["min_score"]) if s["min_score"] is not None else None
+    server = Server(ctx, get_engine(), Options(k=s["k"], min_score=min_score, prompt_cache=False))
+    server.open()
+    try:
+        for i, (_, line) in enumerate(read_lines(path, "requests file"), 1):
+            record = json.loads(line)
+            try:
+                req = parse(canonical_json(record["body"]), record["endpoint"])
+                got[f"request {i}"] = req.sha256
+                ans = server.answer(req, record=False)
+            except RequestError as err:
+                got[f"hit {i}"] = f"refused: {err.message}"
+                continue
+            got[f"hit {i}"] = ans.hit
+            got[f"prompt ids {i}"] = token_ids_sha256(ans.prompt_ids)
+            if ans.first_logits_sha256:
+                got[f"first-token logits {i}"] = ans.first_logits_sha256
+            got[f"generated ids {i}"] = token_ids_sha256(ans.ids)
+            got[f"text {i}"] = sha256_bytes(ans.text.encode())
+            got[f"finish reason {i}"] = ans.finish_reason
+    finally:
+        server.close()
+    return got

@@ -287,3 +287,35 @@ def test_a_file_cut_short_under_the_reader_is_refused_with_room(tmp_path, raw_fi
     for room in (0, 64):
         with pytest.raises(IntegrityError, match="truncated .kvg container"):
             kvg.open_file(cut, sha, room=room)
+
+
+def test_a_pool_lends_its_maps_to_one_request_after_another(engine, grafted, monkeypatch):
+    """growcache.pooled (kvgraft serve's requests): the second request's cache is built in the maps the first one
+    used (no new map), a map still held when the scope ends stays out of the pool, and the logits are byte-equal to
+    a cache on fresh maps, also when stale bytes of another request fill the recycled maps."""
+    prefix, art = grafted
+    suffix = engine.encode("\nQuestion: and the first twenty?\nAnswer:")
+    monkeypatch.setattr(growcache, "SLACK_TOKENS", 3)  # 8 decode steps move to other buffers twice
+    want = tensor_sha256(_decode(engine, engine.restore(art.layers), suffix, 8))
+    pool = growcache.BufferPool()
+    count, nbytes = engine.cache_buffers(len(prefix) + len(suffix) + 8)
+    pool.reserve(count, nbytes)
+    reserved = {id(m) for m in pool.free}
+    assert len(reserved) == count and pool.free_bytes >= count * nbytes
+    for _ in range(2):
+        with growcache.pooled(pool):
+            got = tensor_sha256(_decode(engine, engine.restore(art.layers), suffix, 8))
+        assert got == want
+        assert {id(m) for m in pool.free} == reserved and not pool.lent  # every map back, none new
+    for m in pool.free:  # another request's bytes everywhere: nothing past what a cache writes is read
+        m[:] = b"\xff" * len(m)
+    with growcache.pooled(pool):
+        kept = engine.restore(art.layers)
+        got = tensor_sha256(_decode(engine, kept, suffix, 8))
+    assert got == want
+    held = {id(l._kbuf.untyped_storage()) for l in kept.layers if isinstance(l, growcache.layer_class())}
+    assert held and len(pool.free) < count  # the cache still alive holds its maps: they were not taken back
+    del kept
+    with growcache.pooled(pool):
+        pass
+    assert len(pool.free) < count  # and they stay out for good (the pool forgot them), never handed out twice

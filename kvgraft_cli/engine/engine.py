@@ -272,6 +272,21 @@ class Engine:
         return out_ids, stacked
 
     # -- cache state ----------------------------------------------------------------------------------------------
+    def cache_buffers(self, tokens: int) -> tuple[int, int]:
+        """(count, bytes) of the buffers a cache of ``tokens`` positions grows in on the CPU (growcache: keys and
+        values of each full layer, with the slack it keeps, and the two a layer moving to larger buffers holds
+        besides its own meanwhile): what a server reserves for one request. Read from a one-token forward's cache."""
+        from .growcache import SLACK_TOKENS
+
+        cache = self.new_cache()
+        probe = self.tokenizer.bos_token_id
+        self.forward(cache, [probe if probe is not None else 0], last_only=True)
+        full = [st for st in self.capture(cache) if st.kind == "full"]
+        if not full:
+            return 0, 0
+        k = full[0].keys
+        return 2 * len(full) + 2, k.element_size() * k.numel() * (tokens + SLACK_TOKENS) // k.shape[-2]
+
     def capture(self, cache, start: int = 0) -> list[LayerState]:
         """The cache's complete state, layer by layer (references, not copies). With ``start`` > 0 (a chain link),
         full layers keep only positions ``start`` onwards; sliding layers keep their whole window state."""

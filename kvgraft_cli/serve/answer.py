@@ -24,6 +24,7 @@ from typing import Any
 
 from ..config.modelhash import context_window
 from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
+from ..engine.growcache import BufferPool, enabled, pooled
 from ..errors import InputError, UnsupportedModel
 from ..eval.problems import normalize_key
 from ..ledger import log as ledger
@@ -110,10 +111,13 @@ class Server:
         self.facts = ctx.engine_facts(engine)
         self.limit = engine.max_positions or context_window(m.model_dir)
         self.requests_log = options.requests_log or default_requests_log(ctx.ledger)
+        self.pool = BufferPool() if enabled(engine.device) else None  # one request at a time: one cache's memory
 
     def open(self) -> None:
         """Open the store in the thread that will use it (SQLite connections stay in their thread)."""
         self.store = self.ctx.open_store()
+        if self.pool is not None and self.limit:  # one request's cache at the window's length, faulted in now
+            self.pool.reserve(*self.engine.cache_buffers(self.limit))
         self.library = self.store.library_size(self.ctx.manifest.compute_sha256) > 0  # at start (shown by /health)
 
     def close(self) -> None:
@@ -182,7 +186,19 @@ class Server:
     ) -> Answer:
         """Compute one request and append its ledger line (``record`` False: neither the line nor the requests log:
         a replay). ``on_ids(ids, prefix)`` sees the ids decoded so far (the text starts with ``prefix``);
-        ``cancelled`` is asked after each token and stops the decode."""
+        ``cancelled`` is asked after each token and stops the decode. The request's cache is built in memory the
+        previous request's used (growcache.pooled: no page faults), given back once it is dropped."""
+        with pooled(self.pool):
+            return self._answer(req, on_ids, cancelled, queued_s, record)
+
+    def _answer(
+        self,
+        req: Request,
+        on_ids: Callable[[list[int], str], None] | None,
+        cancelled: Callable[[], bool],
+        queued_s: float,
+        record: bool,
+    ) -> Answer:
         assert self.store is not None, "Server.open() first"
         engine = self.engine
         t0 = time.perf_counter()

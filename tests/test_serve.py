@@ -240,6 +240,10 @@ def test_responses_do_not_depend_on_the_prompt_cache(folder, tmp_path):
     path.write_bytes(bytes(data))
     s = start(other, "-m", "serve.yaml", "--ledger", "other.jsonl")
     try:
+        # At start the server read the newest prompt chains into memory, each chunk re-hashed: the damaged one's
+        # chain was refused there too
+        warmed = json.loads(s.request("GET", "/health")[2])["prompt_cache_warmed"]
+        assert warmed["chunks"] > 0 and warmed["refused"] >= 1
         assert _outcomes(s, reqs) == cold
     finally:
         s.stop()

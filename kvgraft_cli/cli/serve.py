@@ -49,6 +49,13 @@ def serve(
     max_body: int = typer.Option(
         1 << 20, "--max-body", min=1024, callback=at_most_max_count, help="Largest request body in bytes (413 past it)."
     ),
+    warm: int = typer.Option(
+        256,
+        "--warm",
+        min=0,
+        callback=at_most_max_count,
+        help="MiB of the newest prompt-cache chains read (each chunk re-hashed) into memory at start; 0: none.",
+    ),
     requests_log: Path | None = typer.Option(
         None,
         "--requests-log",
@@ -67,7 +74,7 @@ def serve(
     from ..serve.run import serve as run_serve
 
     ctx = context(manifest, store, ledger, allow_drift)
-    options = Options(k, min_score, not no_prompt_cache, chunk, requests_log)
+    options = Options(k, min_score, not no_prompt_cache, chunk, requests_log, warm << 20)
     settings = ServeSettings(host, port, queue, max_body)
 
     def ready(server, url: str) -> None:
@@ -79,6 +86,7 @@ def serve(
             "ledger": str(ctx.ledger),
             "requests_log": str(server.requests_log),
             "prompt_cache_chunk": server.chunk,
+            "prompt_cache_warmed": server.warmed.to_json(),
             "library": server.library,
         }
         if as_json:
@@ -86,6 +94,9 @@ def serve(
             sys.stdout.flush()
         else:
             cache = f"chunks of {server.chunk} tokens" if server.chunk else "off (the manifest's schedule is single)"
+            if server.warmed.chunks:
+                w = server.warmed
+                cache += f", {w.chunks} read into memory ({w.bytes / 1e6:.0f} MB in {w.seconds:.1f} s)"
             err.print(
                 f"kvgraft serve: {server.model_id} on {url}/v1  (ledger {ctx.ledger}; store {ctx.store_name}; "
                 f"prompt cache {cache}; library {'on' if server.library else 'empty'})",

@@ -48,6 +48,7 @@ class Options:
     prompt_cache: bool = True
     chunk: int = promptcache.DEFAULT_CHUNK  # under the invariant schedule only
     requests_log: Path | None = None
+    warm_bytes: int = 256 << 20  # prompt chunks read into the verified cache at start (promptcache.warm)
 
 
 @dataclass
@@ -111,6 +112,7 @@ class Server:
         self.facts = ctx.engine_facts(engine)
         self.limit = engine.max_positions or context_window(m.model_dir)
         self.requests_log = options.requests_log or default_requests_log(ctx.ledger)
+        self.warmed = promptcache.Warmed()  # what open() read into the verified cache
         self.pool = BufferPool() if enabled(engine.device) else None  # one request at a time: one cache's memory
 
     def open(self) -> None:
@@ -118,6 +120,8 @@ class Server:
         self.store = self.ctx.open_store()
         if self.pool is not None and self.limit:  # one request's cache at the window's length, faulted in now
             self.pool.reserve(*self.engine.cache_buffers(self.limit))
+        if self.chunk is not None and self.options.warm_bytes:
+            self.warmed = promptcache.warm(self.store, self.engine, self.options.warm_bytes)
         self.library = self.store.library_size(self.ctx.manifest.compute_sha256) > 0  # at start (shown by /health)
 
     def close(self) -> None:

@@ -59,6 +59,7 @@ def create_app(worker: Worker, max_body: int = DEFAULT_MAX_BODY, on_shutdown=Non
                 "waiting": worker.waiting,
                 "answered": worker.answered,
                 "prompt_cache_chunk": server.chunk,
+                "prompt_cache_warmed": server.warmed.to_json(),
                 "library": server.library,
             }
         )

@@ -119,3 +119,46 @@ def prefill(engine: Engine, store: Store | None, ids: list[int], chunk: int | No
     assert logits is not None  # (lookup leaves at least one token to compute)
     out.last_logits = logits[-1]
     return out
+
+
+@dataclass
+class Warmed:
+    """What a server read into its verified cache at start: chunks and bytes re-hashed, chunks refused, seconds."""
+
+    chunks: int = 0
+    bytes: int = 0
+    refused: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"chunks": self.chunks, "bytes": self.bytes, "refused": self.refused, "seconds": round(self.seconds, 3)}
+
+
+def warm(store: Store, engine: Engine, budget: int) -> Warmed:
+    """Read the newest prompt chains of this compute pin into the process's verified cache (store.load_chain: each
+    chunk re-hashed, then kept in memory), whole chains, newest first, until ``budget`` payload bytes are read (the
+    last chain may pass it): after a restart the prompts the server saw last are restored from memory, as before it
+    stopped. A chain that fails its check is skipped (a request meeting it refuses the damaged chunk and names it in
+    its ledger line)."""
+    import time
+
+    t0 = time.perf_counter()
+    out = Warmed()
+    seen: set[str] = set()
+    sizes = dict(store.prompt_chunks(engine.manifest.compute_sha256))
+    for sha in sizes:
+        if out.bytes >= budget:
+            break
+        if sha in seen:
+            continue
+        try:
+            chain = [s for s, _ in store.load_chain(sha)]
+        except KvgraftError:
+            out.refused += 1
+            seen.add(sha)
+            continue
+        out.bytes += sum(sizes.get(s, 0) for s in chain if s not in seen)
+        seen.update(chain)
+        out.chunks = len(seen) - out.refused
+    out.seconds = time.perf_counter() - t0
+    return out

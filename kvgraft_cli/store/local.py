@@ -224,6 +224,16 @@ class Store:
     def has_object(self, sha256: str) -> bool:
         return self.object_path(sha256).is_file()
 
+    def prompt_chunks(self, manifest_sha256: str) -> list[tuple[str, int]]:
+        """(identity, payload bytes) of the prompt-cache chunks deposited under a compute pin, newest first (what
+        kvgraft serve warms its verified cache with at start)."""
+        rows = self._db.execute(
+            "SELECT e.artifact, a.payload_bytes FROM entries e JOIN artifacts a ON a.sha256 = e.artifact"
+            " WHERE e.problem_id = ? AND e.manifest_sha256 = ? ORDER BY e.rowid DESC",
+            (PROMPT_CHUNK_ID, manifest_sha256),
+        )
+        return [(sha, int(n)) for sha, n in rows]
+
     def lookup_key(self, key: str) -> Entry | None:
         row = self._db.execute(_SELECT + " WHERE e.key = ?", (key,)).fetchone()
         return _entry(row) if row else None

@@ -23,7 +23,8 @@ with changes that do not change a bit:
 a forward of many tokens is computed at once with attention row by row (:meth:`LeanLlama._attend_rows`): each query
 row attends to exactly the keys before it, in the very call a decode step at that position makes. Every other
 operation is row-local, and torch's int4 kernel computes a row's bits whatever rows share the call (checked), so the
-batched forward gives the token-by-token bytes at prefill speed (3.3x faster on SmolLM2-135M at 300 tokens): any
+batched forward gives the token-by-token bytes at prefill speed (SmolLM2-135M q4, 1 thread: 5.5x faster at 512
+tokens, 4.7x at 2,048; scripts/bench_lean.py with an invariant manifest, docs/PERFORMANCE.md): any
 split of a prompt gives the same bits, and kvgraft serve's prompt cache may cut a prompt anywhere.
 
 Whether it is in force is checked at every load (:func:`attach`): a forward of a few tokens and a decode step

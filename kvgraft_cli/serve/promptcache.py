@@ -136,29 +136,31 @@ class Warmed:
 
 def warm(store: Store, engine: Engine, budget: int) -> Warmed:
     """Read the newest prompt chains of this compute pin into the process's verified cache (store.load_chain: each
-    chunk re-hashed, then kept in memory), whole chains, newest first, until ``budget`` payload bytes are read (the
-    last chain may pass it): after a restart the prompts the server saw last are restored from memory, as before it
-    stopped. A chain that fails its check is skipped (a request meeting it refuses the damaged chunk and names it in
-    its ledger line)."""
+    chunk re-hashed, then kept in memory), whole chains, newest first, until ``budget`` bytes of tensors are read
+    (the last chain may pass it): after a restart the prompts the server saw last are restored from memory, as before
+    it stopped. A chain that fails its check is skipped (a request meeting it refuses the damaged chunk and names it
+    in its ledger line)."""
     import time
+
+    from ..store.local import artifact_bytes
 
     t0 = time.perf_counter()
     out = Warmed()
-    seen: set[str] = set()
-    sizes = dict(store.prompt_chunks(engine.manifest.compute_sha256))
-    for sha in sizes:
+    read: set[str] = set()
+    for sha in store.prompt_chunks(engine.manifest.compute_sha256):
         if out.bytes >= budget:
             break
-        if sha in seen:
+        if sha in read:
             continue
         try:
-            chain = [s for s, _ in store.load_chain(sha)]
+            chain = store.load_chain(sha)
         except KvgraftError:
             out.refused += 1
-            seen.add(sha)
             continue
-        out.bytes += sum(sizes.get(s, 0) for s in chain if s not in seen)
-        seen.update(chain)
-        out.chunks = len(seen) - out.refused
+        for s, art in chain:
+            if s not in read:
+                read.add(s)
+                out.bytes += artifact_bytes(art)
+    out.chunks = len(read)
     out.seconds = time.perf_counter() - t0
     return out

@@ -20,6 +20,7 @@ import re
 import sqlite3
 import stat
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -224,15 +225,14 @@ class Store:
     def has_object(self, sha256: str) -> bool:
         return self.object_path(sha256).is_file()
 
-    def prompt_chunks(self, manifest_sha256: str) -> list[tuple[str, int]]:
-        """(identity, payload bytes) of the prompt-cache chunks deposited under a compute pin, newest first (what
-        kvgraft serve warms its verified cache with at start)."""
+    def prompt_chunks(self, manifest_sha256: str) -> Iterator[str]:
+        """The prompt-cache chunks deposited under a compute pin, newest first, read lazily (what kvgraft serve
+        warms its verified cache with at start)."""
         rows = self._db.execute(
-            "SELECT e.artifact, a.payload_bytes FROM entries e JOIN artifacts a ON a.sha256 = e.artifact"
-            " WHERE e.problem_id = ? AND e.manifest_sha256 = ? ORDER BY e.rowid DESC",
+            "SELECT artifact FROM entries WHERE problem_id = ? AND manifest_sha256 = ? ORDER BY rowid DESC",
             (PROMPT_CHUNK_ID, manifest_sha256),
         )
-        return [(sha, int(n)) for sha, n in rows]
+        return (sha for (sha,) in rows)
 
     def lookup_key(self, key: str) -> Entry | None:
         row = self._db.execute(_SELECT + " WHERE e.key = ?", (key,)).fetchone()
@@ -690,14 +690,14 @@ class VerifiedCache:
         return item
 
     def put(self, sha256: str, item: tuple) -> None:
-        budget, size = self.budget(), _artifact_bytes(item[1])
+        budget, size = self.budget(), artifact_bytes(item[1])
         if size > budget or sha256 in self._items:
             return
         self._items[sha256] = item
         self.bytes += size
         while self.bytes > budget:
             _, (_, old) = self._items.popitem(last=False)
-            self.bytes -= _artifact_bytes(old)
+            self.bytes -= artifact_bytes(old)
 
     def clear(self) -> None:
         self._items.clear()
@@ -707,7 +707,8 @@ class VerifiedCache:
 VERIFIED = VerifiedCache()
 
 
-def _artifact_bytes(art: kvg.Artifact) -> int:
+def artifact_bytes(art: kvg.Artifact) -> int:
+    """The bytes of an artifact's tensors (what the verified cache counts)."""
     return sum(t.numel() * t.element_size() for st in art.layers for t in (st.keys, st.values) if t is not None)
 
 

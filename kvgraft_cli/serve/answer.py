@@ -125,6 +125,11 @@ class Server:
             self.warmed = promptcache.warm(self.store, self.engine, self.options.warm_bytes)
         self.library = self.store.library_size(self.ctx.manifest.compute_sha256) > 0  # at start (shown by /health)
 
+    def _take_slot(self) -> promptcache.Slot | None:
+        """The kept slot, given up (the request cuts it back and extends it, or lets it go)."""
+        slot, self.slot = self.slot, None
+        return slot
+
     def close(self) -> None:
         if self.store is not None:
             self.store.close()
@@ -225,9 +230,7 @@ class Server:
             ans.prompt_ids = ids
             if cancelled():  # cancelled while queued: nothing computed
                 return self._record(req, ans, ids, queued_s, t0, cancelled=True) if record else ans
-            slot, self.slot = self.slot, None  # given up: this request cuts it back and extends it
-            pre = promptcache.prefill(engine, self.store, ids, self.chunk, slot)
-            del slot
+            pre = promptcache.prefill(engine, self.store, ids, self.chunk, self._take_slot())
             cache, last = pre.cache, pre.last_logits
             ans.cached_tokens, ans.cache_chunks, ans.deposited_chunks = pre.restored_tokens, pre.restored, pre.deposited
             ans.refused_chunks = pre.refused

@@ -62,19 +62,23 @@ class Slot:
     cache: object
 
 
-def _continue_slot(slot: Slot | None, shas: list[str], chunk: int):
-    """The slot's cache cut back to its first ``len(shas)`` chunks when they are ``shas`` and every layer grows in
-    place (growcache); else None. Its positions hold the very bytes those chunks hold (a chunk artifact is a capture
-    of those positions, or was restored into them), so the forwards after it compute what they compute after a
-    restore."""
+def _continue_slot(slot: Slot | None, links: list[tuple[str, kvg.Artifact]], chunk: int):
+    """The slot's cache holding ``links`` (the cached chunks a prompt starts with), when it already holds their first
+    ones and every layer grows in place (growcache): cut back to the chunks it shares with them, then the rest of
+    the links written after them; else None. Its positions hold the very bytes those chunks hold (a chunk artifact
+    is a capture of those positions, or was restored into them), so the forwards after it compute what they compute
+    after a restore."""
     from ..engine.growcache import holds, layer_class
 
-    if slot is None or not shas or slot.chain[: len(shas)] != shas:
+    if slot is None or not links:
         return None
-    n = len(shas) * chunk
+    shared = 0
+    while shared < min(len(links), len(slot.chain)) and slot.chain[shared] == links[shared][0]:
+        shared += 1
+    n = shared * chunk
     layers = slot.cache.layers  # type: ignore[attr-defined]
     grow = layer_class()
-    if not all(
+    if not shared or not all(
         type(layer) is grow
         and getattr(layer, "_kbuf", None) is not None
         and holds(layer.keys, layer._kbuf)
@@ -85,6 +89,9 @@ def _continue_slot(slot: Slot | None, shas: list[str], chunk: int):
         return None
     for layer in layers:
         layer.keys, layer.values = layer._kbuf[..., :n, :], layer._vbuf[..., :n, :]
+    for _, art in links[shared:]:  # written after them, in place (GrowingLayer.update), as a restore joins them
+        for layer, st in zip(layers, art.layers, strict=True):
+            layer.update(st.keys, st.values)
     return slot.cache
 
 
@@ -128,7 +135,8 @@ def prefill(
     links, refused = lookup(store, engine, ids, chunk)
     done = len(links) * chunk
     shas = [s for s, _ in links]
-    cache = _continue_slot(slot, shas, chunk)
+    cache = _continue_slot(slot, links, chunk)
+    del slot  # (a slot not continued is let go before the restore: the pool can lend its memory again)
     from_slot = cache is not None
     if cache is None:
         cache = engine.restore_chain([a for _, a in links]) if links else engine.new_cache()

@@ -62,7 +62,7 @@ class Slot:
     cache: object
 
 
-def _continue_slot(slot: Slot | None, links: list[tuple[str, kvg.Artifact]], chunk: int):
+def _continue_slot(engine: Engine, slot: Slot | None, links: list[tuple[str, kvg.Artifact]], chunk: int):
     """The slot's cache holding ``links`` (the cached chunks a prompt starts with), when it already holds their first
     ones and every layer grows in place (growcache): cut back to the chunks it shares with them, then the rest of
     the links written after them; else None. Its positions hold the very bytes those chunks hold (a chunk artifact
@@ -89,9 +89,10 @@ def _continue_slot(slot: Slot | None, links: list[tuple[str, kvg.Artifact]], chu
         return None
     for layer in layers:
         layer.keys, layer.values = layer._kbuf[..., :n, :], layer._vbuf[..., :n, :]
-    for _, art in links[shared:]:  # written after them, in place (GrowingLayer.update), as a restore joins them
-        for layer, st in zip(layers, art.layers, strict=True):
-            layer.update(st.keys, st.values)
+    with engine._infer():  # the buffers a forward grew are inference tensors: written in inference mode
+        for _, art in links[shared:]:  # written after them, in place (GrowingLayer.update), as a restore joins them
+            for layer, st in zip(layers, art.layers, strict=True):
+                layer.update(st.keys, st.values)
     return slot.cache
 
 
@@ -135,7 +136,7 @@ def prefill(
     links, refused = lookup(store, engine, ids, chunk)
     done = len(links) * chunk
     shas = [s for s, _ in links]
-    cache = _continue_slot(slot, links, chunk)
+    cache = _continue_slot(engine, slot, links, chunk)
     del slot  # (a slot not continued is let go before the restore: the pool can lend its memory again)
     from_slot = cache is not None
     if cache is None:

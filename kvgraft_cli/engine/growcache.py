@@ -164,6 +164,26 @@ _PAGE = 1 << 16
 _POOL: ContextVar[BufferPool | None] = ContextVar("kvgraft_cache_pool", default=None)
 
 
+def cut_back(cache, tokens: int) -> bool:
+    """Cut every layer of ``cache`` back to its first ``tokens`` positions in place (the buffers keep their bytes,
+    the next update writes after them), when every layer is a GrowingLayer holding at least that many in buffers of
+    its own; else change nothing and return False. A sliding window's state cannot be cut back."""
+    grow = layer_class()
+    layers = cache.layers
+    if not all(
+        type(layer) is grow
+        and getattr(layer, "_kbuf", None) is not None
+        and holds(layer.keys, layer._kbuf)
+        and holds(layer.values, layer._vbuf)
+        and layer.keys.shape[-2] >= tokens
+        for layer in layers
+    ):
+        return False
+    for layer in layers:
+        layer.keys, layer.values = layer._kbuf[..., :tokens, :], layer._vbuf[..., :tokens, :]
+    return True
+
+
 def holds(kept, buf) -> bool:
     """Whether ``kept`` is ``buf``'s first tokens (so the room past them is ``buf``'s, and a cache may grow there)."""
     return (

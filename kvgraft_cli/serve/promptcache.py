@@ -68,27 +68,16 @@ def _continue_slot(engine: Engine, slot: Slot | None, links: list[tuple[str, kvg
     the links written after them; else None. Its positions hold the very bytes those chunks hold (a chunk artifact
     is a capture of those positions, or was restored into them), so the forwards after it compute what they compute
     after a restore."""
-    from ..engine.growcache import holds, layer_class
+    from ..engine.growcache import cut_back
 
     if slot is None or not links:
         return None
     shared = 0
     while shared < min(len(links), len(slot.chain)) and slot.chain[shared] == links[shared][0]:
         shared += 1
-    n = shared * chunk
-    layers = slot.cache.layers  # type: ignore[attr-defined]
-    grow = layer_class()
-    if not shared or not all(
-        type(layer) is grow
-        and getattr(layer, "_kbuf", None) is not None
-        and holds(layer.keys, layer._kbuf)
-        and holds(layer.values, layer._vbuf)
-        and layer.keys.shape[-2] >= n
-        for layer in layers
-    ):
+    if not shared or not cut_back(slot.cache, shared * chunk):
         return None
-    for layer in layers:
-        layer.keys, layer.values = layer._kbuf[..., :n, :], layer._vbuf[..., :n, :]
+    layers = slot.cache.layers  # type: ignore[attr-defined]
     with engine._infer():  # the buffers a forward grew are inference tensors: written in inference mode
         for _, art in links[shared:]:  # written after them, in place (GrowingLayer.update), as a restore joins them
             for layer, st in zip(layers, art.layers, strict=True):

@@ -38,12 +38,38 @@ def test_a_fused_product_is_the_separate_products_side_by_side(threads, shapes):
         torch.set_num_threads(before)
 
 
-def test_fuse_refuses_what_it_cannot_stack():
-    two_planes = Q._int4_linear_class()(
-        Q._planes("Q8_0", np.ones((64, 2), np.float32), None, np.zeros((64, 64), np.int8)), None, 64, 64
-    )
-    with pytest.raises(Exception, match="single-plane"):
-        Q.fuse([two_planes, _layer(64, 64, 1)])
+def _two_planes(rows: int, cols: int, seed: int):
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(-128, 128, (rows, cols)).astype(np.int8)
+    d = (rng.random((rows, cols // Q.GROUP)) * 0.01).astype(np.float32)
+    return Q._int4_linear_class()(Q._planes("Q8_0", d, None, codes), None, rows, cols)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_mixed_fuse_stacks_the_runs_it_can_and_joins_the_rest(threads):
+    """What a Q4_K_M file gives (q and k Q5_0 or Q4_K, v Q8_0 or Q6_K; or a layer of a type kept dequantized): runs
+    of layers with as many planes are one stacked product, the others are computed alone, and every column's bits
+    are the separate layer's. Row-local (computed batched under the invariant schedule) only when every part is
+    int4."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.from_numpy(np.random.default_rng(9).standard_normal((64, 576)).astype(np.float32))
+        dense = torch.nn.Linear(576, 64, bias=False)
+        for parts, local, stacked_rows in (
+            ([_layer(576, 576, 1), _layer(192, 576, 2), _two_planes(192, 576, 3)], True, 768),
+            ([_two_planes(64, 576, 4), _two_planes(128, 576, 5), _layer(64, 576, 6)], True, 192),
+            ([_layer(576, 576, 7), _layer(192, 576, 8), dense], False, 768),
+        ):
+            fused = Q.fuse(parts)
+            assert fused.row_local is local
+            stacked = [m for m in fused.layers if m not in parts]
+            assert [m.out_features for m in stacked] == [stacked_rows]
+            with torch.inference_mode():
+                for rows in (x[:1], x):
+                    assert torch.equal(fused(rows), torch.cat([p(rows) for p in parts], dim=-1))
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -66,13 +92,6 @@ def test_attention_over_the_cache_views_is_attention_over_a_copy(threads, keys):
             assert torch.equal(torch.matmul(p, v), torch.matmul(p, v.contiguous()))
     finally:
         torch.set_num_threads(before)
-
-
-def test_fuse_refuses_a_layer_kept_dequantized():
-    """A projection the GGUF stores in a type that stays dequantized (a plain Linear): the lean forward is not built
-    (lean.attach keeps transformers' forward)."""
-    with pytest.raises(Exception, match="single-plane"):
-        Q.fuse([_layer(64, 64, 1), torch.nn.Linear(64, 64, bias=False)])
 
 
 def _q4_tiny_llama(tmp_path, threads: int):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from ggufblocks import k_blocks
 
 from kvgraft_cli.config.manifest import validate_data
 from kvgraft_cli.engine import quantized as Q
@@ -24,43 +25,61 @@ class _Tensor:
 
 def _quantized(kind: str, rows: int, cols: int, seed: int = 0) -> tuple[_Tensor, np.ndarray]:
     rng = np.random.default_rng(seed)
-    w = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
-    blocks = gguf.quants.quantize(w, getattr(gguf.GGMLQuantizationType, kind))
-    return _Tensor(kind, blocks), gguf.quants.dequantize(blocks, getattr(gguf.GGMLQuantizationType, kind))
+    qtype = getattr(gguf.GGMLQuantizationType, kind)
+    if kind in ("Q4_K", "Q5_K", "Q6_K"):
+        blocks = k_blocks(kind, rows, cols, rng)
+    else:
+        w = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+        blocks = gguf.quants.quantize(w, qtype)
+    return _Tensor(kind, blocks), gguf.quants.dequantize(blocks, qtype)
 
 
 @pytest.mark.parametrize("kind", Q.QUANT_TYPES)
 def test_blocks_decode_as_gguf_dequantizes_them(kind):
     """The codes, scales and minimums read from the blocks give gguf's own dequantized weights bit for bit (float32),
-    and the int4 planes (two for Q8_0) hold the same numbers exactly (float64: no rounding in the check)."""
-    tensor, want = _quantized(kind, 48, 256)
+    and the int4 planes (two for Q8_0, a base-16 digit each for Q6_K) hold the same numbers exactly (float64: no
+    rounding in the check)."""
+    tensor, want = _quantized(kind, 48, 512)
     d, m, codes = Q._block_fields(tensor)
     got = Q._reference(kind, d, m, codes)
-    assert got.dtype == np.float32 and got.tobytes() == want.astype(np.float32).tobytes()
+    # + 0.0 makes -0.0 +0.0 and changes nothing else: Q6_K's (d * sc) * q keeps a negative scale's sign on a zero
+    # code, d * (sc * q) does not (a zero weight either way; the load's check, torch.equal, compares values)
+    plus0 = lambda a: (a.astype(np.float32) + np.float32(0)).tobytes()  # noqa: E731
+    assert got.dtype == np.float32 and plus0(got) == plus0(want)
     planes = Q._planes(kind, d, m, codes)
-    assert len(planes) == (2 if kind == "Q8_0" else 1)
+    # Q6_K: |sc * q| reaches 4,096 in the first block; Q5_*: 5-bit codes, two digits
+    assert len(planes) == {"Q8_0": 2, "Q6_K": 4, "Q5_0": 2, "Q5_1": 2, "Q5_K": 2}.get(kind, 1)
     total = np.zeros(want.shape, dtype=np.float64)
     for p in planes:
         assert p.codes.dtype == np.uint8 and p.codes.min() >= 0 and p.codes.max() <= 15
         rep = lambda a: np.repeat(a.astype(np.float64), Q.GROUP, axis=1)  # noqa: E731
         total += (p.codes.astype(np.float64) - 8) * rep(p.scale) + rep(p.zero)
-    # Q4_1's zero (m + 8d) is rounded once in float32; the planes' sum is otherwise the file's exact arithmetic
+    # where there is a minimum, the reference adds it in float32 (rounded once, as gguf does) and so does a zero of
+    # m + 8d; without one the planes' sum is the file's exact arithmetic
     ref = Q._reference(kind, d, m, codes).astype(np.float64)
-    exact = kind != "Q4_1"
+    exact = m is None
     assert np.array_equal(total, ref) if exact else np.abs(total - ref).max() <= np.abs(ref).max() * 2**-20
 
 
 @pytest.mark.parametrize("kind", Q.QUANT_TYPES)
 def test_the_int4_layer_computes_the_files_weights(kind):
     """One-hot inputs read the int4 layer's weights back column by column: with scales and minimums that bfloat16
-    holds exactly, they equal the dequantized weights bit for bit, for every code (Q8_0's two planes added)."""
+    holds exactly, they equal the dequantized weights bit for bit, for every code (the planes of Q8_0 and Q6_K
+    added)."""
     rows, cols = 64, 64
     rng = np.random.default_rng(1)
     d = np.full((rows, cols // Q.GROUP), 2.0**-4, dtype=np.float32)
-    m = np.full_like(d, -0.5) if kind == "Q4_1" else None
+    m = np.full_like(d, -0.5) if kind in ("Q4_1", "Q4_K", "Q5_1", "Q5_K") else None
     if kind == "Q8_0":
         codes = rng.integers(-128, 128, (rows, cols)).astype(np.int8)
         codes[0, :2] = (-128, 127)
+    elif kind == "Q6_K":  # sc * q: 8-bit scales times 6-bit codes
+        codes = (rng.integers(-128, 128, (rows, cols)) * rng.integers(-32, 32, (rows, cols))).astype(np.int16)
+        codes[0, :3] = (-4064, 4096, -3968)
+    elif kind.startswith("Q5"):  # 5-bit codes (Q5_0's less 16)
+        low = -16 if kind == "Q5_0" else 0
+        codes = rng.integers(low, low + 32, (rows, cols)).astype(np.int16)
+        codes[0, :2] = (low, low + 31)
     else:
         codes = rng.integers(0, 16, (rows, cols)).astype(np.uint8)
         codes[0, :2] = (0, 15)

@@ -11,7 +11,8 @@ with changes that do not change a bit:
 - q, k and v are one int4 product, and so are gate and up: their planes are stacked along the output dimension.
   torch's int4 kernel computes each output column from its own row of codes, so a column's bits do not depend on
   which other rows share the call (tests/test_lean.py checks it; the packed layout is row by row, so stacking the
-  packed tensors is packing the stacked codes).
+  packed tensors is packing the stacked codes). A layer that does not stack (several planes: Q8_0, Q6_K; or kept
+  dequantized) is computed alone and its output joined to the others' (quantized.fuse).
 - q and k, side by side in that product's output, are rotated as one tensor (elementwise: each head's bits are
   its own), and a float32 norm skips the casts to float32 that return their input.
 - attention reads the cache's keys and values where the cache holds them, instead of copying the whole cache into
@@ -73,11 +74,14 @@ class LeanLlama:
         self.norm = inner.norm
         self.head = model.lm_head
         # Layers whose rows are computed together only if their kernel keeps a row's bits whatever shares the call
-        # (the int4 one does; a BLAS GEMM does not): the others are computed a row at a time under ``rows``.
+        # (the int4 one does; a BLAS GEMM does not): the others are computed a row at a time under ``rows``. A fused
+        # q/k/v or gate/up that joins a layer kept dequantized (a GGUF type not kept 4-bit) is one of the others.
+        int4 = _int4_class()
         self.row_local = {
             id(m)
-            for m in (self.head, *(x[7] for x in self.layers), *(x[3].o_proj for x in self.layers))
-            if isinstance(m, _int4_class())
+            for x in self.layers
+            for m in (self.head, x[1], x[3].o_proj, x[5], x[7])
+            if isinstance(m, int4) or getattr(m, "row_local", False)
         }
 
     @staticmethod
@@ -152,7 +156,7 @@ class LeanLlama:
         shape = (1, n, -1, self.head_dim)
         for i, (norm1, qkv, (q_out, k_out), attn, norm2, gate_up, g_out, down) in enumerate(self.layers):
             residual = hidden
-            h = qkv(self._rms(norm1, hidden))
+            h = self._linear(qkv, self._rms(norm1, hidden), rows)
             # q and k side by side are rotated as one tensor: an elementwise product, each head's bits its own
             qk = h[..., : q_out + k_out].view(shape).transpose(1, 2)
             qk = qk * cos.unsqueeze(1) + rotate_half(qk) * sin.unsqueeze(1)
@@ -162,7 +166,7 @@ class LeanLlama:
             out = self._attend_rows(q, k, v, attn.scaling) if rows else self._attend(q, k, v, mask, attn.scaling)
             hidden = residual + self._linear(attn.o_proj, out.reshape(1, n, -1).contiguous(), rows)
             residual = hidden
-            h = gate_up(self._rms(norm2, hidden))
+            h = self._linear(gate_up, self._rms(norm2, hidden), rows)
             hidden = residual + self._linear(down, torch.nn.functional.silu(h[..., :g_out]) * h[..., g_out:], rows)
         hidden = self._rms(self.norm, hidden)
         if last_only:
@@ -195,12 +199,7 @@ def attach(engine) -> bool:
         or str(engine.device) != "cpu"
     ):
         return False
-    from ..errors import UnsupportedModel
-
-    try:
-        lean = LeanLlama(model)
-    except UnsupportedModel:  # a projection the GGUF stores in a type kept dequantized (Q4_K...): nothing to fuse
-        return False
+    lean = LeanLlama(model)
     steps = ([11, 12, 13, 14, 15], [16, 17, 18], [19])
     with engine._infer():
         ref_cache, lean_cache = engine.new_cache(), engine.new_cache()

@@ -1,12 +1,19 @@
 """Weights kept at the width the GGUF stores them: a manifest's ``model.weights: q4``.
 
 A GGUF's Q4_0 and Q4_1 tensors are blocks of 32 weights, each block a 4-bit code per weight, a scale and (Q4_1) a
-minimum: ``w = d * q + m``. torch's CPU weight-only kernel ``aten._weight_int4pack_mm_for_cpu`` multiplies by
+minimum: ``w = d * q + m``; a Q4_K super-block of 256 holds eight such groups of 32, each with a 6-bit scale and
+minimum under the block's two float16 factors, ``w = (d * sc) * q - (dmin * m)``, the same shape once the factors are
+multiplied out (exactly, in float32). torch's CPU weight-only kernel ``aten._weight_int4pack_mm_for_cpu`` multiplies by
 exactly that shape of matrix, groups of 32 along the input dimension with a scale and a zero point per group
 (``w = (q - 8) * scale + zero``), reading half a byte a weight instead of four. So the codes go into the kernel as
 the file stores them, and a decode step reads about what llama.cpp reads. A Q8_0 tensor (8-bit codes, a scale per
 32) is split into two 4-bit planes, ``x = 16 * hi + lo``, each an int4 matrix with its own scale and zero, whose
-products are added: the same 8-bit codes, read at a byte a weight.
+products are added: the same 8-bit codes, read at a byte a weight. A Q6_K tensor (6-bit codes ``q`` with an 8-bit
+scale ``sc`` per 16 weights and a float16 ``d`` per 256: ``w = (d * sc) * q``) has no group of 32 sharing one scale,
+so the integer ``v = sc * q`` (|v| <= 4096) is written in balanced base-16 digits, ``v = sum 16^k * e_k`` with each
+``e_k`` in -8..7, one int4 plane a digit (three or four) with scale ``16^k * d`` and zero 0: the file's integers
+exactly, read at 1.5-2 bytes a weight (the file: 0.82), which is what keeps a Q4_K_M file's Q6_K head and projections
+off the float32 path.
 
 What it changes against the dequantized model (the default, ``model.weights: dequantized``): the kernel takes its
 activations, scales and zeros in bfloat16 (its float32 path is a fallback, 23-29x slower here), so the codes are the
@@ -34,8 +41,22 @@ from typing import Any
 
 from ..errors import UnsupportedModel
 
-GROUP = 32  # a Q4_0 / Q4_1 / Q8_0 block, and the kernel's group size
-QUANT_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # the GGUF types kept quantized; other tensors stay dequantized
+GROUP = 32  # a Q4_0 / Q4_1 / Q8_0 block, a Q4_K sub-block, and the kernel's group size
+KERNEL_ROWS = 16  # the kernel packs output rows in multiples of this
+# The GGUF types kept quantized (the others stay dequantized), and the planes each becomes: "affine" one plane
+# (w = d * q + m), "q8" two (Q8_0's high and low nibbles), "digits" one per balanced base-16 digit of its integer
+# codes (the minimum, if any, on the last plane)
+_FORM = {
+    "Q4_0": "affine",
+    "Q4_1": "affine",
+    "Q4_K": "affine",
+    "Q8_0": "q8",
+    "Q5_0": "digits",
+    "Q5_1": "digits",
+    "Q5_K": "digits",
+    "Q6_K": "digits",
+}
+QUANT_TYPES = tuple(_FORM)
 
 
 @dataclass
@@ -49,24 +70,60 @@ class Plane:
 
 
 def _block_fields(tensor) -> tuple[Any, Any, Any]:
-    """(d, m, codes) of a Q4_0/Q4_1/Q8_0 tensor as numpy arrays [rows, blocks] (d, m float32; m None for Q4_0 and
-    Q8_0) and [rows, cols] (Q4: uint8 0..15; Q8_0: int8), decoded as gguf's own dequantizer reads the blocks."""
+    """(d, m, codes) of a tensor of a kept type, as numpy arrays [rows, groups of 32] (d, m float32; m None where the
+    type has no minimum) and [rows, cols], decoded as gguf's own dequantizer reads the blocks, so that the weight is
+    ``d * codes + m`` (Q4_0: ``d * (codes - 8)``) with the rounding gguf's arithmetic has:
+
+    - Q4_0, Q4_1, Q4_K: codes uint8 0..15; Q4_K's ``d`` and ``m`` are each sub-block's ``d * sc`` and
+      ``-(dmin * m)`` (exact products in float32; gguf subtracts ``dmin * m``, the same rounding);
+    - Q8_0: codes int8;
+    - Q5_0, Q5_1, Q5_K: the 5-bit codes (Q5_0's less 16) as int16, Q5_K's factors as Q4_K's;
+    - Q6_K: ``d`` of the super-block (repeated for its eight groups) and codes int16 ``v = sc * q`` (|v| <= 4096):
+      gguf computes ``(d * sc) * q``, and both products are exact, so ``d * v`` is the same number."""
     import numpy as np
 
     kind = tensor.tensor_type.name
     data = np.asarray(tensor.data)
     rows = data.shape[0]
-    size = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}[kind]
+    size = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[kind]
     blocks = data.reshape(-1, size)
-    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32).reshape(rows, -1)
+    n = blocks.shape[0]
+    f16 = lambda a: a.copy().view(np.float16).astype(np.float32)  # noqa: E731  (columns of float16 bytes)
+    shifts = lambda *s: np.array(s, dtype=np.uint8).reshape(1, 1, -1, 1)  # noqa: E731
+    if kind in ("Q4_K", "Q5_K"):
+        from gguf.quants import Q4_K
+
+        d, dmin = f16(blocks[:, 0:2]), f16(blocks[:, 2:4])  # [n, 1]
+        sc, mins = Q4_K.get_scale_min(blocks[:, 4:16].copy())  # [n, 8] each: sub-block j's 6-bit scale and minimum
+        scale = (d * sc.astype(np.float32)).reshape(rows, -1)
+        m = -(dmin * mins.astype(np.float32)).reshape(rows, -1)
+        qs = blocks[:, -128:].reshape(n, 4, 1, 32)  # 32 bytes for sub-blocks 2i (low nibbles) and 2i+1 (high)
+        codes = ((qs >> shifts(0, 4)) & 0x0F).reshape(n, 8, 32)
+        if kind == "Q5_K":  # bit j of each of 32 bytes: sub-block j's fifth bit
+            high = (blocks[:, 16:48].reshape(n, 1, 1, 32) >> shifts(*range(8))) & 0x01
+            codes = codes.astype(np.int16) | (high.reshape(n, 8, 32).astype(np.int16) << 4)
+        return scale, m, codes.reshape(rows, -1)
+    if kind == "Q6_K":
+        ql = blocks[:, :128].reshape(n, -1, 1, 64) >> shifts(0, 4)
+        qh = blocks[:, 128:192].reshape(n, -1, 1, 32) >> shifts(0, 2, 4, 6)
+        q = ((ql & 0x0F).reshape(n, -1, 32) | ((qh & 0x03).reshape(n, -1, 32) << 4)).astype(np.int16) - 32
+        sc = blocks[:, 192:208].copy().view(np.int8).astype(np.int16)  # [n, 16]: one per 16 weights
+        codes = (q.reshape(n, 16, 16) * sc[:, :, None]).reshape(rows, -1)
+        d = np.repeat(f16(blocks[:, 208:210]), 256 // GROUP, axis=1).reshape(rows, -1)
+        return d, None, codes
+    d = f16(blocks[:, 0:2]).reshape(rows, -1)
     if kind == "Q8_0":
         codes = blocks[:, 2:].copy().view(np.int8).reshape(rows, -1)
         return d, None, codes
-    start = 2 if kind == "Q4_0" else 4
-    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32).reshape(rows, -1) if kind == "Q4_1" else None
-    packed = blocks[:, start:]  # [n, 16]: element j in the low nibble of byte j, element 16+j in its high nibble
-    codes = np.concatenate([packed & 0x0F, packed >> 4], axis=1).reshape(rows, -1)
-    return d, m, codes
+    m = f16(blocks[:, 2:4]).reshape(rows, -1) if kind in ("Q4_1", "Q5_1") else None
+    packed = blocks[:, -16:]  # [n, 16]: element j in the low nibble of byte j, element 16+j in its high nibble
+    codes = np.concatenate([packed & 0x0F, packed >> 4], axis=1)
+    if kind in ("Q5_0", "Q5_1"):  # the fifth bits: bit j of a little-endian 32-bit word, element j's
+        qh = blocks[:, -20:-16].copy().view("<u4").reshape(n, 1) >> np.arange(32, dtype=np.uint32).reshape(1, 32)
+        codes = codes.astype(np.int16) | ((qh & 0x01).astype(np.int16) << 4)
+        if kind == "Q5_0":
+            codes -= 16
+    return d, m, codes.reshape(rows, -1)
 
 
 def _reference(kind: str, d, m, codes):
@@ -74,21 +131,42 @@ def _reference(kind: str, d, m, codes):
     import numpy as np
 
     rep = lambda a: np.repeat(a, GROUP, axis=1)  # noqa: E731
-    if kind == "Q4_1":
-        return rep(d) * codes.astype(np.float32) + rep(m)
     if kind == "Q4_0":
         return rep(d) * (codes.astype(np.int8) - np.int8(8)).astype(np.float32)
-    return codes.astype(np.float32) * rep(d)
+    if m is not None:  # Q4_1, Q5_1; Q4_K, Q5_K (gguf's - dmin * m: the same rounding as + (-(dmin * m)))
+        return rep(d) * codes.astype(np.float32) + rep(m)
+    return codes.astype(np.float32) * rep(d)  # Q8_0, Q5_0; Q6_K (|v| * d fits float32's 24 bits: exact, as gguf's)
+
+
+def _digits(v) -> list[Any]:
+    """Balanced base-16 digits of the integers ``v`` (each -8..7), lowest first, as few as hold every value."""
+    import numpy as np
+
+    rest, out = v.astype(np.int32), []
+    while True:
+        e = (rest + 8) % 16 - 8
+        out.append(e)
+        rest = (rest - e) // 16
+        if not rest.any():
+            return out
 
 
 def _planes(kind: str, d, m, codes) -> list[Plane]:
-    """The int4 planes of one tensor (one for Q4_0/Q4_1, two for Q8_0), scales and zeros in float32."""
+    """The int4 planes of one tensor (one for Q4_0/Q4_1/Q4_K, two for Q8_0, a base-16 digit each for Q5_0, Q5_1,
+    Q5_K and Q6_K: their minimum, if any, the last plane's zero), scales and zeros in float32, the plane of the
+    highest weight first."""
     import numpy as np
 
-    if kind == "Q4_1":
-        return [Plane(codes.astype(np.uint8), d, m + np.float32(8) * d)]
-    if kind == "Q4_0":
-        return [Plane(codes.astype(np.uint8), d, np.zeros_like(d))]
+    form = _FORM[kind]
+    if form == "affine":
+        zero = np.zeros_like(d) if m is None else m + np.float32(8) * d
+        return [Plane(codes.astype(np.uint8), d, zero)]
+    if form == "digits":
+        zero = np.zeros_like(d)
+        return [
+            Plane((e + 8).astype(np.uint8), np.float32(16**k) * d, m if k == 0 and m is not None else zero)
+            for k, e in reversed(list(enumerate(_digits(codes))))
+        ]
     hi = (codes >> 4).astype(np.int16) + 8  # arithmetic shift: -8..7, stored as 0..15
     lo = (codes & 0x0F).astype(np.uint8)  # 0..15: x = 16 * (hi - 8) + lo
     return [
@@ -99,7 +177,7 @@ def _planes(kind: str, d, m, codes) -> list[Plane]:
 
 def read_planes(gguf_path: Path, model) -> dict[str, list[Plane]]:
     """The int4 planes of every linear layer of ``model`` (loaded from this GGUF's dequantized checkpoint) whose
-    GGUF tensor is Q4_0, Q4_1 or Q8_0, by module name; the LM head from the embedding when the two are tied.
+    GGUF tensor is of a kept type (:data:`QUANT_TYPES`), by module name; the LM head from the embedding when the two are tied.
 
     Each is checked against the module's weight: the GGUF's codes dequantized in float32 (as gguf does) must equal
     the loaded weight bit for bit, in the model's dtype; UnsupportedModel naming the tensor otherwise."""
@@ -137,6 +215,8 @@ def read_planes(gguf_path: Path, model) -> dict[str, list[Plane]]:
                 module = "lm_head"  # a tied head is the embedding's matrix: kept quantized for the head's product
             else:
                 continue  # an embedding lookup reads one row a token: it stays dequantized
+        if int(tensor.shape[-1]) % KERNEL_ROWS:  # GGUF shapes list columns first: [in, out]
+            continue  # the kernel packs rows in 16s: such a matrix (a small vocabulary's head) stays dequantized
         d, m, codes = _block_fields(tensor)
         # The architecture's row permutation (Llama's q/k rotary order), found by running its processor on row
         # numbers: the same rows, in the order transformers put the dequantized weights.
@@ -244,37 +324,60 @@ def _stacks(rows: int) -> bool:
 _STACKS: dict[int, bool] = {}
 
 
-def fuse(layers: list) -> Any:
-    """One layer computing ``layers`` (int4 layers of one plane each, the same input, no bias) side by side
-    (engine.lean). Their packed codes and their scales and zeros stacked along the output dimension when the
-    kernel's packing allows it (:func:`_stacks`): each output column is computed from its own row of codes, so its
-    bits are the separate layer's (tests/test_lean.py). Otherwise the layers are computed one after another and
-    their outputs joined: the same bits, without the saving."""
+def _fusable(m) -> bool:
+    return isinstance(m, _int4_linear_class()) and m.bias is None
+
+
+def _stack(layers: list) -> Any:
+    """Int4 layers of as many planes each, without a bias, as one layer: plane k's packed codes and scales and zeros
+    stacked. Each output column is computed from its own rows of codes, and its planes are added in the same order
+    as in its own layer, so its bits are that layer's."""
     import torch
 
     cls = _int4_linear_class()
-    if any(not isinstance(m, cls) or len(m.packed) != 1 or m.bias is not None for m in layers):
-        raise UnsupportedModel("only single-plane int4 layers without a bias are fused")
-    if not all(_stacks(m.out_features) for m in layers[:-1]):
-        return _Joined(layers)
     fused = cls.__new__(cls)
     torch.nn.Module.__init__(fused)
     fused.in_features = layers[0].in_features
     fused.out_features = sum(m.out_features for m in layers)
-    fused.packed = [torch.cat([m.packed[0] for m in layers])]
-    fused.scales_zeros = [torch.cat([m.scales_zeros[0] for m in layers], dim=1).contiguous()]
+    planes = range(len(layers[0].packed))
+    fused.packed = [torch.cat([m.packed[k] for m in layers]) for k in planes]
+    fused.scales_zeros = [torch.cat([m.scales_zeros[k] for m in layers], dim=1).contiguous() for k in planes]
     fused.bias = None
     fused.nbytes = sum(m.nbytes for m in layers)
     return fused
 
 
+def fuse(layers: list) -> Any:
+    """One layer computing ``layers`` (the same input) side by side (engine.lean). Runs of int4 layers without a bias
+    and with as many planes have their packed codes and their scales and zeros stacked along the output dimension
+    when the kernel's packing allows it (:func:`_stacks`): each output column is computed from its own rows of codes,
+    so its bits are the separate layer's (tests/test_lean.py). Anything else (a layer kept dequantized, another plane
+    count, a row count that does not stack) is computed alone and the outputs joined: the same bits as the separate
+    calls, without the saving. ``row_local`` on a joined result: whether a row's bits are its own whatever rows share
+    the call (true of the int4 kernel, not of a BLAS GEMM)."""
+    groups: list[list] = []
+    for m in layers:
+        last = groups[-1] if groups else None
+        if (
+            last
+            and _fusable(m)
+            and all(_fusable(x) and len(x.packed) == len(m.packed) and _stacks(x.out_features) for x in last)
+        ):
+            last.append(m)
+        else:
+            groups.append([m])
+    parts = [_stack(g) if len(g) > 1 else g[0] for g in groups]
+    return parts[0] if len(parts) == 1 else _Joined(parts)
+
+
 class _Joined:
     """Layers computed one after another, their outputs joined along the last dimension (what :func:`fuse` gives
-    when the packing does not stack)."""
+    when not every layer stacks)."""
 
     def __init__(self, layers: list):
         self.layers = layers
         self.out_features = sum(m.out_features for m in layers)
+        self.row_local = all(isinstance(m, _int4_linear_class()) for m in layers)
 
     def __call__(self, x):
         import torch

@@ -11,7 +11,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 from conftest import REPO, run_cli
 
 DEMO = REPO / "kvgraft_cli" / "data" / "demo-gemma4"

@@ -518,3 +518,57 @@ def test_two_servers_share_the_prompt_cache_through_the_bucket(s3_server, tmp_pa
     assert got[1]["cached_tokens"] == 240 and got[1]["prompt_cache"]["chunks"] == got[0]["prompt_cache"]["deposited"]
     assert [g["first_logits_sha256"] for g in got] == [got[0]["first_logits_sha256"]] * 2
     assert [g["generated_ids_sha256"] for g in got] == [got[0]["generated_ids_sha256"]] * 2
+
+
+def test_replicas_behind_one_endpoint_share_the_bucket_and_write_one_ledger(s3_server, tmp_path):  # noqa: F811
+    """`kvgraft serve --replicas 2 --store s3://...`: two engines in Ray actors (a local instance, on loopback like
+    the endpoint) behind one address, talked to by the openai client (streaming) and plain HTTP, 4 at a time: every
+    request answered, both replicas used, the prompt chunks one deposited restored by whichever answers next from
+    the bucket, one ledger line per request in the front's one ledger, `verify` passing, and `replay --served`
+    computing every request again in one process, the cache off, with every hash equal. SIGTERM drains and ends
+    the replicas."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+    import yaml
+    from conftest import REPO
+    from serving import ledger_lines, start
+
+    manifest = yaml.safe_load((REPO / "kvgraft_cli" / "data" / "default.yaml").read_text())
+    manifest["prefill"] = {"schedule": "chunked", "chunk_size": 16}
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    env = s3_server.env(XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    url = new_url(s3_server, "replicas")
+    s = start(tmp_path, "-m", "serve.yaml", "--store", url, "--replicas", "2", env=env)
+    model, shared = manifest["name"], "Problem: one plus one and two times five " * 5
+    try:
+        assert_loopback_only(listeners(with_descendants([s.proc.pid])), "kvgraft serve --replicas 2 and its Ray")
+        status, first = s.post("/v1/completions", {"model": model, "prompt": shared + "first", "max_tokens": 4})
+        assert (
+            status == 200 and first["kvgraft"]["cached_tokens"] == 0 and first["kvgraft"]["prompt_cache"]["deposited"]
+        )
+        client = openai.OpenAI(base_url=s.base, api_key="unused", max_retries=0)
+
+        def ask(i: int) -> dict:
+            prompt = shared + f"variant {i}"
+            if i % 2:  # streamed: the text comes in pieces, the kvgraft object with the last chunk
+                pieces = list(client.completions.create(model=model, prompt=prompt, max_tokens=5, stream=True))
+                return pieces[-1].model_extra["kvgraft"]
+            status, data = s.post("/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 5})
+            assert status == 200, data
+            return data["kvgraft"]
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(ask, range(8)))
+        assert all(a["cached_tokens"] >= 160 for a in answers)  # the shared chunks, from memory or the bucket
+        _, _, body = s.request("GET", "/health")
+        per_replica = json.loads(body)["replicas"]
+        assert sum(per_replica) == 9 and min(per_replica) > 0, per_replica
+    finally:
+        assert s.stop() == 0
+    assert not [p for p in with_descendants([s.proc.pid]) if p.is_running()]
+    lines = ledger_lines(tmp_path / "kvgraft-ledger.jsonl")
+    assert [e["kind"] for e in lines] == ["serve"] * 9  # the front's lines alone: a replica writes none
+    run_cli("verify", "-m", "serve.yaml", cwd=tmp_path, env=env, check_rc=0)
+    p = run_cli("replay", "--served", "kvgraft-ledger.jsonl", "--json", cwd=tmp_path, env=env, check_rc=0)
+    assert json.loads(p.stdout)["matched"] == 9

@@ -56,6 +56,19 @@ def serve(
         callback=at_most_max_count,
         help="MiB of the newest prompt-cache chains read (each chunk re-hashed) into memory at start; 0: none.",
     ),
+    replicas: int | None = typer.Option(
+        None,
+        "--replicas",
+        min=1,
+        callback=at_most_max_count,
+        help="Engines in Ray actors behind this endpoint, one ledger (docs/SERVE.md); default: one, in this process.",
+    ),
+    ray_address: str | None = typer.Option(
+        None,
+        "--ray-address",
+        help="With replicas: join this Ray cluster (auto, HOST:PORT, ray://HOST:10001) instead of a local instance; "
+        "the store must be one every node reaches (s3://...).",
+    ),
     requests_log: Path | None = typer.Option(
         None,
         "--requests-log",
@@ -75,7 +88,7 @@ def serve(
 
     ctx = context(manifest, store, ledger, allow_drift)
     options = Options(k, min_score, not no_prompt_cache, chunk, requests_log, warm << 20)
-    settings = ServeSettings(host, port, queue, max_body)
+    settings = ServeSettings(host, port, queue, max_body, replicas=replicas, ray_address=ray_address)
 
     def ready(server, url: str) -> None:
         info = {

@@ -70,6 +70,7 @@ class Answer:
     first_logits_sha256: str | None = None
     prompt_ids: list[int] = field(default_factory=list)  # every token of the context, grafted or computed
     timings: dict[str, float] = field(default_factory=dict)
+    cancelled: bool = False  # the client went away: the decode stopped (the ledger line says "cancelled")
     ledger_seq: int | None = None
     ledger_sha256: str | None = None
 
@@ -112,6 +113,7 @@ class Server:
         self.facts = ctx.engine_facts(engine)
         self.limit = engine.max_positions or context_window(m.model_dir)
         self.requests_log = options.requests_log or default_requests_log(ctx.ledger)
+        self.recorder = Recorder(ctx, self.facts, options, self.chunk, self.requests_log)
         self.warmed = promptcache.Warmed()  # what open() read into the verified cache
         self.slot: promptcache.Slot | None = None  # the last plain request's cache (promptcache.prefill)
         self.pool = BufferPool() if enabled(engine.device) else None  # one request at a time: one cache's memory
@@ -229,7 +231,8 @@ class Server:
             ans = Answer("", [], "length", len(ids), "none" if question is not None else "plain")
             ans.prompt_ids = ids
             if cancelled():  # cancelled while queued: nothing computed
-                return self._record(req, ans, ids, queued_s, t0, cancelled=True) if record else ans
+                ans.cancelled = True
+                return self._record(req, ans, queued_s, t0) if record else ans
             pre = promptcache.prefill(engine, self.store, ids, self.chunk, self._take_slot())
             cache, last = pre.cache, pre.last_logits
             ans.cached_tokens, ans.cache_chunks, ans.deposited_chunks = pre.restored_tokens, pre.restored, pre.deposited
@@ -256,9 +259,10 @@ class Server:
         ans.text = prefix + text
         ans.finish_reason = "stop" if (eos or hit_stop) else "length"
         ans.prompt_ids = ids
+        ans.cancelled = was_cancelled
         if not record:
             return ans
-        return self._record(req, ans, ids, queued_s, t0, cancelled=was_cancelled)
+        return self._record(req, ans, queued_s, t0)
 
     def _find(self, question: str) -> Found:
         """The library's answer for a question: exact only, or with ``k`` related hits."""
@@ -293,9 +297,23 @@ class Server:
         return ans, ids, budget, cache, last
 
     # -- the ledger ---------------------------------------------------------------------------------------------------
-    def _record(self, req: Request, ans: Answer, ids: list[int], queued_s: float, t0: float, cancelled: bool) -> Answer:
-        """Log the request's body, then append its ledger line (fsynced): the response may leave after this."""
-        if cancelled:
+    def _record(self, req: Request, ans: Answer, queued_s: float, t0: float) -> Answer:
+        assert self.store is not None
+        return self.recorder.record(self.store, req, ans, queued_s, t0)
+
+
+class Recorder:
+    """What writes a request's ledger line: a Server's, or the front of replicas (serve.replicas), which records
+    every replica's answers into one ledger as a single server would. ``facts`` are the engine's ledger facts."""
+
+    def __init__(self, ctx: RunContext, facts: dict[str, Any], options: Options, chunk: int | None, log: Path):
+        self.ctx, self.facts, self.options, self.chunk, self.requests_log = ctx, facts, options, chunk, log
+
+    def record(self, store: Store, req: Request, ans: Answer, queued_s: float, t0: float) -> Answer:
+        """Log the request's body, then append its ledger line (fsynced): the response may leave after this. The
+        artifacts it names are marked recorded in ``store`` once the line is written."""
+        ids = ans.prompt_ids
+        if ans.cancelled:
             ans.finish_reason = "cancelled"
         ans.timings["wall_s"] = time.perf_counter() - t0
         ans.timings["queue_s"] = queued_s
@@ -337,11 +355,10 @@ class Server:
         )
         if entry["outputs"]["first_logits"] is None:
             del entry["outputs"]["first_logits"]
-        store = self.store
         named = ans.chain + ans.cache_chunks + ans.deposited_chunks
 
         def after(_: dict) -> None:
-            if named and store is not None:
+            if named:
                 store.mark_recorded(named)
 
         written = ledger.append(self.ctx.ledger, KIND, entry, after=after)

@@ -19,19 +19,22 @@ from typing import Any
 
 from .answer import Answer, cut_at_stop
 from .protocol import Request, RequestError, parse
+from .replicas import Replicas
 from .worker import Job, Worker
 
 DEFAULT_MAX_BODY = 1 << 20  # bytes; a prompt longer than any context fits in far less
 
 
-def create_app(worker: Worker, max_body: int = DEFAULT_MAX_BODY, on_shutdown=None):
-    """The Starlette app over a started worker. ``on_shutdown`` runs after the server stops taking requests."""
+def create_app(worker: Worker | Replicas, max_body: int = DEFAULT_MAX_BODY, on_shutdown=None):
+    """The Starlette app over a started worker (one engine in this process, or replicas: serve.replicas).
+    ``on_shutdown`` runs after the server stops taking requests."""
     from starlette.applications import Starlette
     from starlette.requests import Request as HttpRequest
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
     server = worker.server
+    assert server is not None  # (started)
     created = int(time.time())
 
     def error(e: RequestError) -> JSONResponse:
@@ -61,6 +64,7 @@ def create_app(worker: Worker, max_body: int = DEFAULT_MAX_BODY, on_shutdown=Non
                 "prompt_cache_chunk": server.chunk,
                 "prompt_cache_warmed": server.warmed.to_json(),
                 "library": server.library,
+                **({"replicas": list(worker.per_replica)} if isinstance(worker, Replicas) else {}),
             }
         )
 

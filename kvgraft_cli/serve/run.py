@@ -11,11 +11,16 @@ import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from ..runs.context import RunContext
 from .answer import Options, Server
 from .app import DEFAULT_MAX_BODY
+
+if TYPE_CHECKING:
+    from .replicas import Front, Replicas
+    from .worker import Worker
 
 
 @dataclass
@@ -25,6 +30,8 @@ class ServeSettings:
     queue: int = 64
     max_body: int = DEFAULT_MAX_BODY
     drain_s: float = 60.0  # how long SIGTERM waits for requests in flight
+    replicas: int | None = None  # engines in Ray actors behind this front (serve.replicas); None: one, in process
+    ray_address: str | None = None  # with replicas: a Ray cluster to join (None: a local instance on loopback)
 
 
 def check_installed() -> None:
@@ -57,7 +64,7 @@ def serve(
     ctx: RunContext,
     options: Options,
     settings: ServeSettings,
-    on_ready: Callable[[Server, str], None] | None = None,
+    on_ready: Callable[[Server | Front, str], None] | None = None,
 ) -> None:
     """Load the engine, open the store, bind, and serve until stopped (see the module docstring)."""
     check_installed()
@@ -65,12 +72,24 @@ def serve(
     from ..ledger import log as ledger
 
     ledger.check_appendable(ctx.ledger)
-    engine = load_engine(ctx.manifest, ctx.allow_drift)
-    server = Server(ctx, engine, options)
-    from .worker import Worker
+    worker: Worker | Replicas
+    if settings.replicas is not None or settings.ray_address:
+        from .replicas import Replicas
 
-    worker = Worker(server, settings.queue)
-    worker.start()  # opens the store in the engine's thread (refusals come out here)
+        worker = Replicas(ctx, options, settings.replicas, settings.ray_address, settings.queue)
+        try:
+            worker.start()
+        except BaseException:
+            worker.close()
+            raise
+        assert worker.server is not None
+        shown: Server | Front = worker.server
+    else:
+        from .worker import Worker
+
+        worker = Worker(Server(ctx, load_engine(ctx.manifest, ctx.allow_drift), options), settings.queue)
+        worker.start()  # opens the store in the engine's thread (refusals come out here)
+        shown = worker.server
     sock = bind(settings.host, settings.port)
     try:
         import uvicorn
@@ -89,7 +108,7 @@ def serve(
         )
         userver = uvicorn.Server(config)
         if on_ready is not None:
-            on_ready(server, url)
+            on_ready(shown, url)
         # uvicorn drains on SIGTERM, then raises the signal again under the handler it found: this one, so a
         # drained server exits 0 (Ctrl-C keeps Python's handler: KeyboardInterrupt, exit 130 once drained).
         previous = signal.signal(signal.SIGTERM, lambda *_: None)

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .answer import Server
 from .protocol import Request, RequestError
@@ -34,13 +34,25 @@ class Job:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
 
 
-class Worker:
-    """The engine's thread, over a Server whose engine is loaded (its store is opened in this thread)."""
+class Task(Protocol):
+    """What the engine's thread computes: a Job, or a replica's relay of one (serve.replicas)."""
 
-    def __init__(self, server: Server, size: int = 64):
+    request: Request
+    cancel: threading.Event
+    queued: float
+
+    def send(self, kind: str, value: Any) -> None: ...
+
+
+class Worker:
+    """The engine's thread, over a Server whose engine is loaded (its store is opened in this thread). ``record``
+    False: answers come back without their ledger line (a replica's: the front records them, serve.replicas)."""
+
+    def __init__(self, server: Server, size: int = 64, record: bool = True):
         self.server = server
         self.size = size
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=size)
+        self.record = record
+        self._queue: queue.Queue[Task | None] = queue.Queue(maxsize=size)
         self._thread = threading.Thread(target=self._run, name="kvgraft-engine", daemon=True)
         self._opened = threading.Event()
         self._open_error: BaseException | None = None
@@ -53,7 +65,7 @@ class Worker:
         if self._open_error is not None:
             raise self._open_error
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: Task) -> None:
         """Queue a job, or RequestError 429 when the queue is full."""
         try:
             self._queue.put_nowait(job)
@@ -99,14 +111,16 @@ class Worker:
         finally:
             self.server.close()
 
-    def _compute(self, job: Job) -> None:
+    def _compute(self, job: Task) -> None:
         start = time.perf_counter()
         on_ids: Callable[[list[int], str], None] | None = None
         if job.request.stream:  # the text so far, decoded here: the event loop never touches the tokenizer
             decode = self.server.engine.decode_text
             on_ids = lambda ids, prefix: job.send("text", prefix + decode(ids, skip_special=True))  # noqa: E731
         try:
-            answer = self.server.answer(job.request, on_ids, job.cancel.is_set, queued_s=start - job.queued)
+            answer = self.server.answer(
+                job.request, on_ids, job.cancel.is_set, queued_s=start - job.queued, record=self.record
+            )
         except Exception as e:  # the app renders it (a RequestError as itself, anything else as a 500)
             job.send("error", e)
         else:

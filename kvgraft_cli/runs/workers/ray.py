@@ -102,63 +102,12 @@ class RayPool:
         """Join or start Ray, start the workers and wait until each has loaded its engine (or refused to)."""
         if self.actors:
             return
-        if not self.address:
-            # A local instance is this machine's alone: Ray's single-node mode keeps the node address on loopback
-            # (127.0.0.1), so GCS, raylet, agents and workers listen there and not on every interface, which is what
-            # Ray does by default on Linux (read when ray is imported, so set before the import below).
-            os.environ.setdefault(LOCAL_ONLY_ENV, "0")
-        try:
-            import ray
-        except ImportError:
-            raise ray_missing() from None
+        self.started_ray = init_ray(self.address) or self.started_ray
+        import ray
+
         runtime = self.ctx.manifest.data["runtime"]
-        debug = os.environ.get("KVGRAFT_DEBUG") == "1"
-        if not ray.is_initialized():
-            if self.address:
-                check_reachable(self.address)
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats notice on stderr
-            _driver_output_to_stderr(debug)
-            try:
-                # "local": always a new instance; with no address ray.init would join whatever cluster the last
-                # `ray start` on this machine recorded in /tmp/ray/ray_current_cluster (or RAY_ADDRESS).
-                local = {"_node_ip_address": LOOPBACK} if not self.address else {}
-                ray.init(
-                    address=self.address or "local",
-                    **local,
-                    include_dashboard=False,
-                    logging_level=logging.ERROR,
-                    log_to_driver=debug,
-                    configure_logging=True,
-                )
-            except Exception as e:  # noqa: BLE001  (ConnectionError, ValueError, RuntimeError: Ray's own)
-                raise InputError(
-                    f"cannot {'join the Ray cluster at ' + self.address if self.address else 'start a local Ray instance'}: "
-                    f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-                    "check the address (`ray status` on the cluster); a cluster with token "
-                    "authentication (what `ray start --head` sets up) needs RAY_AUTH_MODE=token here, "
-                    "with its token in ~/.ray/auth_token or RAY_AUTH_TOKEN; or run without --ray-address "
-                    "for a local instance",
-                ) from None
-            self.started_ray = True
-        gpu = runtime["device"] == "cuda"
-        per_worker = {"num_gpus": 1, "num_cpus": 1} if gpu else {"num_cpus": max(1, int(runtime.get("threads") or 1))}
-        total = ray.cluster_resources()
-        unit, need = ("GPU", 1) if gpu else ("CPU", per_worker["num_cpus"])
-        fits = int(total.get(unit, 0) // need)
-        n = self.workers if self.workers is not None else max(1, fits)
-        if n > fits:
-            raise InputError(
-                f"{n} worker{'s' if n != 1 else ''} need {n * need} {unit}"
-                f"{'s' if n * need != 1 else ''} (each: {need}, runtime.threads), the Ray cluster has "
-                f"{total.get(unit, 0):g}",
-                f"pass --workers {max(1, fits)} or fewer, or add nodes",
-            )
-        # The manifest's kernel flags, set when each worker process starts (before it imports torch); a null pin
-        # ("must be unset") cannot be expressed there: the engine's pin_environment unsets it before torch loads.
-        env = {k: v for k, v in (runtime.get("env") or {}).items() if v is not None}
-        for name in (EXIT_ONCE_ENV, "KVGRAFT_DEBUG"):
-            if os.environ.get(name):
-                env[name] = os.environ[name]
+        n, per_worker = fit_workers(runtime, self.workers)
+        env = worker_env(runtime)
         actor = ray.remote(max_restarts=MAX_RETRIES, max_task_retries=MAX_RETRIES, **per_worker)(Worker)
         data = context_data(self.ctx)
         self.actors = [actor.options(runtime_env={"env_vars": env}).remote(data) for _ in range(n)]
@@ -243,6 +192,81 @@ class RayPool:
                 f"{WHERE}: Ray failed: {type(e).__name__}: {first[:300]}",
                 "re-run with KVGRAFT_DEBUG=1 to see the workers' logs",
             ) from None
+
+
+def worker_env(runtime: dict[str, Any]) -> dict[str, str]:
+    """The environment a worker process starts with: the manifest's kernel flags (set before it imports torch; a
+    null pin, "must be unset", cannot be expressed there: the engine's pin_environment unsets it before torch
+    loads), and this process's debug and test switches."""
+    env = {k: v for k, v in (runtime.get("env") or {}).items() if v is not None}
+    for name in (EXIT_ONCE_ENV, "KVGRAFT_DEBUG"):
+        if os.environ.get(name):
+            env[name] = os.environ[name]
+    return env
+
+
+def fit_workers(runtime: dict[str, Any], wanted: int | None, flag: str = "--workers") -> tuple[int, dict[str, int]]:
+    """How many engines the connected Ray cluster holds for a manifest's ``runtime`` (each: its threads' CPUs, or one
+    GPU), and the resources each asks for: ``wanted`` (None: as many as fit), InputError naming ``flag`` past that."""
+    import ray
+
+    gpu = runtime["device"] == "cuda"
+    per_worker = {"num_gpus": 1, "num_cpus": 1} if gpu else {"num_cpus": max(1, int(runtime.get("threads") or 1))}
+    total = ray.cluster_resources()
+    unit, need = ("GPU", 1) if gpu else ("CPU", per_worker["num_cpus"])
+    fits = int(total.get(unit, 0) // need)
+    n = wanted if wanted is not None else max(1, fits)
+    if n > fits:
+        raise InputError(
+            f"{n} worker{'s' if n != 1 else ''} need {n * need} {unit}"
+            f"{'s' if n * need != 1 else ''} (each: {need}, runtime.threads), the Ray cluster has "
+            f"{total.get(unit, 0):g}",
+            f"pass {flag} {max(1, fits)} or fewer, or add nodes",
+        )
+    return n, per_worker
+
+
+def init_ray(address: str | None) -> bool:
+    """Join the Ray cluster at ``address``, or start a local instance on loopback (None), unless this process is
+    already connected; returns whether it started or joined one (the caller shuts it down when done)."""
+    if not address:
+        # A local instance is this machine's alone: Ray's single-node mode keeps the node address on loopback
+        # (127.0.0.1), so GCS, raylet, agents and workers listen there and not on every interface, which is what
+        # Ray does by default on Linux (read when ray is imported, so set before the import below).
+        os.environ.setdefault(LOCAL_ONLY_ENV, "0")
+    try:
+        import ray
+    except ImportError:
+        raise ray_missing() from None
+    debug = os.environ.get("KVGRAFT_DEBUG") == "1"
+    if not ray.is_initialized():
+        if address:
+            check_reachable(address)
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats notice on stderr
+        _driver_output_to_stderr(debug)
+        try:
+            # "local": always a new instance; with no address ray.init would join whatever cluster the last
+            # `ray start` on this machine recorded in /tmp/ray/ray_current_cluster (or RAY_ADDRESS).
+            local = {"_node_ip_address": LOOPBACK} if not address else {}
+            ray.init(
+                address=address or "local",
+                **local,
+                include_dashboard=False,
+                logging_level=logging.ERROR,
+                log_to_driver=debug,
+                configure_logging=True,
+            )
+        except Exception as e:  # noqa: BLE001  (ConnectionError, ValueError, RuntimeError: Ray's own)
+            raise InputError(
+                f"cannot {'join the Ray cluster at ' + address if address else 'start a local Ray instance'}: "
+                f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                "check the address (`ray status` on the cluster); a cluster with token "
+                "authentication (what `ray start --head` sets up) needs RAY_AUTH_MODE=token here, "
+                "with its token in ~/.ray/auth_token or RAY_AUTH_TOKEN; or run without --ray-address "
+                "for a local instance",
+            ) from None
+        return True
+    return False
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:

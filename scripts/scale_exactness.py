@@ -64,6 +64,24 @@ GEMMA3_DIMS = {
 SHAPES = ("tiny", *GEMMA3_DIMS)
 
 
+def read_config_file(config_file: Path) -> dict:
+    """A config.json's fields (its text_config when it has one), or InputError naming the file: read before torch is
+    imported, so a wrong path or a file that is no config is refused in a fraction of a second."""
+    from kvgraft_cli.errors import InputError
+
+    try:
+        d = json.loads(Path(config_file).read_text(encoding="utf-8"))
+        d = d.get("text_config") or d
+        if "model_type" not in d:
+            raise ValueError("no model_type")
+    except (OSError, ValueError, AttributeError) as e:
+        raise InputError(
+            f"{config_file}: not a readable Hugging Face config.json ({e})",
+            "pass the config.json of a checkpoint (its weights are not needed)",
+        ) from None
+    return d
+
+
 def shape_config(name: str, config_file: Path | None = None, layers: int | None = None):
     """The transformers config of a named shape, or of ``config_file`` (a config.json; its text_config when it
     has one); ``layers`` keeps the widths and cuts the depth (a named shape's last layer stays global)."""
@@ -72,18 +90,7 @@ def shape_config(name: str, config_file: Path | None = None, layers: int | None 
     from kvgraft_cli.engine.tinymodel import build_config
 
     if config_file is not None:
-        from kvgraft_cli.errors import InputError
-
-        try:
-            d = json.loads(Path(config_file).read_text(encoding="utf-8"))
-            d = d.get("text_config") or d
-            if "model_type" not in d:
-                raise ValueError("no model_type")
-        except (OSError, ValueError, AttributeError) as e:
-            raise InputError(
-                f"{config_file}: not a readable Hugging Face config.json ({e})",
-                "pass the config.json of a checkpoint (its weights are not needed)",
-            ) from None
+        d = read_config_file(config_file)
         if layers:
             d = {
                 **d,
@@ -141,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, help="the shape's widths with this many layers (fits a CPU's memory)")
     ap.add_argument("--json", action="store_true", help="one JSON object per shape on stdout")
     args = ap.parse_args(argv)
+    if args.config is not None:
+        read_config_file(args.config)  # bad input refused before torch loads
 
     # The profile's kernel flags before torch is imported.
     from kvgraft_cli.engine.determinism import pin_profile

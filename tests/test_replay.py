@@ -12,6 +12,9 @@ from kvgraft_cli.errors import InputError
 from kvgraft_cli.ledger import log as ledger
 from kvgraft_cli.runs.replay import load_prereg, prereg_from_ledger, write_prereg
 
+# finished_run (a deposit, a graft check, a score, a prereg: about 12 s) built once, on one worker
+pytestmark = pytest.mark.xdist_group("replay")
+
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):

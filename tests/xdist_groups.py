@@ -17,13 +17,14 @@ import pytest
 SHARED_GROUPS = {
     "test_ray.py": "ray-s3",  # Ray instances and one SeaweedFS server; `ray` processes are machine-wide
     "test_s3.py": "ray-s3",
-    "test_gguf.py": "smollm2",
-    "test_serve.py": "serve",  # the tiny model's library, deposited once, and the servers started on it  # one worker converts the real GGUF once and runs the real model's tests
+    "test_gguf.py": "smollm2",  # one worker converts the real GGUF once and runs the real model's tests
+    "test_serve.py": "serve",  # the tiny model's library, deposited once, and the servers started on it
     # Not services but costly fixtures, built once per worker that runs one of their tests (about 15-25 s each,
     # twice when their tests were spread over both workers):
     "test_report.py": "report",  # report_ledger: a CLI run of each kind the report shows
     "test_report_browser.py": "report",
     "test_cli_errors.py": "cli-errors",  # engine_runs: the model-loading commands, each in a folder of its own
+    "test_replay.py": "replay",  # finished_run: a deposit, a graft check, a score and a prereg
 }
 
 

@@ -182,7 +182,7 @@ class Replicas:
         import ray
 
         runtime = self.ctx.manifest.data["runtime"]
-        n, per_replica = fit_workers(runtime, self.count, "--replicas")
+        n, per_replica = fit_workers(runtime, self.count, "--replicas", "replica")
         # Restarted when it dies (the request it held fails; the next one finds the engine loaded again); a request
         # is never retried by Ray: the front has already relayed part of it.
         actor = ray.remote(max_restarts=MAX_RETRIES, max_task_retries=0, max_concurrency=2, **per_replica)(Replica)

@@ -205,7 +205,9 @@ def worker_env(runtime: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def fit_workers(runtime: dict[str, Any], wanted: int | None, flag: str = "--workers") -> tuple[int, dict[str, int]]:
+def fit_workers(
+    runtime: dict[str, Any], wanted: int | None, flag: str = "--workers", noun: str = "worker"
+) -> tuple[int, dict[str, int]]:
     """How many engines the connected Ray cluster holds for a manifest's ``runtime`` (each: its threads' CPUs, or one
     GPU), and the resources each asks for: ``wanted`` (None: as many as fit), InputError naming ``flag`` past that."""
     import ray
@@ -218,7 +220,7 @@ def fit_workers(runtime: dict[str, Any], wanted: int | None, flag: str = "--work
     n = wanted if wanted is not None else max(1, fits)
     if n > fits:
         raise InputError(
-            f"{n} worker{'s' if n != 1 else ''} need {n * need} {unit}"
+            f"{n} {noun}{'s' if n != 1 else ''} need {n * need} {unit}"
             f"{'s' if n * need != 1 else ''} (each: {need}, runtime.threads), the Ray cluster has "
             f"{total.get(unit, 0):g}",
             f"pass {flag} {max(1, fits)} or fewer, or add nodes",

@@ -243,6 +243,10 @@ def test_a_k_quant_mix_runs_at_the_files_widths_and_grafts_exactly(tmp_path, mon
         str(path), tmp_path / "m.yaml", weights="q4", attn_implementation="grouped", schedule=schedule, threads=1
     )
     (tmp_path / "m.yaml").write_text(text)
+    assert (  # what the manifest says it keeps (manifest init prints it too)
+        "# model.weights q4: 6 of 8 linear layers kept at the file's widths: 1 Q4_K, 2 Q5_0 (2 planes), 1 Q5_1 (2 "
+        "planes), 1 Q5_K (2 planes), 1 Q6_K (4 planes); 2 dequantized (model.layers.0.mlp.up_proj, lm_head)\n"
+    ) in text
     eng = load_engine(load_manifest(tmp_path / "m.yaml"))
     assert eng.lean is not None
     attn, mlp = eng.model.model.layers[0].self_attn, eng.model.model.layers[0].mlp

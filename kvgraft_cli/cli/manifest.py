@@ -129,6 +129,9 @@ def init(
         raise InputError(f"{output} exists", "pass --force to overwrite it")
     atomic_write_bytes(output, text.encode())
     err.print(f"wrote {output} (model {hashes.model_sha256[:16]}..., profile {profile.value})")
+    kept = next((line[2:] for line in text.splitlines() if line.startswith("# model.weights q4: ")), None)
+    if kept:
+        err.print(kept, highlight=False, soft_wrap=True)
 
 
 @app.command("show", cls=Command)

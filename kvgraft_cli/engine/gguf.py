@@ -153,12 +153,14 @@ def manifest_for_gguf(source: str, output: Path | None, **settings) -> tuple[str
     if not (out / "model.safetensors").is_file():
         dequantize(path, out, dtype)
     hashes = hash_model_dir(out)
+    header = "# kvgraft run-manifest, written by `kvgraft manifest init`\n"
     if settings.pop("weights", "dequantized") == "q4":
         from .quantized import weights_sha256
 
         if settings.get("device", "cpu") != "cpu":
             raise InputError("--weights q4 runs on torch's CPU kernels", "use --device cpu, or --weights dequantized")
-        settings["weights_sha256"] = weights_sha256(path, out, dtype, gguf_config.quantized_path(sha))
+        settings["weights_sha256"], kept = weights_sha256(path, out, dtype, gguf_config.quantized_path(sha))
+        header += f"# model.weights q4: {kept}\n"
     if source.startswith(gguf_config.PACKAGE_PREFIX):
         model_path = source
     else:
@@ -173,4 +175,4 @@ def manifest_for_gguf(source: str, output: Path | None, **settings) -> tuple[str
         chat=has_chat_template(out),
         **settings,
     )
-    return "# kvgraft run-manifest, written by `kvgraft manifest init`\n" + dump_yaml(data), hashes
+    return header + dump_yaml(data), hashes

@@ -175,12 +175,13 @@ def _planes(kind: str, d, m, codes) -> list[Plane]:
     ]
 
 
-def read_planes(gguf_path: Path, model) -> dict[str, list[Plane]]:
+def read_planes(gguf_path: Path, model, kinds: dict[str, str] | None = None) -> dict[str, list[Plane]]:
     """The int4 planes of every linear layer of ``model`` (loaded from this GGUF's dequantized checkpoint) whose
     GGUF tensor is of a kept type (:data:`QUANT_TYPES`), by module name; the LM head from the embedding when the two are tied.
 
     Each is checked against the module's weight: the GGUF's codes dequantized in float32 (as gguf does) must equal
-    the loaded weight bit for bit, in the model's dtype; UnsupportedModel naming the tensor otherwise."""
+    the loaded weight bit for bit, in the model's dtype; UnsupportedModel naming the tensor otherwise. ``kinds``
+    (if given) receives each kept module's GGUF type."""
     import numpy as np
     import torch
     from gguf import MODEL_ARCH_NAMES, GGUFReader, get_tensor_name_map
@@ -233,6 +234,8 @@ def read_planes(gguf_path: Path, model) -> dict[str, list[Plane]]:
                 "use model.weights: dequantized for this GGUF",
             )
         out[module] = _planes(kind, d, m, codes)
+        if kinds is not None:
+            kinds[module] = kind
     if not out:
         raise UnsupportedModel(
             f"{gguf_path}: no linear layer is stored as {', '.join(QUANT_TYPES)}",
@@ -488,9 +491,10 @@ def quantize_for_manifest(model, manifest, drift, allow_drift: bool) -> None:
         drift.enforce(allow_drift, manifest.source)
 
 
-def weights_sha256(gguf_path: Path, model_dir: Path, dtype: str, cache: Path | None = None) -> str:
+def weights_sha256(gguf_path: Path, model_dir: Path, dtype: str, cache: Path | None = None) -> tuple[str, str]:
     """The q4 form's canonical SHA-256 for a GGUF whose dequantized checkpoint is ``model_dir`` (what `kvgraft
-    manifest init --weights q4` pins), the form written to ``cache`` for the runs that follow."""
+    manifest init --weights q4` pins), the form written to ``cache`` for the runs that follow; and one line saying
+    what it keeps (:func:`describe`)."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -498,7 +502,25 @@ def weights_sha256(gguf_path: Path, model_dir: Path, dtype: str, cache: Path | N
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=getattr(torch, dtype))
-    planes = read_planes(gguf_path, model)
+    kinds: dict[str, str] = {}
+    planes = read_planes(gguf_path, model, kinds)
     if cache is not None:
         save_planes(planes, cache)
-    return canonical_sha256(planes)
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    return canonical_sha256(planes), describe(kinds, planes, linears)
+
+
+def describe(kinds: dict[str, str], planes: dict[str, list[Plane]], linears: list[str]) -> str:
+    """One line: how many of the model's linear layers are kept at the file's widths, by GGUF type and plane count,
+    and which stay dequantized."""
+    by: dict[tuple[str, int], int] = {}
+    for name, kind in kinds.items():
+        key = (kind, len(planes[name]))
+        by[key] = by.get(key, 0) + 1
+    kept = ", ".join(f"{n} {k}" + (f" ({p} planes)" if p > 1 else "") for (k, p), n in sorted(by.items()))
+    dense = [n for n in linears if n not in kinds]
+    line = f"{len(kinds)} of {len(linears)} linear layers kept at the file's widths: {kept}"
+    if dense:
+        shown = ", ".join(dense[:3]) + (f" and {len(dense) - 3} more" if len(dense) > 3 else "")
+        line += f"; {len(dense)} dequantized ({shown})"
+    return line

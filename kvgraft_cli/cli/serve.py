@@ -101,6 +101,7 @@ def serve(
             "prompt_cache_chunk": server.chunk,
             "prompt_cache_warmed": server.warmed.to_json(),
             "library": server.library,
+            "replicas": getattr(server, "replicas", None),  # None: one engine, in this process
         }
         if as_json:
             print_json(info)
@@ -112,7 +113,8 @@ def serve(
                 cache += f", {w.chunks} read into memory ({w.bytes / 1e6:.0f} MB in {w.seconds:.1f} s)"
             err.print(
                 f"kvgraft serve: {server.model_id} on {url}/v1  (ledger {ctx.ledger}; store {ctx.store_name}; "
-                f"prompt cache {cache}; library {'on' if server.library else 'empty'})",
+                f"prompt cache {cache}; library {'on' if server.library else 'empty'}"
+                f"{'; ' + str(info['replicas']) + ' replicas (Ray)' if info['replicas'] else ''})",
                 highlight=False,
                 soft_wrap=True,
             )

@@ -142,6 +142,7 @@ class Front:
     warmed: Warmed
     library: bool
     requests_log: Path
+    replicas: int = 1
 
 
 class Replicas:
@@ -211,7 +212,7 @@ class Replicas:
             sum(h["warmed"].refused for h in hellos),
             max(h["warmed"].seconds for h in hellos),
         )
-        self.server = Front(first["model_id"], first["chunk"], warmed, any(h["library"] for h in hellos), log)
+        self.server = Front(first["model_id"], first["chunk"], warmed, any(h["library"] for h in hellos), log, n)
         self.recorder = Recorder(self.ctx, first["facts"], self.options, first["chunk"], log)
         self.per_replica = [0] * n
         for i, a in enumerate(self.actors):

@@ -175,3 +175,24 @@ def test_attention_row_by_row_is_the_decode_steps(threads, past, n):
         assert not torch.equal(lean._attend(q, k, v, mask, 0.125), decode)
     finally:
         torch.set_num_threads(before)
+
+
+def test_positions_given_explicitly_are_transformers_bytes(tmp_path):
+    """The probe computes prefixes away from position 0 (engine.forward's ``start``): through the lean forward,
+    batched, a prefix placed at position 30 and a suffix after it give the bytes of transformers' forward one token a
+    call with the same positions (the invariant schedule's definition)."""
+    eng = _q4_tiny_llama(tmp_path, 1)
+    ids = [int(t) for t in np.random.default_rng(5).integers(3, 200, 28)]
+    lean = eng.lean
+    assert lean is not None
+    cache, _ = eng.prefill(ids[:20], offset=30)
+    got = eng.forward(cache, ids[20:], start=50)
+    eng.lean = None  # transformers' forward, one token a call
+    try:
+        ref, _ = eng.prefill(ids[:20], offset=30)
+        want = eng.forward(ref, ids[20:], start=50)
+    finally:
+        eng.lean = lean
+    assert torch.equal(got, want)
+    for a, b in zip(ref.layers, cache.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)

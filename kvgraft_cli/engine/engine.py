@@ -148,9 +148,9 @@ class Engine:
         """
         import torch
 
-        if self.lean is not None and start is None:  # under invariant: the token-by-token bits, batched (lean.py)
+        if self.lean is not None:  # under invariant: the token-by-token bits, batched (lean.py)
             with self._infer():
-                return self.lean(cache, ids, last_only, rows=self.invariant)
+                return self.lean(cache, ids, last_only, rows=self.invariant, start=start)
         if self.invariant and len(ids) > 1:
             return self._forward_token_by_token(cache, ids, last_only, start)
         x = torch.tensor([ids], dtype=torch.long, device=self.device)

@@ -29,8 +29,8 @@ tokens, 4.7x at 2,048; scripts/bench_lean.py with an invariant manifest, docs/PE
 split of a prompt gives the same bits, and kvgraft serve's prompt cache may cut a prompt anywhere.
 
 Whether it is in force is checked at every load (:func:`attach`): a forward of a few tokens and a decode step
-through both paths on fresh caches must give the same logits bytes and the same cache bytes, or the engine keeps
-transformers' forward. ``KVGRAFT_LEAN=0`` turns it off (for comparisons; scripts/bench_lean.py measures both).
+through both paths on fresh caches (and again at positions given explicitly, as the probe gives them) must give the
+same logits bytes and the same cache bytes, or the engine keeps transformers' forward. ``KVGRAFT_LEAN=0`` turns it off (for comparisons; scripts/bench_lean.py measures both).
 """
 
 from __future__ import annotations
@@ -135,14 +135,17 @@ class LeanLlama:
             return module(x)
         return torch.cat([module(x[:, r : r + 1]) for r in range(x.shape[1])], dim=1)
 
-    def __call__(self, cache, ids: list[int], last_only: bool = False, rows: bool = False):
+    def __call__(self, cache, ids: list[int], last_only: bool = False, rows: bool = False, start: int | None = None):
         import torch
         from transformers.models.llama.modeling_llama import rotate_half
 
         n = len(ids)
         past = cache.get_seq_length()
         x = torch.tensor([ids], dtype=torch.long)
-        position_ids = torch.arange(past, past + n).unsqueeze(0)
+        # Rotary positions from ``start`` when given (the probe's prefixes away from position 0); the causal mask,
+        # as transformers builds it, from the cache's own positions.
+        cache_positions = torch.arange(past, past + n).unsqueeze(0)
+        position_ids = cache_positions if start is None else torch.arange(start, start + n).unsqueeze(0)
         hidden = torch.nn.functional.embedding(x, self.embed)
         rows = rows and n > 1
         mask = None
@@ -150,7 +153,7 @@ class LeanLlama:
             n > 1 and not rows
         ):  # eager's additive causal mask (masking_utils.eager_mask): 0 where a key is seen, the dtype's min
             keys = past + n
-            seen = torch.arange(keys).unsqueeze(0) <= position_ids[0].unsqueeze(1)
+            seen = torch.arange(keys).unsqueeze(0) <= cache_positions[0].unsqueeze(1)
             mask = torch.where(seen, 0.0, torch.finfo(hidden.dtype).min).to(hidden.dtype)[None, None]
         cos, sin = self.rotary(hidden, position_ids=position_ids)
         shape = (1, n, -1, self.head_dim)
@@ -183,9 +186,10 @@ def _int4_class():
 def attach(engine) -> bool:
     """Give ``engine`` the lean forward when its model is one (a q4 Llama under grouped attention, KVGRAFT_LEAN not
     0) and a check on this machine shows it computes transformers' bytes: a 5-token forward, a 3-token one after it
-    and a decode step, on fresh caches, logits and cache states compared with torch.equal. Under the invariant
-    schedule transformers' side runs one call per token and the lean side the whole forward with ``rows``: the
-    schedule's bits, which the lean forward then computes batched. Returns whether it did."""
+    and a decode step, on fresh caches, then a forward and a step at positions given explicitly (the probe's),
+    logits and cache states compared with torch.equal. Under the invariant schedule transformers' side runs one call
+    per token and the lean side the whole forward with ``rows``: the schedule's bits, which the lean forward then
+    computes batched. Returns whether it did."""
     import torch
 
     if os.environ.get("KVGRAFT_LEAN", "1") == "0":
@@ -213,6 +217,26 @@ def attach(engine) -> bool:
             )
             got = lean(lean_cache, ids, rows=engine.invariant)
             if not torch.equal(want, got):
+                return False
+        for a, b in zip(ref_cache.layers, lean_cache.layers):
+            if not (torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)):
+                return False
+        # Positions given explicitly (the probe's): a 4-token forward at position 7 on fresh caches, then a step.
+        ref_cache, lean_cache = engine.new_cache(), engine.new_cache()
+        for ids, start in (([21, 22, 23, 24], 7), ([25], 11)):
+            placed = [([t], start + i) for i, t in enumerate(ids)] if engine.invariant else [(ids, start)]
+            want = torch.cat(
+                [
+                    model(
+                        input_ids=torch.tensor([c], dtype=torch.long),
+                        position_ids=torch.arange(p, p + len(c)).unsqueeze(0),
+                        cache=ref_cache,
+                        use_cache=True,
+                    ).logits[0]
+                    for c, p in placed
+                ]
+            )
+            if not torch.equal(want, lean(lean_cache, ids, rows=engine.invariant, start=start)):
                 return False
         for a, b in zip(ref_cache.layers, lean_cache.layers):
             if not (torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)):

@@ -33,6 +33,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench_serve import _fresh_dir  # a new folder, or --dir when it does not exist yet
+
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = REPO / "data" / "math500" / "math500.jsonl"
 READY_S = 600
@@ -49,7 +51,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, help="the benchmark's folder (must not exist; default: a new temporary one)")
     ap.add_argument("--json", type=Path, help="write every response's record and the summary here")
     args = ap.parse_args()
-    work = _fresh_dir(args.dir)
+    work = _fresh_dir(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-replicas-"))
     manifest = args.manifest.resolve()
     model = _model_name(manifest)
     print(f"folder: {work}")
@@ -84,15 +86,6 @@ def main() -> None:
     print(f"\nresponses identical in every configuration (text, first-token logits, generated ids): {same}")
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"dir": str(work)}, "results": results}, default=str))
-
-
-def _fresh_dir(path: Path | None) -> Path:
-    if path is None:
-        return Path(tempfile.mkdtemp(prefix="bench-replicas-"))
-    if path.exists():
-        raise SystemExit(f"{path} exists; the benchmark starts from a fresh folder")
-    path.mkdir(parents=True)
-    return path.resolve()
 
 
 def _model_name(manifest: Path) -> str:

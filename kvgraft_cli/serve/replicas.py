@@ -36,7 +36,7 @@ from ..runs.workers.local import error_from_record, error_record
 from .answer import Answer, Options, Recorder, Server
 from .promptcache import Warmed
 from .protocol import Request, RequestError
-from .worker import Job
+from .worker import Job, busy
 
 WHERE = "serve replica"
 
@@ -232,19 +232,10 @@ class Replicas:
 
     def close(self) -> None:
         """Kill the replicas; shut down a Ray instance this front started."""
-        if not self.actors and not self.started_ray:
-            return
-        import ray
+        from ..runs.workers.ray import stop_actors
 
-        for a in self.actors:
-            try:
-                ray.kill(a, no_restart=True)
-            except Exception:  # noqa: BLE001  (already gone)
-                pass
-        self.actors = []
-        if self.started_ray:
-            ray.shutdown()
-            self.started_ray = False
+        stop_actors(self.actors, self.started_ray)
+        self.actors, self.started_ray = [], False
 
     # -- the queue ----------------------------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -252,13 +243,8 @@ class Replicas:
         try:
             self._queue.put_nowait(job)
         except queue.Full:
-            raise RequestError(
-                f"the server is busy: {self.size} requests are waiting ({len(self.actors)} replicas compute one "
-                "each at a time)",
-                status=429,
-                code="rate_limit_exceeded",
-                type_="rate_limit_error",
-                headers={"Retry-After": str(self.retry_after())},
+            raise busy(
+                self.size, f"{len(self.actors)} replicas compute one each at a time", self.retry_after()
             ) from None
 
     def retry_after(self) -> int:

@@ -34,6 +34,17 @@ class Job:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
 
 
+def busy(size: int, how: str, retry_after: int) -> RequestError:
+    """The 429 of a full queue (OpenAI's rate-limit error), with Retry-After in seconds."""
+    return RequestError(
+        f"the server is busy: {size} requests are waiting ({how})",
+        status=429,
+        code="rate_limit_exceeded",
+        type_="rate_limit_error",
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
 class Task(Protocol):
     """What the engine's thread computes: a Job, or a replica's relay of one (serve.replicas)."""
 
@@ -70,13 +81,7 @@ class Worker:
         try:
             self._queue.put_nowait(job)
         except queue.Full:
-            raise RequestError(
-                f"the server is busy: {self.size} requests are waiting (one is computed at a time)",
-                status=429,
-                code="rate_limit_exceeded",
-                type_="rate_limit_error",
-                headers={"Retry-After": str(self.retry_after())},
-            ) from None
+            raise busy(self.size, "one is computed at a time", self.retry_after()) from None
 
     def retry_after(self) -> int:
         """Seconds until a place is likely free: the recent mean time a request holds the engine (at least 1)."""

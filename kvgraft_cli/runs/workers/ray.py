@@ -119,19 +119,8 @@ class RayPool:
 
     def close(self) -> None:
         """Kill the workers; shut down a Ray instance this pool started (a joined cluster: disconnect)."""
-        if not self.actors and not self.started_ray:
-            return
-        import ray
-
-        for a in self.actors:
-            try:
-                ray.kill(a, no_restart=True)
-            except Exception:  # noqa: BLE001  (already gone)
-                pass
-        self.actors = []
-        if self.started_ray:
-            ray.shutdown()
-            self.started_ray = False
+        stop_actors(self.actors, self.started_ray)
+        self.actors, self.started_ray = [], False
 
     # -- running shards ----------------------------------------------------------------------------------------------
     def map_all(self, job: str, items: list, args: dict[str, Any], codec: str | None = None) -> list:
@@ -192,6 +181,21 @@ class RayPool:
                 f"{WHERE}: Ray failed: {type(e).__name__}: {first[:300]}",
                 "re-run with KVGRAFT_DEBUG=1 to see the workers' logs",
             ) from None
+
+
+def stop_actors(actors: list, started_ray: bool) -> None:
+    """Kill ``actors`` (never restarted); shut down Ray when this process started or joined it (``started_ray``)."""
+    if not actors and not started_ray:
+        return
+    import ray
+
+    for a in actors:
+        try:
+            ray.kill(a, no_restart=True)
+        except Exception:  # noqa: BLE001  (already gone)
+            pass
+    if started_ray:
+        ray.shutdown()
 
 
 def worker_env(runtime: dict[str, Any]) -> dict[str, str]:

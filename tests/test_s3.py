@@ -525,7 +525,8 @@ def test_replicas_behind_one_endpoint_share_the_bucket_and_write_one_ledger(s3_s
     """`kvgraft serve --replicas 2 --store s3://...`: two engines in Ray actors (a local instance, on loopback like
     the endpoint) behind one address, talked to by the openai client (streaming) and plain HTTP, 4 at a time: every
     request answered, both replicas used, the prompt chunks one deposited restored by whichever answers next from
-    the bucket; a client that disconnects mid-stream cancels its decode; one ledger line per request in the front's
+    the bucket; a replica killed comes back (Ray restarts it) and serves again; a client that disconnects mid-stream
+    cancels its decode; one ledger line per answered request in the front's
     one ledger, `verify` passing, and `replay --served` computing every request again in one process, the cache off,
     with every hash equal. SIGTERM drains and ends the replicas."""
     from concurrent.futures import ThreadPoolExecutor
@@ -566,20 +567,31 @@ def test_replicas_behind_one_endpoint_share_the_bucket_and_write_one_ledger(s3_s
         _, _, body = s.request("GET", "/health")
         per_replica = json.loads(body)["replicas"]
         assert sum(per_replica) == 9 and min(per_replica) > 0, per_replica
+        # a replica killed: Ray restarts it, its engine loads again, and both serve (at most the one request it
+        # was sent while dead fails, with a 500 and no ledger line)
+        (victim,) = [p for p in with_descendants([s.proc.pid]) if "ray::Replica" in " ".join(p.cmdline())][:1]
+        victim.kill()
+        statuses = [s.post("/v1/completions", {"model": model, "prompt": shared + f"again {i}", "max_tokens": 3})[0]
+                    for i in range(6)]  # fmt: skip
+        assert statuses.count(200) >= 5 and set(statuses) <= {200, 500}, statuses
+        _, _, body = s.request("GET", "/health")
+        assert json.loads(body)["replicas_retired"] == [None, None]
+        answered = sum(json.loads(body)["replicas"])
         # a client that goes away mid-stream: the front cancels the replica's decode within a step
         stream = client.completions.create(model=model, prompt="Count to a thousand.", max_tokens=20000, stream=True)
         next(iter(stream))
         stream.close()
         deadline = time.monotonic() + 60
-        while len(ledger_lines(tmp_path / "kvgraft-ledger.jsonl")) < 10 and time.monotonic() < deadline:
+        while len(ledger_lines(tmp_path / "kvgraft-ledger.jsonl")) < answered + 1 and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
         assert s.stop() == 0
     assert not [p for p in with_descendants([s.proc.pid]) if p.is_running()]
     lines = ledger_lines(tmp_path / "kvgraft-ledger.jsonl")
-    assert [e["kind"] for e in lines] == ["serve"] * 10  # the front's lines alone: a replica writes none
+    # the front's lines alone, one per answered request (a replica writes none; a failed request has none)
+    assert [e["kind"] for e in lines] == ["serve"] * (answered + 1)
     cancelled = lines[-1]["outputs"]
     assert cancelled["finish_reason"] == "cancelled" and cancelled["costs"]["decode_tokens"] < 20000
     run_cli("verify", "-m", "serve.yaml", cwd=tmp_path, env=env, check_rc=0)
     p = run_cli("replay", "--served", "kvgraft-ledger.jsonl", "--json", cwd=tmp_path, env=env, check_rc=0)
-    assert json.loads(p.stdout)["matched"] == 10  # the cancelled one: the tokens it decoded before it stopped
+    assert json.loads(p.stdout)["matched"] == answered + 1  # the cancelled one: the tokens decoded before it stopped

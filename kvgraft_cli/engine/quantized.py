@@ -79,7 +79,8 @@ def _block_fields(tensor) -> tuple[Any, Any, Any]:
     - Q8_0: codes int8;
     - Q5_0, Q5_1, Q5_K: the 5-bit codes (Q5_0's less 16) as int16, Q5_K's factors as Q4_K's;
     - Q6_K: ``d`` of the super-block (repeated for its eight groups) and codes int16 ``v = sc * q`` (|v| <= 4096):
-      gguf computes ``(d * sc) * q``, and both products are exact, so ``d * v`` is the same number."""
+      gguf computes ``(d * sc) * q``, and both products are exact, so ``d * v`` is the same value (a zero weight
+      may differ in sign: gguf's keeps a negative scale's; the load's check compares values)."""
     import numpy as np
 
     kind = tensor.tensor_type.name

@@ -64,7 +64,11 @@ def create_app(worker: Worker | Replicas, max_body: int = DEFAULT_MAX_BODY, on_s
                 "prompt_cache_chunk": server.chunk,
                 "prompt_cache_warmed": server.warmed.to_json(),
                 "library": server.library,
-                **({"replicas": list(worker.per_replica)} if isinstance(worker, Replicas) else {}),
+                **(
+                    {"replicas": list(worker.per_replica), "replicas_retired": list(worker.retired)}
+                    if isinstance(worker, Replicas)
+                    else {}
+                ),
             }
         )
 

@@ -72,6 +72,10 @@ def _error_data(e: BaseException) -> dict[str, Any]:
     return {"record": error_record(e)}
 
 
+class _ReplicaFailed(KvgraftError):
+    """A replica, not the request, failed (it died, or came back without its engine): the front checks it."""
+
+
 def _error_from(data: dict[str, Any]) -> Exception:
     if "request_error" in data:
         return RequestError(**data["request_error"])
@@ -109,6 +113,9 @@ class Replica:
     def answer(self, rid: str, request: Request, cancelled: bool) -> Iterator[tuple[str, Any]]:
         """Compute one request: ("text", text so far) while a stream decodes, then ("done", Answer) with no ledger
         line, or ("error", data). ``cancelled``: the client went away while the request waited in the front."""
+        if self.error:  # restarted by Ray and failed to load again: said, never a hang
+            yield ("error", {"replica": self.error})
+            return
         job = _Relay(request, rid)
         if cancelled:
             job.cancel.set()
@@ -124,7 +131,8 @@ class Replica:
                 if kind == "done":
                     return
         finally:
-            self.current = None
+            if self.current is job:  # (a later request's relay is not this one's to clear)
+                self.current = None
 
     def cancel(self, rid: str) -> None:
         """Stop the decode of request ``rid`` within a step (if it is still the one computing)."""
@@ -170,6 +178,8 @@ class Replicas:
         self.busy_s: list[float] = []
         self.answered = 0
         self.per_replica: list[int] = []
+        self.retired: list[str | None] = []  # why a replica takes no more requests (None: it serves)
+        self.facts: dict = {}
         self.server: Front | None = None
         self.recorder: Recorder | None = None
 
@@ -214,19 +224,30 @@ class Replicas:
         )
         self.server = Front(first["model_id"], first["chunk"], warmed, any(h["library"] for h in hellos), log, n)
         self.recorder = Recorder(self.ctx, first["facts"], self.options, first["chunk"], log)
-        self.per_replica = [0] * n
+        self.facts = first["facts"]
+        self.per_replica, self.retired = [0] * n, [None] * n
+        opened: list[BaseException | None] = []
         for i, a in enumerate(self.actors):
-            t = threading.Thread(target=self._run, args=(i, a), name=f"kvgraft-replica-{i + 1}", daemon=True)
+            ready = threading.Event()
+            t = threading.Thread(
+                target=self._run, args=(i, a, ready, opened), name=f"kvgraft-replica-{i + 1}", daemon=True
+            )
             t.start()
+            ready.wait()
             self._threads.append(t)
+        failed = [e for e in opened if e is not None]
+        if failed:  # a store this front cannot open: refused at start, not a queue nobody serves
+            self.stop(timeout=10)
+            raise failed[0]
 
     def stop(self, timeout: float | None = None) -> None:
         """Finish every queued job, then end the front's threads, the replicas and a Ray instance it started."""
         if self._threads:
             for _ in self._threads:
                 self._queue.put(None)
+            deadline = None if timeout is None else time.monotonic() + timeout
             for t in self._threads:
-                t.join(timeout)
+                t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             self._threads = []
         self.close()
 
@@ -256,21 +277,34 @@ class Replicas:
     def waiting(self) -> int:
         return self._queue.qsize()
 
-    def _run(self, index: int, actor) -> None:
-        """A replica's thread in the front: its next job, relayed, then recorded (its store connection is its own)."""
-        store = self.ctx.open_store()
+    def _run(self, index: int, actor, ready: threading.Event, opened: list) -> None:
+        """A replica's thread in the front: its next job, relayed, then recorded (its store connection is its own).
+        It ends at the stop marker, or when its replica is retired (:meth:`_check`)."""
+        try:
+            store = self.ctx.open_store()
+        except BaseException as e:  # reported by start() in the caller's thread
+            opened.append(e)
+            ready.set()
+            return
+        opened.append(None)
+        ready.set()
         try:
             while True:
                 job = self._queue.get()
                 if job is None:
                     return
-                self._compute(index, actor, store, job)
+                if not self._compute(index, actor, store, job):
+                    return
         finally:
             store.close()
+            if self.retired[index] is not None:
+                self._fail_waiting_if_none_serve()
 
-    def _compute(self, index: int, actor, store, job: Job) -> None:
+    def _compute(self, index: int, actor, store, job: Job) -> bool:
+        """Relay and record one job; False when the replica is retired after it."""
         start = time.perf_counter()
         rid = uuid.uuid4().hex
+        serves = True
         try:
             answer: Answer | None = None
             cancel_sent = False
@@ -280,6 +314,8 @@ class Replicas:
                     job.send("text", value)
                 elif kind == "done":
                     answer = value
+                elif "replica" in value:  # the replica has no engine (a reload after a restart failed)
+                    raise _ReplicaFailed(error_from_record(value["replica"], WHERE).message)
                 else:
                     raise _error_from(value)
                 if job.cancel.is_set() and not cancel_sent:
@@ -292,11 +328,50 @@ class Replicas:
                 answer = self.recorder.record(store, job.request, answer, start - job.queued, start)
         except Exception as e:  # the app renders it (a RequestError as itself, anything else as a 500)
             job.send("error", e)
+            if isinstance(e, _ReplicaFailed):
+                serves = self._check(index, actor)
         else:
-            self.answered += 1
-            self.per_replica[index] += 1
+            with self._lock:
+                self.answered += 1
+                self.per_replica[index] += 1
             job.send("done", answer)
-        self.busy_s = self.busy_s[-19:] + [time.perf_counter() - start]
+        with self._lock:
+            self.busy_s = self.busy_s[-19:] + [time.perf_counter() - start]
+        return serves
+
+    def _check(self, index: int, actor) -> bool:
+        """After a replica failed a request: whether it serves again (Ray restarted it, its engine loaded, under the
+        same facts as the others). Otherwise it is retired: /health says why and its thread takes no more jobs."""
+        why = None
+        try:
+            hello = self._get(actor.hello.remote())
+        except KvgraftError as e:
+            why = e.message
+        else:
+            if "error" in hello:
+                why = str(hello["error"].get("message"))
+            elif hello["facts"] != self.facts:
+                why = "restarted under other facts than the other replicas (its bits could differ)"
+        if why is not None:
+            self.retired[index] = why
+            return False
+        return True
+
+    def _fail_waiting_if_none_serve(self) -> None:
+        """When the last replica is retired, refuse what waits (a 503 each) instead of leaving it queued."""
+        if any(r is None for r in self.retired):
+            return
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is None:
+                continue
+            job.send(
+                "error",
+                RequestError("no replica serves: every one failed (see /health)", status=503, code="unavailable"),
+            )
 
     def _get(self, refs):
         import ray
@@ -305,8 +380,8 @@ class Replicas:
         try:
             return ray.get(refs)
         except RayActorError as e:
-            raise KvgraftError(
-                f"{WHERE} died ({type(e).__name__}); Ray restarts it for the next request",
+            raise _ReplicaFailed(
+                f"{WHERE} died ({type(e).__name__}); Ray restarts it up to its limit",
                 "re-run with KVGRAFT_DEBUG=1 to see the replicas' logs; check the nodes' memory",
             ) from None
         except RayError as e:

@@ -190,7 +190,6 @@ def attach(engine) -> bool:
     logits and cache states compared with torch.equal. Under the invariant schedule transformers' side runs one call
     per token and the lean side the whole forward with ``rows``: the schedule's bits, which the lean forward then
     computes batched. Returns whether it did."""
-    import torch
 
     if os.environ.get("KVGRAFT_LEAN", "1") == "0":
         return False
@@ -204,42 +203,43 @@ def attach(engine) -> bool:
     ):
         return False
     lean = LeanLlama(model)
-    steps = ([11, 12, 13, 14, 15], [16, 17, 18], [19])
+    runs = (
+        [([11, 12, 13, 14, 15], None), ([16, 17, 18], None), ([19], None)],  # a prefill, another, a decode step
+        [([21, 22, 23, 24], 7), ([25], 11)],  # positions given explicitly (the probe's), on an empty cache
+    )
     with engine._infer():
-        ref_cache, lean_cache = engine.new_cache(), engine.new_cache()
-        for ids in steps:
-            calls = [[t] for t in ids] if engine.invariant else [ids]
-            want = torch.cat(
-                [
-                    model(input_ids=torch.tensor([c], dtype=torch.long), cache=ref_cache, use_cache=True).logits[0]
-                    for c in calls
-                ]
-            )
-            got = lean(lean_cache, ids, rows=engine.invariant)
-            if not torch.equal(want, got):
-                return False
-        for a, b in zip(ref_cache.layers, lean_cache.layers):
-            if not (torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)):
-                return False
-        # Positions given explicitly (the probe's): a 4-token forward at position 7 on fresh caches, then a step.
-        ref_cache, lean_cache = engine.new_cache(), engine.new_cache()
-        for ids, start in (([21, 22, 23, 24], 7), ([25], 11)):
-            placed = [([t], start + i) for i, t in enumerate(ids)] if engine.invariant else [(ids, start)]
-            want = torch.cat(
-                [
-                    model(
-                        input_ids=torch.tensor([c], dtype=torch.long),
-                        position_ids=torch.arange(p, p + len(c)).unsqueeze(0),
-                        cache=ref_cache,
-                        use_cache=True,
-                    ).logits[0]
-                    for c, p in placed
-                ]
-            )
-            if not torch.equal(want, lean(lean_cache, ids, rows=engine.invariant, start=start)):
-                return False
-        for a, b in zip(ref_cache.layers, lean_cache.layers):
-            if not (torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)):
-                return False
+        if not all(_same_bytes(engine, lean, run) for run in runs):
+            return False
     engine.lean = lean
     return True
+
+
+def _same_bytes(engine, lean: LeanLlama, run: list) -> bool:
+    """Whether ``run`` (forwards of (ids, start) in turn, on fresh caches) gives the same logits and cache bytes
+    through transformers' model and the lean forward: under the invariant schedule transformers one call a token."""
+    import torch
+
+    ref_cache, lean_cache = engine.new_cache(), engine.new_cache()
+    for ids, start in run:
+        calls = (
+            [([t], None if start is None else start + i) for i, t in enumerate(ids)]
+            if engine.invariant
+            else [(ids, start)]
+        )
+        want = torch.cat(
+            [
+                engine.model(
+                    input_ids=torch.tensor([c], dtype=torch.long),
+                    cache=ref_cache,
+                    use_cache=True,
+                    **({} if p is None else {"position_ids": torch.arange(p, p + len(c)).unsqueeze(0)}),
+                ).logits[0]
+                for c, p in calls
+            ]
+        )
+        if not torch.equal(want, lean(lean_cache, ids, rows=engine.invariant, start=start)):
+            return False
+    return all(
+        torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        for a, b in zip(ref_cache.layers, lean_cache.layers)
+    )

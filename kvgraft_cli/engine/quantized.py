@@ -44,8 +44,9 @@ from ..errors import UnsupportedModel
 GROUP = 32  # a Q4_0 / Q4_1 / Q8_0 block, a Q4_K sub-block, and the kernel's group size
 KERNEL_ROWS = 16  # the kernel packs output rows in multiples of this
 # The GGUF types kept quantized (the others stay dequantized), and the planes each becomes: "affine" one plane
-# (w = d * q + m), "q8" two (Q8_0's high and low nibbles), "digits" one per balanced base-16 digit of its integer
-# codes (the minimum, if any, on the last plane)
+# (w = d * q + m), "q8" two (Q8_0's signed high and unsigned low nibbles: balanced digits would take three planes
+# for a code of 127), "digits" one per balanced base-16 digit of its integer codes (the minimum, if any, on the last
+# plane)
 _FORM = {
     "Q4_0": "affine",
     "Q4_1": "affine",
@@ -86,8 +87,9 @@ def _block_fields(tensor) -> tuple[Any, Any, Any]:
     kind = tensor.tensor_type.name
     data = np.asarray(tensor.data)
     rows = data.shape[0]
-    size = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[kind]
-    blocks = data.reshape(-1, size)
+    from gguf import GGML_QUANT_SIZES
+
+    blocks = data.reshape(-1, GGML_QUANT_SIZES[tensor.tensor_type][1])  # gguf's (weights, bytes) a block
     n = blocks.shape[0]
     f16 = lambda a: a.copy().view(np.float16).astype(np.float32)  # noqa: E731  (columns of float16 bytes)
     shifts = lambda *s: np.array(s, dtype=np.uint8).reshape(1, 1, -1, 1)  # noqa: E731

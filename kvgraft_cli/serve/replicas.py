@@ -72,6 +72,10 @@ def _error_data(e: BaseException) -> dict[str, Any]:
     return {"record": error_record(e)}
 
 
+def _none_serve() -> RequestError:
+    return RequestError("no replica serves: every one failed (see /health)", status=503, code="unavailable")
+
+
 class _ReplicaFailed(KvgraftError):
     """A replica, not the request, failed (it died, or came back without its engine): the front checks it."""
 
@@ -176,10 +180,8 @@ class Replicas:
         self.actors: list = []
         self.started_ray = False
         self.busy_s: list[float] = []
-        self.answered = 0
-        self.per_replica: list[int] = []
+        self.per_replica: list[int] = []  # requests each replica answered
         self.retired: list[str | None] = []  # why a replica takes no more requests (None: it serves)
-        self.facts: dict = {}
         self.server: Front | None = None
         self.recorder: Recorder | None = None
 
@@ -224,7 +226,6 @@ class Replicas:
         )
         self.server = Front(first["model_id"], first["chunk"], warmed, any(h["library"] for h in hellos), log, n)
         self.recorder = Recorder(self.ctx, first["facts"], self.options, first["chunk"], log)
-        self.facts = first["facts"]
         self.per_replica, self.retired = [0] * n, [None] * n
         opened: list[BaseException | None] = []
         for i, a in enumerate(self.actors):
@@ -260,18 +261,27 @@ class Replicas:
 
     # -- the queue ----------------------------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
-        """Queue a job, or RequestError 429 when the queue is full."""
+        """Queue a job; RequestError 429 when the queue is full, 503 when no replica serves any more."""
+        if not self.serving:
+            raise _none_serve()
         try:
             self._queue.put_nowait(job)
         except queue.Full:
-            raise busy(
-                self.size, f"{len(self.actors)} replicas compute one each at a time", self.retry_after()
-            ) from None
+            raise busy(self.size, f"{self.serving} replicas compute one each at a time", self.retry_after()) from None
 
     def retry_after(self) -> int:
         """Seconds until a place is likely free: the recent mean time a request holds a replica, over their count."""
         recent = self.busy_s[-20:]
-        return max(1, round(sum(recent) / len(recent) / max(1, len(self.actors)))) if recent else 1
+        return max(1, round(sum(recent) / len(recent) / max(1, self.serving))) if recent else 1
+
+    @property
+    def serving(self) -> int:
+        """Replicas not retired."""
+        return sum(r is None for r in self.retired)
+
+    @property
+    def answered(self) -> int:
+        return sum(self.per_replica)
 
     @property
     def waiting(self) -> int:
@@ -332,7 +342,6 @@ class Replicas:
                 serves = self._check(index, actor)
         else:
             with self._lock:
-                self.answered += 1
                 self.per_replica[index] += 1
             job.send("done", answer)
         with self._lock:
@@ -350,7 +359,7 @@ class Replicas:
         else:
             if "error" in hello:
                 why = str(hello["error"].get("message"))
-            elif hello["facts"] != self.facts:
+            elif self.recorder is None or hello["facts"] != self.recorder.facts:
                 why = "restarted under other facts than the other replicas (its bits could differ)"
         if why is not None:
             self.retired[index] = why
@@ -358,8 +367,9 @@ class Replicas:
         return True
 
     def _fail_waiting_if_none_serve(self) -> None:
-        """When the last replica is retired, refuse what waits (a 503 each) instead of leaving it queued."""
-        if any(r is None for r in self.retired):
+        """When the last replica is retired, refuse what waits (a 503 each) instead of leaving it queued; submit
+        refuses what comes after."""
+        if self.serving:
             return
         while True:
             try:
@@ -368,22 +378,13 @@ class Replicas:
                 return
             if job is None:
                 continue
-            job.send(
-                "error",
-                RequestError("no replica serves: every one failed (see /health)", status=503, code="unavailable"),
-            )
+            job.send("error", _none_serve())
 
     def _get(self, refs):
-        import ray
-        from ray.exceptions import RayActorError, RayError
+        from ..runs.workers.ray import ray_get
 
-        try:
-            return ray.get(refs)
-        except RayActorError as e:
-            raise _ReplicaFailed(
-                f"{WHERE} died ({type(e).__name__}); Ray restarts it up to its limit",
-                "re-run with KVGRAFT_DEBUG=1 to see the replicas' logs; check the nodes' memory",
-            ) from None
-        except RayError as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise KvgraftError(f"{WHERE}: Ray failed: {type(e).__name__}: {first[:300]}") from None
+        died = _ReplicaFailed(
+            f"{WHERE} died; Ray restarts it up to its limit",
+            "re-run with KVGRAFT_DEBUG=1 to see the replicas' logs; check the nodes' memory",
+        )
+        return ray_get(refs, WHERE, died)

@@ -165,22 +165,30 @@ class RayPool:
                     upto += 1
 
     def _get(self, tasks):
-        import ray
-        from ray.exceptions import RayActorError, RayError
-
-        try:
-            return ray.get(tasks)
-        except RayActorError as e:
-            raise KvgraftError(
-                f"{WHERE} died and was restarted {MAX_RETRIES} times without finishing its shard ({type(e).__name__})",
+        return ray_get(
+            tasks,
+            WHERE,
+            KvgraftError(
+                f"{WHERE} died and was restarted {MAX_RETRIES} times without finishing its shard",
                 "re-run with KVGRAFT_DEBUG=1 to see the workers' logs; check the nodes' memory",
-            ) from None
-        except RayError as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise KvgraftError(
-                f"{WHERE}: Ray failed: {type(e).__name__}: {first[:300]}",
-                "re-run with KVGRAFT_DEBUG=1 to see the workers' logs",
-            ) from None
+            ),
+        )
+
+
+def ray_get(refs, where: str, died: KvgraftError):
+    """``ray.get(refs)``, Ray's failures as one error line: ``died`` when the actor died, else "Ray failed"."""
+    import ray
+    from ray.exceptions import RayActorError, RayError
+
+    try:
+        return ray.get(refs)
+    except RayActorError:
+        raise died from None
+    except RayError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise KvgraftError(
+            f"{where}: Ray failed: {type(e).__name__}: {first[:300]}", "re-run with KVGRAFT_DEBUG=1 to see its logs"
+        ) from None
 
 
 def stop_actors(actors: list, started_ray: bool) -> None:

@@ -63,6 +63,10 @@ def identity(payload: bytes, scheme: str) -> str:
     leaves' digests."""
     if scheme == "sha256":
         return hashlib.sha256(payload).hexdigest()
+    if scheme == "blake3":
+        import blake3
+
+        return blake3.blake3(payload).hexdigest()
     assert scheme == "sha256-tree"
     leaves = [hashlib.sha256(payload[i : i + 1048576]).digest() for i in range(0, len(payload), 1048576)]
     return hashlib.sha256(
@@ -95,12 +99,12 @@ def payload_in(deposited, scheme: str) -> tuple[bytes, str]:
         else st
         for st in a.layers
     ]
-    payload = kvg.encode(a.token_ids, wide, {**a.meta, "identity": "sha256-tree"})
+    payload = kvg.encode(a.token_ids, wide, {**a.meta, "identity": scheme})
     assert len(payload) > 1 << 20 and len(payload) % (1 << 20), len(payload)  # several leaves, the last one short
     return payload, kvg.payload_identity(payload)
 
 
-@pytest.mark.parametrize("scheme", ["sha256", "sha256-tree"])
+@pytest.mark.parametrize("scheme", ["sha256", "sha256-tree", "blake3"])
 def test_independent_reader_reads_every_codec(deposited, tmp_path, scheme):
     from kvgraft_cli.artifacts import container
     from kvgraft_cli.artifacts import format as kvg
@@ -150,7 +154,7 @@ def test_independent_reader_agrees(deposited):
     assert hashlib.sha256(t["token_ids"].astype("<i8").tobytes()).hexdigest() == entry["inputs"]["token_ids"]["sha256"]
 
 
-@pytest.mark.parametrize("scheme", ["sha256", "sha256-tree"])
+@pytest.mark.parametrize("scheme", ["sha256", "sha256-tree", "blake3"])
 def test_the_documented_reader_runs(deposited, tmp_path, scheme):
     """docs/FORMAT.md's "Reading one by hand" code, run as it is written on a file in every codec, in both
     identity schemes (and it refuses the other scheme's digest)."""

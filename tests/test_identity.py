@@ -1,6 +1,7 @@
-"""An artifact's identity in its two schemes (artifacts/identity.py, docs/FORMAT.md): sha256 (one stream, every
-artifact deposited before the tree) and sha256-tree (1 MiB leaves, verified on every core). The digests are checked
-against ones computed here from the document's words with hashlib alone."""
+"""An artifact's identity in its three schemes (artifacts/identity.py, docs/FORMAT.md): sha256 (one stream, every
+artifact deposited before the tree), sha256-tree (1 MiB leaves, verified on every core) and blake3 (what b3sum
+prints). The digests are checked against ones computed here from the document's words with hashlib, or the blake3
+package checked against BLAKE3's published digest of the empty input."""
 
 from __future__ import annotations
 
@@ -71,8 +72,8 @@ def test_a_payload_that_names_no_tree_keeps_its_plain_sha256(scheme):
 
 
 def test_an_unknown_scheme_is_refused_by_every_reader(tmp_path):
-    payload = _payload("blake3", 16)
-    with pytest.raises(ArtifactError, match="unknown identity scheme 'blake3'"):
+    payload = _payload("blake9", 16)
+    with pytest.raises(ArtifactError, match="unknown identity scheme 'blake9'"):
         ident.payload_identity(payload)
     for codec in container.CODECS:
         p = tmp_path / f"{codec}.kvg"
@@ -83,10 +84,35 @@ def test_an_unknown_scheme_is_refused_by_every_reader(tmp_path):
             kvg_payload_sha256(p)
 
 
+def blake3_of(payload: bytes) -> str:
+    import blake3
+
+    # BLAKE3's published digest of the empty input (the BLAKE3 specification's test vectors): the package is BLAKE3
+    assert blake3.blake3(b"").hexdigest() == "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+    return blake3.blake3(payload).hexdigest()
+
+
+@pytest.mark.parametrize("tokens", [16, 1111])
+def test_blake3_is_the_payloads_blake3_however_it_arrives(tokens):
+    payload = _payload("blake3", tokens)
+    want = blake3_of(payload)
+    assert ident.payload_identity(payload) == want != hashlib.sha256(payload).hexdigest()
+    rng = random.Random(tokens)
+    for _ in range(3):  # chunks of any size, one at a time or in batches (a graft's read hands over batches)
+        h, pos = ident.PayloadHasher(), 0
+        while pos < len(payload):
+            k = rng.choice([1, 7, 100, MIB - 1, MIB + 3])
+            parts = [memoryview(payload)[p : p + k] for p in range(pos, min(pos + 4 * k, len(payload)), k)]
+            (h.add_batch if rng.random() < 0.5 else lambda ps: [h.add(p) for p in ps])(parts)
+            pos += sum(len(p) for p in parts)
+        assert h.digest() == want and h.scheme == "blake3"
+
+
+@pytest.mark.parametrize("scheme", ["sha256-tree", "blake3"])
 @pytest.mark.parametrize("codec", container.CODECS)
-def test_a_changed_byte_in_any_leaf_is_refused(tmp_path, codec):
-    payload = _payload("sha256-tree", 1111)
-    sha = by_hand(payload)
+def test_a_changed_byte_in_any_leaf_is_refused(tmp_path, codec, scheme):
+    payload = _payload(scheme, 1111)
+    sha = by_hand(payload) if scheme == "sha256-tree" else blake3_of(payload)
     good = tmp_path / f"{sha}.kvg"
     kvg.write_file(good, payload, codec=codec)
     assert kvg.open_file(good, expected_sha256=sha)[0] == sha == kvg_payload_sha256(good)
@@ -118,8 +144,16 @@ def test_one_schemes_digest_never_passes_for_the_others(tmp_path):
     p.write_bytes(container.raw_file(forged))
     with pytest.raises((ArtifactError, IntegrityError)):
         kvg.open_file(p, expected_sha256=tree)
+    # a payload named blake3 does not pass for the SHA-256 or the tree of its bytes, nor one named sha256 for its
+    # BLAKE3
+    b3 = _payload("blake3", 1111)
+    for other in (hashlib.sha256(b3).hexdigest(), by_hand(b3)):
+        with pytest.raises(IntegrityError):
+            kvg.decode(b3, "blake3", expected_sha256=other)
     # and a payload named sha256 does not pass for the tree digest of the same bytes, nor the other way round
     plain = _payload(None, 1111)
+    with pytest.raises(IntegrityError):
+        kvg.decode(plain, "plain", expected_sha256=blake3_of(plain))
     with pytest.raises(IntegrityError):
         kvg.decode(plain, "plain", expected_sha256=by_hand(plain))
     with pytest.raises(IntegrityError):
@@ -215,3 +249,28 @@ def test_a_forked_child_hashes_with_a_pool_of_its_own():
     with ctx.Pool(1) as pool:
         got = pool.apply_async(ident.payload_identity, (payload,)).get(timeout=60)
     assert got == by_hand(payload)
+
+
+def test_a_manifest_that_names_artifacts_by_blake3_deposits_verifies_and_grafts(tmp_path):
+    """`manifest init --identity blake3`: a deposit is stored under the BLAKE3 of its payload (what b3sum prints),
+    `verify --full` re-checks it, and `graft --check` reads it back exact; a flipped byte is a failed check."""
+    m = _manifest(tmp_path, "b3.yaml", "blake3")
+    assert "identity: blake3" in (tmp_path / m).read_text()
+    dep = json.loads(
+        run_cli("deposit", str(EXAMPLES), "-m", m, "--limit", "1", "--json", cwd=tmp_path, check_rc=0).stdout
+    )
+    sha = dep["results"][0]["artifact"]
+    path = next((tmp_path / "kvgraft-store" / "objects").rglob(f"{sha}.kvg"))
+    payload, art = kvg.read_file(path)
+    assert art.meta["identity"] == "blake3" and blake3_of(bytes(payload)) == sha
+    run_cli("verify", "--full", cwd=tmp_path, check_rc=0)
+    check = json.loads(
+        run_cli("graft", sha, "--check", "--samples", "1", "-m", m, "--json", cwd=tmp_path, check_rc=0).stdout
+    )
+    assert check["passed"] and check["deposit_reproduced"]
+    raw = bytearray(path.read_bytes())
+    raw[-3] ^= 1
+    path.chmod(0o644)
+    path.write_bytes(bytes(raw))
+    r = run_cli("graft", sha, "-m", m, "--json", cwd=tmp_path)
+    assert r.returncode == 1 and "does not match its identity" in r.stderr, r.stderr

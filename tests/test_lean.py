@@ -94,15 +94,18 @@ def test_attention_over_the_cache_views_is_attention_over_a_copy(threads, keys):
         torch.set_num_threads(before)
 
 
-def _q4_tiny_llama(tmp_path, threads: int):
+def _q4_tiny_llama(tmp_path, threads: int, kv_dtype: str | None = None, schedule: str = "invariant"):
     """The zoo's tiny Llama under grouped attention and the invariant schedule, its projections and head swapped for
-    int4 layers of random codes (what model.weights q4 makes of a GGUF's), with the lean forward attached."""
+    int4 layers of random codes (what model.weights q4 makes of a GGUF's), with the lean forward attached (its
+    check passed: logits and cache bytes equal to transformers' forward)."""
     from kvgraft_cli.engine import lean
     from kvgraft_cli.engine.engine import load_engine
     from kvgraft_cli.engine.zoo import tiny_manifest
 
     eng = load_engine(
-        tiny_manifest("llama", tmp_path, attn_implementation="grouped", schedule="invariant", threads=threads)
+        tiny_manifest(
+            "llama", tmp_path, attn_implementation="grouped", schedule=schedule, threads=threads, kv_dtype=kv_dtype
+        )
     )
     assert eng.lean is None  # dequantized weights: transformers' forward
     seed = 100
@@ -196,3 +199,19 @@ def test_positions_given_explicitly_are_transformers_bytes(tmp_path):
     assert torch.equal(got, want)
     for a, b in zip(ref.layers, cache.layers):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+@pytest.mark.parametrize("schedule", ["single", "invariant"])
+def test_the_lean_forward_keeps_a_16_bit_cache_as_transformers_does(tmp_path, schedule):
+    """model.kv_dtype float16: the lean forward attaches (its check compares logits and the 16-bit cache's bytes with
+    transformers' forward), and a graft through it is the fresh computation's bytes."""
+    from kvgraft_cli.artifacts import format as kvg
+    from kvgraft_cli.engine.engine import tensor_sha256
+
+    eng = _q4_tiny_llama(tmp_path, 1, kv_dtype="float16", schedule=schedule)
+    ids = [int(t) for t in np.random.default_rng(7).integers(3, 200, 30)]
+    cache, last = eng.prefill(ids)
+    assert cache.layers[0].keys.dtype == torch.float16
+    art = kvg.decode(kvg.encode(ids, eng.capture(cache), eng.artifact_meta(tensor_sha256(last))))
+    fresh = eng.forward(cache, [9, 10, 11])
+    assert torch.equal(eng.forward(eng.restore(art.layers), [9, 10, 11]), fresh)

@@ -37,6 +37,13 @@ REQUIRED_META = (
 KV_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
+def kv_dtype_of(meta: dict) -> str:
+    """The width of an artifact's keys and values: its ``kv_dtype`` (a 16-bit cache of a float32 model, manifest
+    key model.kv_dtype), else its ``dtype`` (every artifact before the key)."""
+    kv = meta.get("kv_dtype", meta["dtype"])
+    return kv if isinstance(kv, str) else ""
+
+
 def check_meta(meta: Any, source: str) -> None:
     """The metadata names this format and version and has every required key (ArtifactError otherwise)."""
     if not isinstance(meta, dict):
@@ -86,9 +93,10 @@ def _check(header: dict, meta: dict) -> None:
     parent = meta.get("parent_sha256")
     if start < 0 or (start > 0) != (parent is not None):
         raise ValueError(f"start_position {start} and parent_sha256 disagree (a link needs both)")
-    want = KV_DTYPES.get(meta["dtype"])
-    if want is None:
-        raise ValueError(f"dtype {meta['dtype'][:20]!r} is not one kvgraft writes")
+    for key in ("dtype", "kv_dtype"):
+        if key in meta and meta[key] not in KV_DTYPES:
+            raise ValueError(f"{key} {str(meta[key])[:20]!r} is not one kvgraft writes")
+    want = KV_DTYPES[kv_dtype_of(meta)]
     ids = header.get("token_ids")
     if not isinstance(ids, dict) or ids.get("dtype") != "I64" or ids.get("shape") != [n_tok]:
         raise ValueError("token_ids must be int64 of length num_tokens")

@@ -39,6 +39,11 @@ class Attn(StrEnum):
     grouped = "grouped"
 
 
+class KvDtype(StrEnum):  # the manifest schema's model.kv_dtype
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
 class Weights(StrEnum):  # config.profiles.WEIGHTS
     dequantized = "dequantized"
     q4 = "q4"
@@ -59,6 +64,7 @@ class Schedule(StrEnum):  # what `manifest init` and `matrix` offer
 class Identity(StrEnum):  # artifacts.identity.SCHEMES, the default first
     sha256_tree = "sha256-tree"
     sha256 = "sha256"
+    blake3 = "blake3"
 
 
 class Codec(StrEnum):  # artifacts.container.CODECS and "auto"

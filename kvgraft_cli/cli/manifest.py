@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from ..errors import InputError
-from ._common import JSON_OPT, MAX_THREADS, Attn, Device, Dtype, Identity, Profile, Schedule, Weights
+from ._common import JSON_OPT, MAX_THREADS, Attn, Device, Dtype, Identity, KvDtype, Profile, Schedule, Weights
 from ._help import Command, Group
 from ._output import err, out, print_json
 
@@ -75,14 +75,21 @@ def init(
         "sha256-tree",
         "--identity",
         help="How deposited artifacts are named: "
-        "sha256-tree (SHA-256 over 1 MiB leaves: every core verifies a restore) or "
+        "sha256-tree (SHA-256 over 1 MiB leaves: every core verifies a restore), "
+        "blake3 (BLAKE3 of the payload, what b3sum prints: a third of the tree's CPU) or "
         "sha256 (one SHA-256 stream of the payload, what sha256sum of it prints).",
     ),
     weights: Weights = typer.Option(
         Weights.dequantized,
         "--weights",
-        help="A GGUF's weights: dequantized (into --dtype) or q4 (its Q4_0/Q4_1/Q8_0 linear layers kept as 4-bit "
-        "codes, torch's int4 CPU kernel; fast under --profile native).",
+        help="A GGUF's weights: dequantized (into --dtype) or q4 (its Q4_0/Q4_1/Q4_K/Q5_0/Q5_1/Q5_K/Q6_K/Q8_0 linear "
+        "layers kept as the file's integer codes in 4-bit planes, torch's int4 CPU kernel; fast under --profile native).",
+    ),
+    kv_dtype: KvDtype | None = typer.Option(
+        None,
+        "--kv-dtype",
+        help="Keep the KV cache at 16 bits (float16: llama.cpp's default cache width) under a float32 model: half "
+        "the bytes a graft reads and verifies; its own bits. Needs --attn grouped on the CPU.",
     ),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
 ) -> None:
@@ -99,6 +106,12 @@ def init(
     if output is not None and output.exists() and not force:
         raise InputError(f"{output} exists", "pass --force to overwrite it")
 
+    if kv_dtype is not None and (attn != Attn.grouped or dtype != Dtype.float32 or device != Device.cpu):
+        raise InputError(
+            f"--kv-dtype {kv_dtype.value} widens the cache where kvgraft's grouped attention reads it, "
+            "for a float32 model on the CPU",
+            "add --attn grouped (and --dtype float32, --device cpu), or drop --kv-dtype",
+        )
     gpu = None
     if device == Device.cuda:
         from ..engine.determinism import visible_gpu_name
@@ -113,6 +126,7 @@ def init(
         gpu_name=gpu,
         schedule=schedule.value,
         identity=identity.value,
+        kv_dtype=kv_dtype.value if kv_dtype is not None else None,
     )
     if is_gguf_path(model_dir):
         from ..engine.gguf import manifest_for_gguf

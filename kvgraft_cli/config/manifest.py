@@ -278,6 +278,20 @@ def _model_problems(data: dict) -> list[tuple[str, str]]:
             return [("model.weights", f"weights {clip(weights, 40)} runs on torch's CPU kernels: device must be cpu")]
     elif "weights_sha256" in model:
         return [("model.weights_sha256", "only for model.weights q4: remove it")]
+    if "kv_dtype" in model:
+        runtime = r if isinstance(r := data.get("runtime"), dict) else {}
+        if model.get("dtype") != "float32":
+            return [("model.kv_dtype", "a 16-bit cache is for a float32 model (model.dtype float32): remove it")]
+        if model.get("attn_implementation") != "grouped":
+            return [
+                (
+                    "model.kv_dtype",
+                    "a cache narrower than model.dtype needs attn_implementation grouped "
+                    "(the kernel that widens it where attention reads it)",
+                )
+            ]
+        if runtime.get("device", "cpu") != "cpu":
+            return [("model.kv_dtype", "a cache narrower than model.dtype grows on the CPU only: device must be cpu")]
     if isinstance(path, str) and path.startswith(BUILTIN_PREFIX):
         known = builtin_models()
         if path[len(BUILTIN_PREFIX) :] not in known:
@@ -456,13 +470,16 @@ def make_manifest(
     gguf_sha256: str | None = None,
     chat: bool = False,
     weights_sha256: str | None = None,
+    kv_dtype: str | None = None,
 ) -> dict[str, Any]:
     """A complete pinned manifest for a model directory, with this environment's library versions.
 
     ``profile`` names a kernel-flag profile (see profiles.PROFILES); ``schedule`` the prefill schedule (single or
     invariant; chunked needs a chunk size: edit the file); ``identity`` how deposited artifacts are named (sha256-tree:
-    verified on every core; sha256: one SHA-256 stream, what every manifest without the key means). ``gguf_sha256``
-    pins the GGUF a model was dequantized from; ``weights_sha256`` its 4-bit form (``model.weights: q4``). ``chat`` (a tokenizer with a chat template) writes the chat prompts
+    verified on every core; blake3: what b3sum prints, a third of the tree's CPU; sha256: one SHA-256 stream, what
+    every manifest without the key means). ``gguf_sha256``
+    pins the GGUF a model was dequantized from; ``weights_sha256`` its 4-bit form (``model.weights: q4``); ``kv_dtype``
+    a 16-bit cache (``model.kv_dtype``; None: the model's dtype). ``chat`` (a tokenizer with a chat template) writes the chat prompts
     (CHAT_PROMPT) and a reasoning budget (CHAT_DECODE), so that a first `solve` works unedited. Every bit-affecting environment variable
     the profile does not set is pinned to null (must be unset), so a stray one in the shell shows up as drift.
     """
@@ -486,6 +503,7 @@ def make_manifest(
             "dtype": dtype,
             "attn_implementation": attn_implementation,
             **({"weights": "q4", "weights_sha256": weights_sha256} if weights_sha256 else {}),
+            **({"kv_dtype": kv_dtype} if kv_dtype else {}),
         },
         "runtime": {
             "device": device,

@@ -78,7 +78,9 @@ def grouped_attention(
     # keeps a reordered copy of a strided bfloat16 operand for every new length, 6 MB a decode step for SmolLM-135M's
     # shape at 8,192 tokens (413 MB after 64 steps; scripts/bench_attention.py's --rss-child). The copy also shows
     # the BLAS one layout for a graft and for a fresh computation (on this CPU the two layouts gave the same bits).
-    key, value = key.contiguous(), value.contiguous()
+    # A 16-bit cache (model.kv_dtype) is widened to the query's dtype here, exactly (every float16 and bfloat16 value
+    # is a float32 one), into the same contiguous layout: attention's arithmetic stays float32.
+    key, value = key.to(query.dtype).contiguous(), value.to(query.dtype).contiguous()
     weights = torch.matmul(q, key.transpose(2, 3)).view(b, heads, q_len, -1) * scaling
     if softcap is not None:
         weights = torch.tanh(weights / softcap) * softcap

@@ -73,6 +73,16 @@ class Engine:
             )
         return self._prompts
 
+    @property
+    def kv_dtype(self):
+        """The cache's torch dtype when model.kv_dtype narrows it (a 16-bit cache of a float32 model), else None."""
+        name = self.manifest.data["model"].get("kv_dtype")
+        if name is None:
+            return None
+        import torch
+
+        return getattr(torch, name)
+
     # -- tokens -------------------------------------------------------------------------------------------------
     def encode(self, text: str, where: str | None = None) -> list[int]:
         """Token ids of ``text`` without special tokens. Bounded for any input: a text longer than the model's
@@ -138,6 +148,7 @@ class Engine:
             for i, layer in enumerate(cache.layers):
                 if type(layer) is DynamicLayer:
                     cache.layers[i] = layer_class()()
+                    cache.layers[i].kv_dtype = self.kv_dtype
         return cache
 
     def forward(self, cache, ids: list[int], last_only: bool = False, start: int | None = None):
@@ -194,12 +205,15 @@ class Engine:
 
     def batched_pass(self, ids: list[int], keep: int):
         """Logits of the last ``keep`` positions of one batched model call over ``ids`` (whatever the schedule):
-        what the model's own kernels compute, for comparison with the invariant schedule's bits."""
+        what the model's own kernels compute, for comparison with the invariant schedule's bits. Under
+        model.kv_dtype on a 16-bit cache of this engine's (the model's own cache would keep float32 states: another
+        configuration)."""
         import torch
 
         with self._infer():
             x = torch.tensor([ids], dtype=torch.long, device=self.device)
-            return self.model(input_ids=x, logits_to_keep=keep).logits[0]
+            narrow = {"cache": self.new_cache(), "use_cache": True} if self.kv_dtype is not None else {}
+            return self.model(input_ids=x, logits_to_keep=keep, **narrow).logits[0]
 
     @property
     def max_positions(self) -> int | None:
@@ -347,6 +361,7 @@ class Engine:
                 )
             if grow and st.kind == "full":  # decode steps write in place instead of re-allocating the layer
                 layer = cache.layers[i] = layer_class()()
+                layer.kv_dtype = self.kv_dtype
                 if st.room is not None:  # taken once; used only if it holds the layer (GrowingLayer's update checks)
                     take_room(layer, st.room)
                 st.room = None
@@ -385,6 +400,7 @@ class Engine:
             "start_position": str(start),
             "logits_sha256": logits_sha256,
             "logits_dtype": m["model"]["dtype"],
+            **({"kv_dtype": m["model"]["kv_dtype"]} if "kv_dtype" in m["model"] else {}),
         }
 
     def compatibility(self, start: int = 0) -> dict[str, str]:
@@ -399,6 +415,8 @@ class Engine:
             "layer_types": json.dumps([k for k, _ in self.layout], separators=(",", ":"), sort_keys=True),
             "sliding_windows": json.dumps([w for _, w in self.layout], separators=(",", ":"), sort_keys=True),
             "start_position": str(start),
+            # The tensors' width: absent on an artifact of a cache at the model's dtype (every one before the key)
+            "kv_dtype": self.manifest.data["model"].get("kv_dtype"),
         }
 
 
@@ -486,10 +504,31 @@ def engine_from_model(
     engine = Engine(manifest, model, tokenizer, device, hashes, drift, {})
     engine.environment = determinism.effective_environment(manifest.data["runtime"], device)
     engine.layout = _probe_layout(engine)
+    _check_kv_dtype(engine)
     from .lean import attach
 
     engine.environment["forward"] = "lean" if attach(engine) else "transformers"
     return engine
+
+
+def _check_kv_dtype(engine: Engine) -> None:
+    """model.kv_dtype is kept by growcache's layers (the CPU's, KVGRAFT_GROW_IN_PLACE not 0) and for full-attention
+    layers only: refuse, naming why, a run where some layer would keep the model's width instead."""
+    from .growcache import enabled
+
+    if engine.kv_dtype is None:
+        return
+    kinds = sorted({kind for kind, _ in engine.layout if kind not in ("full", "empty")})
+    if kinds or not enabled(engine.device):
+        raise UnsupportedModel(
+            f"model.kv_dtype {engine.manifest.data['model']['kv_dtype']}: "
+            + (
+                f"this model's cache has {', '.join(kinds)} layers, kept at the model's width"
+                if kinds
+                else "the cache that keeps it grows on the CPU (KVGRAFT_GROW_IN_PLACE=0 turns it off)"
+            ),
+            "remove model.kv_dtype from the manifest" + ("" if kinds else ", or unset KVGRAFT_GROW_IN_PLACE"),
+        )
 
 
 def _probe_layout(engine: Engine) -> list[tuple[str, int | None]]:

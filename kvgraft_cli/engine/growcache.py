@@ -30,8 +30,9 @@ peak above the model at 8,128 tokens from 1.98x to 1.61x the artifact (float32),
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
-from contextvars import ContextVar
+
+# The pool of cache buffers lives with the memory helpers (an artifact's read fills it too); named here as before.
+from ..util.memory import BufferPool, cache_memory, pooled  # noqa: F401
 
 SLACK_TOKENS = 256
 
@@ -59,8 +60,6 @@ def _zeroed(like, tokens: int):
     recycled instead (no page faults; its bytes past what the cache writes are stale, and nothing reads them)."""
     import torch
 
-    from ..util.memory import zeroed
-
     shape = list(like.shape)
     shape[-2] = tokens
     n = like.element_size()
@@ -68,100 +67,7 @@ def _zeroed(like, tokens: int):
         n *= d
     if not n:
         return torch.empty(shape, dtype=like.dtype)
-    pool = _POOL.get()
-    buf = pool.take(n) if pool is not None else zeroed(n)
-    return torch.frombuffer(buf, dtype=torch.uint8, count=n).view(like.dtype).view(shape)
-
-
-class BufferPool:
-    """Maps a long-lived process hands its caches one request after another (kvgraft serve: one request at a time),
-    so a request's cache is written into memory the last one faulted in, not into fresh pages. On this machine a
-    fresh map costs about 0.6 ms a MiB in page faults on first write (a 2,000-token prompt's float32 cache of
-    SmolLM2-135M, 92 MB: 60-90 ms); a recycled one costs the copy alone.
-
-    A map is lent inside :func:`pooled` and taken back when a scope ends if nothing holds it any more (its reference
-    count says so: a cache or a view kept past the request keeps its map lent until it is let go). At most
-    ``keep`` bytes are kept free; the rest go back to the OS. The bytes a cache computes do not depend on where its
-    buffers live: each buffer is a contiguous tensor of the size a fresh map would have had (tests/test_serve.py's
-    cold, warm and restarted responses compare them)."""
-
-    def __init__(self, keep: int = 1 << 30):
-        self.keep = keep
-        self.free: list = []
-        self.lent: list = []
-
-    def take(self, nbytes: int):
-        """A map of at least ``nbytes``: the smallest free one that fits, else a new one."""
-        from ..util.memory import zeroed
-
-        fits = [m for m in self.free if len(m) >= nbytes]
-        if not fits:
-            self.reclaim()
-            fits = [m for m in self.free if len(m) >= nbytes]
-        if fits:
-            m = min(fits, key=len)
-            self.free.remove(m)
-        else:
-            m = zeroed(-(-nbytes // _PAGE) * _PAGE)
-        self.lent.append(m)
-        return m
-
-    def reserve(self, count: int, nbytes: int) -> None:
-        """Fault in ``count`` maps of ``nbytes`` now (a server at start: its first request, after a restart, then
-        writes its cache into resident memory), within ``keep`` bytes in all."""
-        import numpy as np
-
-        from ..util.memory import zeroed
-
-        size = -(-nbytes // _PAGE) * _PAGE
-        for _ in range(min(count, (self.keep - self.free_bytes) // size if size else 0)):
-            m = zeroed(size)
-            np.frombuffer(m, dtype=np.uint8)[::4096] = 0  # a write to every page faults it in
-            self.free.append(m)
-
-    def reclaim(self) -> None:
-        """Take back the lent maps nobody holds any more (a cache that moved to larger buffers dropped its last)."""
-        import sys
-
-        # references: the list, the comprehension's name and getrefcount's argument; a tensor on it adds its own
-        back = [m for m in self.lent if sys.getrefcount(m) <= 3]
-        if back:
-            self.lent = [m for m in self.lent if not any(m is b for b in back)]
-            self.free += back
-
-    def settle(self) -> None:
-        """Take back every lent map nobody holds any more (one still held, by a cache a server keeps, stays lent
-        until it is let go); keep at most ``keep`` bytes free, the largest first."""
-        self.reclaim()
-        self.free = sorted(self.free, key=len, reverse=True)
-        total = 0
-        for i, m in enumerate(self.free):
-            total += len(m)
-            if total > self.keep:
-                self.free = self.free[:i]
-                break
-
-    @property
-    def free_bytes(self) -> int:
-        return sum(len(m) for m in self.free)
-
-
-@contextmanager
-def pooled(pool: BufferPool | None):
-    """Cache buffers made inside come from ``pool`` (None: fresh maps, as outside), and go back when it ends."""
-    if pool is None:
-        yield
-        return
-    token = _POOL.set(pool)
-    try:
-        yield
-    finally:
-        _POOL.reset(token)
-        pool.settle()
-
-
-_PAGE = 1 << 16
-_POOL: ContextVar[BufferPool | None] = ContextVar("kvgraft_cache_pool", default=None)
+    return torch.frombuffer(cache_memory(n), dtype=torch.uint8, count=n).view(like.dtype).view(shape)
 
 
 def cut_back(cache, tokens: int) -> bool:
@@ -209,7 +115,8 @@ def with_room(parts: list):
 
 def layer_class():
     """The GrowingLayer class: a DynamicLayer whose keys and values are views of buffers it grows in place (see the
-    module doc). It never writes into tensors it was given (an artifact's, maybe shared with the verified cache): the
+    module doc). A layer given a ``kv_dtype`` attribute (model.kv_dtype: engine.new_cache and engine.restore set it)
+    keeps its buffers at that width and rounds every state written into them to it. It never writes into tensors it was given (an artifact's, maybe shared with the verified cache): the
     first update copies them into buffers of its own, unless engine.restore handed it buffers with room (a graft's
     own read), which it writes into past the kept tokens. Keys or values replaced after that (probe re-rotates
     them) are copied again. Built on first use, so importing this module imports no transformers."""
@@ -234,6 +141,9 @@ def _update(self, key_states, value_states, *args, **kwargs):
     if kbuf is not None and not (holds(self.keys, kbuf) and holds(self.values, self._vbuf)):
         kbuf = None  # the layer's states were replaced (probe's re-rotation): its buffers no longer hold them
     if kbuf is None or kbuf.shape[-2] < need:
+        narrow = getattr(self, "kv_dtype", None)  # a 16-bit cache (model.kv_dtype): buffers at its width
+        if narrow is not None:
+            key_states, value_states = key_states.to(narrow), value_states.to(narrow)
         kbuf, vbuf = _zeroed(key_states, need + SLACK_TOKENS), _zeroed(value_states, need + SLACK_TOKENS)
         if have:
             kbuf[..., :have, :] = self.keys
@@ -241,6 +151,8 @@ def _update(self, key_states, value_states, *args, **kwargs):
         # Dropping the old tensors here frees them (an artifact's, once the cache alone holds them) before the next
         # layer's buffers are made: one layer in flight, never a second copy of the whole cache.
         self._kbuf, self._vbuf = kbuf, vbuf
+    # Into the buffer's dtype: a 16-bit cache rounds each new state to nearest-even here, once, the way every path
+    # to the cache does (a fresh prefill, a decode step, a graft's suffix).
     self._kbuf[..., have:need, :] = key_states
     self._vbuf[..., have:need, :] = value_states
     self.keys, self.values = self._kbuf[..., :need, :], self._vbuf[..., :need, :]

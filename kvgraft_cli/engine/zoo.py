@@ -137,6 +137,7 @@ def tiny_manifest(
     gpu_name: str | None = None,
     sdpa_backend: str | None = None,
     schedule: str = "single",
+    kv_dtype: str | None = None,
 ):
     """Write ``arch``'s tiny checkpoint under ``workdir`` (reused when already there) and a pinned manifest for it.
 
@@ -168,8 +169,10 @@ def tiny_manifest(
         gpu_name=gpu_name,
         sdpa_backend=sdpa_backend,
         schedule=schedule,
+        kv_dtype=kv_dtype,
         name=f"tiny-{arch}-{dtype}-{profile}-{device}",
     )
-    path = workdir / f"{arch}-{dtype}-{profile}-{device}-{attn_implementation}{sdpa_backend or ''}-{schedule}.yaml"
+    kv = f"-kv{kv_dtype}" if kv_dtype else ""
+    path = workdir / f"{arch}-{dtype}-{profile}-{device}-{attn_implementation}{sdpa_backend or ''}-{schedule}{kv}.yaml"
     path.write_text(dump_yaml(data), encoding="utf-8")
     return load_manifest(path)

@@ -8,9 +8,11 @@ float32). The prompts are the library's own: the first N MATH-500 problems with 
 renders them (chat template). Not exactness (each side is exact against itself, scripts/real_model_exactness.sh):
 how far apart two pinned configurations are.
 
-Another q4 manifest (another GGUF: a Q4_K_M file, say) is compared the same way with --manifest.
+Another q4 manifest (another GGUF: a Q4_K_M file, say) is compared the same way with --manifest. With
+``--without kv_dtype`` the reference side is the manifest without ``model.kv_dtype`` instead (a 16-bit cache against
+the float32 one, everything else equal).
 
-Usage: python scripts/q4_vs_dequantized.py [--problems 20] [--manifest M] [--json OUT]
+Usage: python scripts/q4_vs_dequantized.py [--problems 20] [--manifest M] [--without weights|kv_dtype] [--json OUT]
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--problems", type=int, default=20)
     ap.add_argument("--manifest", type=Path, default=MANIFEST, help="a q4 manifest (default: the main job's)")
+    ap.add_argument(
+        "--without",
+        choices=["weights", "kv_dtype"],
+        default="weights",
+        help="what the reference side drops: model.weights (the dequantized model) or model.kv_dtype (a float32 cache)",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -43,7 +51,9 @@ def main() -> None:
     model_path = data["model"]["path"]
     if not model_path.startswith("package:") and not Path(model_path).is_absolute():
         data["model"]["path"] = str((source.parent / model_path).resolve())  # the copies live elsewhere
-    for key in ("weights", "weights_sha256"):
+    for key in ("weights", "weights_sha256") if args.without == "weights" else ("kv_dtype",):
+        if key not in data["model"]:
+            sys.exit(f"{args.manifest}: has no model.{key} to compare without")
         data["model"].pop(key)
     (tmp / "dequantized.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     q4_manifest = tmp / "q4.yaml"
@@ -74,7 +84,7 @@ def main() -> None:
         print(f"problem {i + 1:>3}: {len(ids):>4} tokens, argmax agrees {agree}/{positions} so far", file=sys.stderr)
     result = {
         "model": f"{data['model']['path']} (gguf_sha256 {data['model']['gguf_sha256'][:16]}...)",
-        "manifest": f"{args.manifest} vs the same without model.weights",
+        "manifest": f"{args.manifest} vs the same without model.{args.without}",
         "torch": torch.__version__,
         "problems": args.problems,
         "positions": positions,

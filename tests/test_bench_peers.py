@@ -79,3 +79,18 @@ def test_the_tamper_line_says_what_happened():
         bench_peers._tamper({"loaded": False, "error": "x.kvg: identity mismatch"})
         == "refused: x.kvg: identity mismatch"
     )
+
+
+def test_a_kvgraft_configuration_reads_its_optional_fields():
+    assert bench_peers._spec("bfloat16") == ("bfloat16", "native", "eager", "dequantized", None, "sha256-tree")
+    assert bench_peers._spec("float32:native:grouped:q4:-:sha256") == (
+        "float32",
+        "native",
+        "grouped",
+        "q4",
+        None,
+        "sha256",
+    )
+    assert bench_peers._spec("float32:native:grouped:q4:float16:blake3")[4:] == ("float16", "blake3")
+    with pytest.raises(SystemExit, match="at most"):
+        bench_peers._spec("float32:native:grouped:q4:float16:blake3:x")

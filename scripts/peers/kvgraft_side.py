@@ -1,11 +1,14 @@
 """The kvgraft side of bench_peers, in a worker process of its own per configuration (dtype, kernel-flag profile,
-attention, weights: dequantized or q4): the same GGUF, dequantized by `kvgraft manifest init` into the user's cache, under a manifest pinned
+attention, weights: dequantized or q4, the cache's width, the artifact identity): the same GGUF, dequantized by `kvgraft manifest init` into the user's cache, under a manifest pinned
 here, through kvgraft's own functions, each timed around what the command does:
   prefill      engine.prefill (the manifest's schedule)
   deposit      capture, canonical payload, identity (SHA-256 tree), atomic write of ``<identity>.kvg``: what
                `kvgraft deposit` does after its prefill
   graft        what `kvgraft graft` does to open an artifact: read it, re-hash it against its identity (verified
-               before anything is returned), restore it into a fresh cache
+               before anything is returned), restore it into a fresh cache, whose memory was reserved beforehand
+               (growcache.BufferPool, as kvgraft serve reserves it at start and llama.cpp's context holds its KV
+               buffer from creation: the pages are resident, so the read pays no page faults)
+  graft, fresh the same into memory fresh from the OS (a one-shot `kvgraft graft` process: every page faulted in)
   first token  graft + the query's forward, to its last logits
   decode       greedy steps after that (engine.greedy), tokens a second
 Exactness: the first token's logits after every graft are compared byte for byte (SHA-256) with the fresh
@@ -26,7 +29,16 @@ from timing import stopwatch
 
 class KvgraftSide:
     def __init__(
-        self, gguf: str, dtype: str, profile: str, attn: str, threads: int, schedule: str, weights: str = "dequantized"
+        self,
+        gguf: str,
+        dtype: str,
+        profile: str,
+        attn: str,
+        threads: int,
+        schedule: str,
+        weights: str = "dequantized",
+        kv_dtype: str | None = None,
+        identity: str = "sha256-tree",
     ):
         # The profile's kernel flags before torch is imported (engine.determinism); then the manifest pins them.
         from kvgraft_cli.engine.determinism import pin_profile
@@ -49,6 +61,8 @@ class KvgraftSide:
             threads=threads,
             attn_implementation=attn,
             weights=weights,
+            kv_dtype=kv_dtype,
+            identity=identity,
         )
         data = yaml.safe_load(text)
         if schedule != "single":  # chunked:N
@@ -57,6 +71,7 @@ class KvgraftSide:
         self.manifest_path.write_text(yaml.safe_dump(data, sort_keys=False))
         self.eng = load_engine(load_manifest(self.manifest_path))
         self.state: dict = {}
+        self.pool = None
 
     def info(self) -> dict:
         import torch
@@ -72,6 +87,8 @@ class KvgraftSide:
             "schedule": m["prefill"],
             "attn": m["model"]["attn_implementation"],
             "weights": m["model"].get("weights", "dequantized"),
+            "kv_dtype": m["model"].get("kv_dtype", m["model"]["dtype"]),
+            "identity": m["artifact"]["identity"],
         }
 
     def ids(self, n: int) -> dict:
@@ -82,9 +99,10 @@ class KvgraftSide:
         """Prefill, deposit, then the query and ``decode`` greedy steps on the fresh cache: the reference."""
         from kvgraft_cli.artifacts import format as kvg
         from kvgraft_cli.engine.engine import tensor_sha256
+        from kvgraft_cli.engine.growcache import BufferPool, enabled
 
         eng = self.eng
-        self.state = {}  # the last length's cache and artifact go before this one's are made
+        self.state, self.pool = {}, None  # the last length's cache and artifact go before this one's are made
         with stopwatch() as pre:
             cache, last = eng.prefill(ids)
         with stopwatch() as dep:
@@ -96,6 +114,10 @@ class KvgraftSide:
         del payload
         fresh = eng.forward(cache, query, last_only=True)[-1]
         tokens, _ = eng.greedy(cache, fresh, decode)
+        del cache
+        if enabled(eng.device):  # this length's cache memory, reserved as a server reserves it at start
+            self.pool = BufferPool()
+            self.pool.reserve(*eng.cache_buffers(len(ids) + len(query) + decode))
         self.state = {
             "ids": ids,
             "query": query,
@@ -111,17 +133,24 @@ class KvgraftSide:
     def round(self) -> dict:
         """One graft (read, verify, restore) into a fresh cache, the query (first token), then the decode steps."""
         from kvgraft_cli.engine.engine import tensor_sha256
+        from kvgraft_cli.engine.growcache import pooled
 
         eng, s = self.eng, self.state
-        with stopwatch() as first:
-            with stopwatch() as graft:
-                cache = eng.restore(_open(s["path"], s["sha"], eng.device).layers)
-            logits = eng.forward(cache, s["query"], last_only=True)[-1]
-        with stopwatch() as dec:
-            tokens, _ = eng.greedy(cache, logits, s["decode"])
+        with stopwatch() as fresh_pages:
+            cache = eng.restore(_open(s["path"], s["sha"], eng.device).layers)
+        del cache
+        with pooled(self.pool):
+            with stopwatch() as first:
+                with stopwatch() as graft:
+                    cache = eng.restore(_open(s["path"], s["sha"], eng.device).layers)
+                logits = eng.forward(cache, s["query"], last_only=True)[-1]
+            with stopwatch() as dec:
+                tokens, _ = eng.greedy(cache, logits, s["decode"])
+            del cache  # its memory back to the pool before the scope ends
         sha = tensor_sha256(logits)
         return {
             "restore_s": graft.s,
+            "restore_fresh_s": fresh_pages.s,
             "first_token_s": first.s,
             "decode_tok_s": s["decode"] / dec.s,
             "exact": sha == s["fresh"],
@@ -213,11 +242,19 @@ class KvgraftSide:
 
 
 def serve_kvgraft(
-    gguf: str, dtype: str, profile: str, attn: str, threads: int, schedule: str, weights: str = "dequantized"
+    gguf: str,
+    dtype: str,
+    profile: str,
+    attn: str,
+    threads: int,
+    schedule: str,
+    weights: str = "dequantized",
+    kv_dtype: str | None = None,
+    identity: str = "sha256-tree",
 ) -> None:
     from peers.wire import serve
 
-    side = KvgraftSide(gguf, dtype, profile, attn, threads, schedule, weights)
+    side = KvgraftSide(gguf, dtype, profile, attn, threads, schedule, weights, kv_dtype, identity)
     serve(
         {
             "info": side.info,

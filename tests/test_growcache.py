@@ -364,3 +364,78 @@ def test_a_servers_slot_is_continued_where_it_holds_the_chunks(engine, tmp_path,
     short = promptcache.Slot(pre.chain[:2], pre.cache)
     partly, got = answer(second, short, store)
     assert partly.from_slot == (arch != "embedded") and partly.restored_tokens > 2 * chunk and got == want
+
+
+@pytest.mark.parametrize("scheme", ["sha256-tree", "blake3"])
+def test_the_batched_read_gives_the_same_artifact_however_the_os_reads(raw_file, tmp_path, monkeypatch, scheme):
+    """format._read_pieces: the pieces filled by readv in batches (a batch cut at a byte limit and at an iovec
+    count, a read the OS cuts short anywhere, no readv at all) give the same identity and the same tensors."""
+    import os
+
+    from kvgraft_cli.artifacts import format as fmt
+
+    path, _ = raw_file["sha256-tree"]
+    payload = kvg.with_scheme(kvg.read_file(path)[0], scheme)
+    path = tmp_path / f"{scheme}.kvg"
+    kvg.write_file(path, payload, codec="raw")
+    sha = kvg.payload_identity(payload)
+    _, want = kvg.open_file(path, sha, room=8)
+    real = os.readv
+    calls = []
+
+    def short(fd, buffers):  # at most 1,000 bytes a call, cut anywhere: inside a piece, at a piece's end
+        calls.append(len(buffers))
+        cut = [memoryview(b)[: max(0, 1000 - sum(len(x) for x in buffers[:i]))] for i, b in enumerate(buffers)]
+        return real(fd, [c for c in cut if len(c)])
+
+    for change in (
+        {"_READ_BATCH": 3000},  # a few pieces a batch; a piece over it read alone
+        {"_IOV": 2},
+        {"short": short},
+        {"no readv": None},
+    ):
+        with monkeypatch.context() as m:
+            for k, v in change.items():
+                if k == "short":
+                    m.setattr(os, "readv", v)
+                elif k == "no readv":
+                    m.delattr(os, "readv")
+                else:
+                    m.setattr(fmt, k, v)
+            ident, got = kvg.open_file(path, sha, room=8)
+        assert ident == sha, change
+        for a, b in zip(want.layers, got.layers):
+            assert a.kind == b.kind and (
+                a.keys is None or (torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values))
+            )
+    assert calls and max(calls) > 1  # the short reads were asked for several pieces at once
+    bad = bytearray(path.read_bytes())
+    bad[-100] ^= 1
+    path.chmod(0o644)
+    path.write_bytes(bytes(bad))
+    from kvgraft_cli.errors import IntegrityError
+
+    with pytest.raises(IntegrityError, match="does not match its identity"):
+        kvg.open_file(path, sha, room=8)
+
+
+def test_a_graft_read_into_a_pools_stale_maps_is_exact(engine, grafted, raw_file):
+    """Inside growcache.pooled a graft's read takes the pool's maps (recycled, full of another request's bytes): the
+    layers are read into them, and the graft's logits and decode are byte-equal to a read into fresh maps."""
+    prefix, _ = grafted
+    path, sha = raw_file["sha256-tree"]
+    suffix = engine.encode("\nQuestion: and the first twenty?\nAnswer:")
+    want = tensor_sha256(_decode(engine, engine.restore(kvg.open_file(path, sha, room=8)[1].layers), suffix, 8))
+    pool = growcache.BufferPool()
+    pool.reserve(*engine.cache_buffers(len(prefix) + len(suffix) + 8))
+    for m in pool.free:
+        m[:] = b"\xff" * len(m)
+    del m
+    reserved = {id(m) for m in pool.free}
+    with growcache.pooled(pool):
+        art = kvg.open_file(path, sha, room=8)[1]
+        lent = {id(m) for m in pool.lent}
+        got = tensor_sha256(_decode(engine, engine.restore(art.layers), suffix, 8))
+        del art
+    assert lent and lent <= reserved  # the read's buffers were the pool's
+    assert got == want

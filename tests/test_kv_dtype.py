@@ -138,3 +138,26 @@ def test_one_batched_pass_keeps_the_cache_narrow_too(tmp_path):
     with narrow._infer():
         want = narrow.model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=5).logits[0]
     assert torch.equal(a, want) and cache.layers[0].keys.dtype == torch.float16
+
+
+def test_a_chain_of_16_bit_links_and_the_probe_keep_the_width(tmp_path):
+    """A chain link continues a grafted 16-bit root (engine.restore_chain joins the links into buffers of that width)
+    and grafts byte-equal to computing root and link in one cache; the probe's re-rotation keeps the cache's width and
+    its own position (offset 0) exact."""
+    from kvgraft_cli.runs.probe import rerotate
+
+    eng = _engine(tmp_path)
+    root_ids, link_ids, query = [3, 4, 5, 6, 7, 8], [9, 10, 11, 12], [13, 14]
+    cache, last = eng.prefill(root_ids)
+    root = kvg.decode(kvg.encode(root_ids, eng.capture(cache), eng.artifact_meta(tensor_sha256(last))))
+    cache, last = eng.prefill(link_ids, cache=cache)
+    meta = eng.artifact_meta(tensor_sha256(last), start=len(root_ids), parent="a" * 64)
+    link = kvg.decode(kvg.encode(link_ids, eng.capture(cache, start=len(root_ids)), meta))
+    fresh = eng.forward(cache, query)
+    chained = eng.restore_chain([root, link])
+    assert chained.layers[0].keys.dtype == torch.float16
+    assert tensor_sha256(eng.forward(chained, query)) == tensor_sha256(fresh)
+    moved = eng.restore(root.layers)
+    rerotate(eng, moved, 0)
+    assert moved.layers[0].keys.dtype == torch.float16
+    assert all(torch.equal(a.keys, b.keys) for a, b in zip(moved.layers, eng.restore(root.layers).layers))

@@ -2,8 +2,9 @@
 
 Payload = safetensors bytes (tensors ``token_ids`` and ``layers.NNN.keys`` / ``layers.NNN.values``) written by
 :func:`canonical_safetensors`, so equal content gives equal bytes. (``safetensors.torch.save`` does not: it keeps
-``__metadata__`` in a hash map whose order changes from call to call.) Identity = SHA-256 of the payload, or the
-sha256-tree of its 1 MiB leaves when its metadata says ``identity: sha256-tree`` (identity.py). File = the
+``__metadata__`` in a hash map whose order changes from call to call.) Identity = SHA-256 of the payload, the
+sha256-tree of its 1 MiB leaves when its metadata says ``identity: sha256-tree``, or its BLAKE3 under ``identity:
+blake3`` (identity.py). File = the
 payload in one of three codecs (artifacts.container: raw or shuffle-zstd in the v2 container, or one zstd frame);
 neither the codec nor the compression level ever changes the identity. docs/FORMAT.md specifies it for third parties.
 No pickle: tensors are parsed by safetensors, metadata by ``json``.
@@ -141,7 +142,7 @@ def with_scheme(payload: bytes | bytearray, scheme: str) -> bytes:
 
 
 def same_cache(payload: bytes | bytearray, identity: str) -> bool:
-    """Whether ``payload`` is the artifact named ``identity`` in either scheme (same bytes, whatever the name)."""
+    """Whether ``payload`` is the artifact named ``identity`` in any scheme (same bytes, whatever the name)."""
     if payload_identity(payload) == identity:
         return True
     named = read_header(payload)["__metadata__"].get("identity", "sha256")
@@ -281,7 +282,9 @@ def _assemble(tensors: dict, meta: dict[str, str], source: str) -> Artifact:
 def write_file(path: Path, payload: bytes, level: int = 3, codec: str = "auto") -> str:
     """Write a ``.kvg`` file atomically in ``codec`` (``auto``: by the payload's dtype, container.default_codec);
     returns the codec written. The identity (identity.py) is the same whatever the codec."""
-    dtype = read_header(payload)["__metadata__"].get("dtype", "") if codec in ("auto", "shuffle-zstd") else ""
+    # the tensors' width (a 16-bit cache of a float32 model: kv_dtype), what a shuffle's byte planes follow
+    meta = read_header(payload)["__metadata__"] if codec in ("auto", "shuffle-zstd") else {}
+    dtype = kv_dtype_of(meta) if "dtype" in meta else ""
     codec = container.pick_codec(codec, dtype)
     if codec == "raw":
         data = container.raw_file(payload)
@@ -367,11 +370,19 @@ def _read_pieces(f, pieces: list, hasher: PayloadHasher, source: str) -> None:
     cost more in calls than in bytes."""
     import os
 
+    if not hasattr(os, "readv"):  # (Windows) a read a piece
+        for piece in pieces:
+            container.read_hashed(f, piece, hasher, source)
+        return
     fd, i = f.fileno(), 0
     while i < len(pieces):
+        if len(pieces[i]) > _READ_BATCH:  # a large piece alone, in the reader's chunks (readv caps one at 2 GiB)
+            container.read_hashed(f, pieces[i], hasher, source)
+            i += 1
+            continue
         batch: list = []
         size = 0
-        while i + len(batch) < len(pieces) and len(batch) < _IOV and (not batch or size < _READ_BATCH):
+        while i + len(batch) < len(pieces) and len(batch) < _IOV and size + len(pieces[i + len(batch)]) <= _READ_BATCH:
             batch.append(pieces[i + len(batch)])
             size += len(batch[-1])
         got = os.readv(fd, batch)

@@ -1,6 +1,6 @@
 """An artifact's identity: the digest a store names it by, the ledger records and a restore checks every byte against.
 
-Two schemes, named by the payload itself (its metadata key ``identity``; docs/FORMAT.md):
+Three schemes, named by the payload itself (its metadata key ``identity``; docs/FORMAT.md):
 
 ``sha256`` (no ``identity`` key: every artifact deposited before the tree existed, and the default)
     SHA-256 of the whole payload, one stream: what ``sha256sum`` of the payload prints. One core computes it
@@ -255,6 +255,7 @@ class PayloadHasher:
 
     def add_batch(self, chunks: list) -> None:
         """Hand over several next chunks at once (each a byte view kept by reference, as ``add``'s)."""
+        chunks = [c if isinstance(c, memoryview) and c.format == "B" else memoryview(c).cast("B") for c in chunks]
         if self.impl is None or not isinstance(self.impl, _Stream):
             for c in chunks:
                 self.add(c)

@@ -96,6 +96,8 @@ def _check(header: dict, meta: dict) -> None:
     for key in ("dtype", "kv_dtype"):
         if key in meta and meta[key] not in KV_DTYPES:
             raise ValueError(f"{key} {str(meta[key])[:20]!r} is not one kvgraft writes")
+    if "kv_dtype" in meta and (meta["kv_dtype"] == "float32" or meta["dtype"] != "float32"):
+        raise ValueError(f"kv_dtype {meta['kv_dtype']} under dtype {meta['dtype']}: only a float32 model's is narrower")
     want = KV_DTYPES[kv_dtype_of(meta)]
     ids = header.get("token_ids")
     if not isinstance(ids, dict) or ids.get("dtype") != "I64" or ids.get("shape") != [n_tok]:

@@ -301,7 +301,8 @@ def iter_payload(path: Path, max_size: int | None = None, strict: bool = False) 
 
 
 def kvg_payload_sha256(path: Path) -> str:
-    """A ``.kvg`` file's identity (the SHA-256 of its payload, or the sha256-tree its header names: identity.py),
+    """A ``.kvg`` file's identity (the SHA-256 of its payload, or the sha256-tree or BLAKE3 its header names:
+    identity.py),
     decompressing and hashing in parallel.
     Raises IntegrityError for a frame that breaks the rules above (even one whose data is whole but whose checksum
     is cut off), ArtifactError for one larger than the payload limit."""

@@ -36,6 +36,7 @@ same logits bytes and the same cache bytes, or the engine keeps transformers' fo
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama",)
@@ -73,7 +74,9 @@ class LeanLlama:
             )
         self.norm = inner.norm
         self.head = model.lm_head
-        self._scratch: list = [None, None]  # a 16-bit cache's keys and values widened (:meth:`_widened`)
+        # a 16-bit cache's keys and values widened (:meth:`_widened`), per thread: an engine computes one forward at a
+        # time in kvgraft's own commands and server, and a library user's second thread gets buffers of its own
+        self._local = threading.local()
         # Layers whose rows are computed together only if their kernel keeps a row's bits whatever shares the call
         # (the int4 one does; a BLAS GEMM does not): the others are computed a row at a time under ``rows``. A fused
         # q/k/v or gate/up that joins a layer kept dequantized (a GGUF type not kept 4-bit) is one of the others.
@@ -124,9 +127,10 @@ class LeanLlama:
         import torch
 
         n = t.numel()
-        buf = self._scratch[slot]
+        scratch = self._local.__dict__.setdefault("scratch", [None, None])
+        buf = scratch[slot]
         if buf is None or buf.numel() < n or buf.dtype != dtype:
-            buf = self._scratch[slot] = torch.empty(n + n // 4, dtype=dtype)  # room to grow a quarter first
+            buf = scratch[slot] = torch.empty(n + n // 4, dtype=dtype)  # room to grow a quarter first
         wide = buf[:n].view(t.shape)
         wide.copy_(t)
         return wide
@@ -140,6 +144,8 @@ class LeanLlama:
 
         n = query.shape[2]
         past = key.shape[2] - n
+        if key.dtype != query.dtype:  # a 16-bit cache widened once for every row (each row reads a prefix of it)
+            key, value = key.to(query.dtype), value.to(query.dtype)
         rows = [
             self._attend(query[:, :, r : r + 1], key[:, :, : past + r + 1], value[:, :, : past + r + 1], None, scaling)
             for r in range(n)

@@ -158,9 +158,11 @@ def rerotate(engine: Engine, cache, offset: int) -> None:
         raise UnsupportedModel(f"{type(rotary).__name__} needs a layer type, but the config has no layer_types")
     with torch.inference_mode():
         for i, layer in enumerate(cache.layers):
-            keys = getattr(layer, "keys", None)
-            if keys is None or keys.numel() == 0:
+            held = getattr(layer, "keys", None)
+            if held is None or held.numel() == 0:
                 continue  # a KV-sharing layer (holds nothing) or an unused one
+            # A 16-bit cache (model.kv_dtype) is rotated in the model's dtype and rounded once, as a fresh key is
+            keys = held.to(engine.model.dtype)
             args = (layer_types[i],) if takes_layer_type and layer_types else ()  # (no layer_types: refused above)
             pos = torch.tensor([[0, offset]], device=keys.device)
             cos, sin = rotary(keys, pos, *args)
@@ -181,7 +183,7 @@ def rerotate(engine: Engine, cache, offset: int) -> None:
                 if takes_pair
                 else apply(keys, cos_k, sin_k, unsqueeze_dim=1)
             )
-            layer.keys = moved.to(keys.dtype).contiguous()
+            layer.keys = moved.to(held.dtype).contiguous()
 
 
 def probe(

@@ -541,7 +541,7 @@ def test_replicas_behind_one_endpoint_share_the_bucket_and_write_one_ledger(s3_s
     (tmp_path / "serve.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
     env = s3_server.env(XDG_CACHE_HOME=str(tmp_path / "xdg"))
     url = new_url(s3_server, "replicas")
-    s = start(tmp_path, "-m", "serve.yaml", "--store", url, "--replicas", "2", env=env)
+    s = start(tmp_path, "-m", "serve.yaml", "--store", url, "--replicas", "2", "--replica-restarts", "1", env=env)
     model, shared = manifest["name"], "Problem: one plus one and two times five " * 5
     try:
         assert any("; 2 replicas (Ray))" in line for line in s.stderr), s.stderr  # the start line says so
@@ -584,14 +584,40 @@ def test_replicas_behind_one_endpoint_share_the_bucket_and_write_one_ledger(s3_s
         deadline = time.monotonic() + 60
         while len(ledger_lines(tmp_path / "kvgraft-ledger.jsonl")) < answered + 1 and time.monotonic() < deadline:
             time.sleep(0.1)
+        # out of restarts (--replica-restarts 1; the replica killed above used its one): both killed again, 4 clients
+        # at a time (so each replica's thread takes a request), the one without a restart left is retired, /health
+        # says why, and the other comes back and serves; killed once more, it is retired too: a 503, nothing queued
+        replicas = lambda: [p for p in with_descendants([s.proc.pid]) if "ray::Replica" in " ".join(p.cmdline())]  # noqa: E731
+        for p in replicas():
+            p.kill()
+
+        def status(i: int) -> int:
+            return s.post("/v1/completions", {"model": model, "prompt": shared + f"late {i}", "max_tokens": 2})[0]
+
+        with ThreadPoolExecutor(4) as pool:
+            statuses = list(pool.map(status, range(8)))
+        assert statuses.count(500) <= 2 and statuses.count(200) >= 5 and set(statuses) <= {200, 500}, (
+            statuses,
+            s.request("GET", "/health")[2],
+        )
+        _, _, body = s.request("GET", "/health")
+        retired = json.loads(body)["replicas_retired"]
+        assert sum(r is not None for r in retired) == 1 and "died" in next(r for r in retired if r), retired
+        late = statuses.count(200)
+        for p in replicas():
+            p.kill()
+        statuses = [status(100 + i) for i in range(3)]
+        assert statuses[0] == 500 and statuses[1:] == [503, 503], statuses
+        code, _, body = s.request("GET", "/health")
+        assert all(json.loads(body)["replicas_retired"]), body
     finally:
         assert s.stop() == 0
     assert not [p for p in with_descendants([s.proc.pid]) if p.is_running()]
     lines = ledger_lines(tmp_path / "kvgraft-ledger.jsonl")
     # the front's lines alone, one per answered request (a replica writes none; a failed request has none)
-    assert [e["kind"] for e in lines] == ["serve"] * (answered + 1)
-    cancelled = lines[-1]["outputs"]
+    assert [e["kind"] for e in lines] == ["serve"] * (answered + 1 + late)
+    cancelled = lines[answered]["outputs"]
     assert cancelled["finish_reason"] == "cancelled" and cancelled["costs"]["decode_tokens"] < 20000
     run_cli("verify", "-m", "serve.yaml", cwd=tmp_path, env=env, check_rc=0)
     p = run_cli("replay", "--served", "kvgraft-ledger.jsonl", "--json", cwd=tmp_path, env=env, check_rc=0)
-    assert json.loads(p.stdout)["matched"] == answered + 1  # the cancelled one: the tokens decoded before it stopped
+    assert json.loads(p.stdout)["matched"] == answered + 1 + late  # the cancelled one: the tokens it decoded

@@ -69,6 +69,14 @@ def serve(
         help="With replicas: join this Ray cluster (auto, HOST:PORT, ray://HOST:10001) instead of a local instance; "
         "the store must be one every node reaches (s3://...).",
     ),
+    replica_restarts: int = typer.Option(
+        3,
+        "--replica-restarts",
+        min=0,
+        max=100,
+        help="With replicas: how often Ray restarts a replica that died before the front retires it (/health "
+        "says why; with none left serving, requests get 503).",
+    ),
     requests_log: Path | None = typer.Option(
         None,
         "--requests-log",
@@ -88,7 +96,9 @@ def serve(
 
     ctx = context(manifest, store, ledger, allow_drift)
     options = Options(k, min_score, not no_prompt_cache, chunk, requests_log, warm << 20)
-    settings = ServeSettings(host, port, queue, max_body, replicas=replicas, ray_address=ray_address)
+    settings = ServeSettings(
+        host, port, queue, max_body, replicas=replicas, ray_address=ray_address, replica_restarts=replica_restarts
+    )
 
     def ready(server, url: str) -> None:
         info = {

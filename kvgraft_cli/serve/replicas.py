@@ -72,6 +72,9 @@ def _error_data(e: BaseException) -> dict[str, Any]:
     return {"record": error_record(e)}
 
 
+RESTART_WAIT_S = 300  # how long the front waits for a replica Ray is restarting (its engine loads again)
+
+
 def _none_serve() -> RequestError:
     return RequestError("no replica serves: every one failed (see /health)", status=503, code="unavailable")
 
@@ -163,7 +166,13 @@ class Replicas:
     ``address``: None starts a local Ray instance on loopback; else a cluster."""
 
     def __init__(
-        self, ctx: RunContext, options: Options, count: int | None, address: str | None = None, size: int = 64
+        self,
+        ctx: RunContext,
+        options: Options,
+        count: int | None,
+        address: str | None = None,
+        size: int = 64,
+        restarts: int = 3,
     ):
         import importlib.util
 
@@ -174,6 +183,7 @@ class Replicas:
         if count is not None and count < 1:
             raise InputError(f"--replicas must be at least 1, got {count}")
         self.ctx, self.options, self.count, self.address, self.size = ctx, options, count, address, size
+        self.restarts = restarts
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=size)
         self._lock = threading.Lock()  # one ledger append at a time (its flock serializes processes, not threads)
         self._threads: list[threading.Thread] = []
@@ -188,7 +198,7 @@ class Replicas:
     # -- start and stop ---------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Start or join Ray, start the replicas and wait until each has loaded its engine (or refused to)."""
-        from ..runs.workers.ray import MAX_RETRIES, context_data, fit_workers, init_ray, worker_env
+        from ..runs.workers.ray import context_data, fit_workers, init_ray, worker_env
         from .answer import default_requests_log
 
         self.started_ray = init_ray(self.address)
@@ -196,9 +206,10 @@ class Replicas:
 
         runtime = self.ctx.manifest.data["runtime"]
         n, per_replica = fit_workers(runtime, self.count, "--replicas", "replica")
-        # Restarted when it dies (the request it held fails; the next one finds the engine loaded again); a request
-        # is never retried by Ray: the front has already relayed part of it.
-        actor = ray.remote(max_restarts=MAX_RETRIES, max_task_retries=0, max_concurrency=2, **per_replica)(Replica)
+        # Restarted when it dies (the request it held fails; the next one finds the engine loaded again), up to
+        # --replica-restarts times, then retired; a request is never retried by Ray: the front has already relayed
+        # part of it.
+        actor = ray.remote(max_restarts=self.restarts, max_task_retries=0, max_concurrency=2, **per_replica)(Replica)
         data, options = context_data(self.ctx), asdict(self.options)
         env = worker_env(runtime)
         self.actors = [actor.options(runtime_env={"env_vars": env}).remote(data, options) for _ in range(n)]
@@ -353,7 +364,7 @@ class Replicas:
         same facts as the others). Otherwise it is retired: /health says why and its thread takes no more jobs."""
         why = None
         try:
-            hello = self._get(actor.hello.remote())
+            hello = self._hello(actor)
         except KvgraftError as e:
             why = e.message
         else:
@@ -365,6 +376,28 @@ class Replicas:
             self.retired[index] = why
             return False
         return True
+
+    def _hello(self, actor) -> dict[str, Any]:
+        """The replica's hello, waiting while Ray restarts it: a call made just after a replica died is answered
+        "temporarily unavailable" (Ray's ActorUnavailableError) until the new process has loaded its engine, and
+        one made after its last restart "died" (ActorDiedError), which retires it."""
+        import ray
+        from ray.exceptions import ActorUnavailableError
+
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while True:
+            ref = actor.hello.remote()
+            try:
+                return ray.get(ref)
+            except ActorUnavailableError:
+                if time.monotonic() >= deadline:
+                    raise _ReplicaFailed(
+                        f"{WHERE} did not come back within {RESTART_WAIT_S} s of dying",
+                        "re-run with KVGRAFT_DEBUG=1 to see the replicas' logs",
+                    ) from None
+                time.sleep(0.5)
+            except Exception:  # noqa: BLE001  (Ray's other failures, as one line)
+                return self._get(ref)
 
     def _fail_waiting_if_none_serve(self) -> None:
         """When the last replica is retired, refuse what waits (a 503 each) instead of leaving it queued; submit

@@ -32,6 +32,7 @@ class ServeSettings:
     drain_s: float = 60.0  # how long SIGTERM waits for requests in flight
     replicas: int | None = None  # engines in Ray actors behind this front (serve.replicas); None: one, in process
     ray_address: str | None = None  # with replicas: a Ray cluster to join (None: a local instance on loopback)
+    replica_restarts: int = 3  # with replicas: Ray's restarts of a dead replica before the front retires it
 
 
 def check_installed() -> None:
@@ -76,7 +77,9 @@ def serve(
     if settings.replicas is not None or settings.ray_address:
         from .replicas import Replicas
 
-        worker = Replicas(ctx, options, settings.replicas, settings.ray_address, settings.queue)
+        worker = Replicas(
+            ctx, options, settings.replicas, settings.ray_address, settings.queue, settings.replica_restarts
+        )
         try:
             worker.start()
         except BaseException:

@@ -420,7 +420,9 @@ def _open_raw(path: Path, expected_sha256: str | None, room: int = 0) -> tuple[s
         )
         try:
             # Data order is offset order and has no gaps (described_size checked it): every tensor gets memory of
-            # its own, then the file is read straight into it and each piece hashed while the next ones are read.
+            # its own, and the file is read straight into it a batch at a time, each batch hashed (another thread)
+            # while the next tensors' memory is made and read: the hash starts with the first batch, not the last.
+            planned = 0
             for name, t in sorted(
                 ((k, v) for k, v in header.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0]
             ):
@@ -429,6 +431,10 @@ def _open_raw(path: Path, expected_sha256: str | None, room: int = 0) -> tuple[s
                     own, rooms[name], parts = _with_room(t, min(room, t["shape"][2]))
                     tensors[name] = (own, t)
                     pieces += parts
+                    planned += end - begin
+                    if planned >= _READ_BATCH:
+                        _read_pieces(f, pieces, hasher, source)
+                        pieces, planned = [], 0
                     continue
                 # Not torch.empty: under deterministic algorithms (every pinned manifest) it fills new memory with
                 # a torch kernel first. A bytearray is zeroed by one memset, cheap on heap memory a previous restore
@@ -441,6 +447,10 @@ def _open_raw(path: Path, expected_sha256: str | None, room: int = 0) -> tuple[s
                 tensors[name] = (own, t)
                 if end > begin:
                     pieces.append(memoryview(own.numpy()))
+                    planned += end - begin
+                    if planned >= _READ_BATCH:
+                        _read_pieces(f, pieces, hasher, source)
+                        pieces, planned = [], 0
             _read_pieces(f, pieces, hasher, source)
         finally:
             digest = hasher.digest()

@@ -43,6 +43,10 @@ def test_a_graft_of_a_16_bit_cache_is_the_fresh_computation(tmp_path, kv_dtype):
     assert {header[k]["dtype"] for k in header if k.startswith("layers.")} == {
         "F16" if kv_dtype == "float16" else "BF16"
     }
+    from kvgraft_cli.artifacts.inspect import read_info
+
+    shown = read_info(path)
+    assert (shown.dtype, shown.kv_dtype) == ("float32", kv_dtype) and "kv_dtype" not in shown.other_metadata
     grafted = eng.restore(art.layers)
     got = eng.forward(grafted, query)
     assert tensor_sha256(got) == tensor_sha256(fresh)  # the bytes, not closeness

@@ -72,6 +72,7 @@ class ArtifactInfo:
     compute_sha256: str | None  # the manifest's compute pin (metadata key manifest_sha256)
     logits_sha256: str | None
     logits_dtype: str | None
+    kv_dtype: str | None = None  # the keys' and values' width when narrower than dtype (model.kv_dtype)
     layers: list[LayerInfo] = field(default_factory=list)
     other_metadata: dict[str, str] = field(default_factory=dict)
     sha256: str | None = None  # the identity, once hashed (or taken from a store that re-hashes on load)
@@ -206,7 +207,7 @@ def _info(path: Path, header: dict, meta: dict, file_bytes: int, size: int, n: i
         prefill = json.loads(meta["prefill"])
     except ValueError:
         prefill = meta["prefill"]
-    known = set(REQUIRED_META) | {"parent_sha256", "device"}
+    known = set(REQUIRED_META) | {"parent_sha256", "device", "kv_dtype"}
     return ArtifactInfo(
         path=str(path),
         file_bytes=file_bytes,
@@ -226,6 +227,7 @@ def _info(path: Path, header: dict, meta: dict, file_bytes: int, size: int, n: i
         compute_sha256=meta.get("manifest_sha256"),
         logits_sha256=meta.get("logits_sha256"),
         logits_dtype=meta.get("logits_dtype"),
+        kv_dtype=meta.get("kv_dtype"),
         layers=layers,
         other_metadata={k: v for k, v in sorted(meta.items()) if k not in known and k not in ("format",)},
     )

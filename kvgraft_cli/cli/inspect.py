@@ -89,7 +89,8 @@ def _render(info, rehash: bool, named: str | None) -> None:
     end = info.start_position + info.num_tokens - 1
     line("tokens", f"{info.num_tokens} (positions {info.start_position}..{end})" if info.num_tokens else "0")
     prefill = info.prefill.get("schedule") if isinstance(info.prefill, dict) else info.prefill
-    line("dtype", f"{info.dtype} (computed on {info.device or '?'}, prefill {prefill})")
+    kv = f", KV cache {info.kv_dtype}" if info.kv_dtype else ""
+    line("dtype", f"{info.dtype}{kv} (computed on {info.device or '?'}, prefill {prefill})")
     line("model", f"{info.model_sha256}")
     line("tokenizer", f"{info.tokenizer_sha256}")
     line("compute", f"{info.compute_sha256} (the manifest's compute pin)")

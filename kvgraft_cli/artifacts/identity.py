@@ -145,7 +145,7 @@ class _Stream:
     handed over. At most 4 hand-offs wait (``add`` blocks beyond that), so a fast producer of transient chunks (a
     zstd stream) cannot pile up memory. ``add_batch`` hands over several chunks at once: a graft's read fills one
     piece per KV head (64 KiB for SmolLM2-135M at 512 tokens in 16 bits), and a hand-off per piece cost more than
-    hashing it."""
+    hashing them (an 11.8 MB blake3 artifact opened in 10.5 ms that way, 6.5 ms batched; BLAKE3 alone takes 2.6)."""
 
     def __init__(self, h: Any = None, name: str = "sha256"):
         self.h = h if h is not None else hashlib.sha256()

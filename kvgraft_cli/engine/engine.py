@@ -145,10 +145,11 @@ class Engine:
 
         cache = DynamicCache(config=self.model.config)
         if grow and enabled(self.device):
+            kv_dtype = self.kv_dtype
             for i, layer in enumerate(cache.layers):
                 if type(layer) is DynamicLayer:
                     cache.layers[i] = layer_class()()
-                    cache.layers[i].kv_dtype = self.kv_dtype
+                    cache.layers[i].kv_dtype = kv_dtype
         return cache
 
     def forward(self, cache, ids: list[int], last_only: bool = False, start: int | None = None):

@@ -123,7 +123,8 @@ class LeanLlama:
         gives, in a scratch buffer this forward keeps (one for keys, one for values) instead of new memory every layer
         of every step. Under deterministic algorithms torch fills every new tensor before it is written: at 2,048
         tokens that fill was a second pass over the widened cache, and decode ran at 32 tokens/s against the float32
-        cache's 46 (SmolLM2-135M q4, 2 threads). Each attention call consumes its widened copy before the next is made."""
+        cache's 46 (SmolLM2-135M q4, 2 threads). Each attention call (under the invariant schedule, a layer's rows) consumes
+        its widened copy before the next is made."""
         import torch
 
         n = t.numel()
@@ -145,7 +146,7 @@ class LeanLlama:
         n = query.shape[2]
         past = key.shape[2] - n
         if key.dtype != query.dtype:  # a 16-bit cache widened once for every row (each row reads a prefix of it)
-            key, value = key.to(query.dtype), value.to(query.dtype)
+            key, value = self._widened(key, 0, query.dtype), self._widened(value, 1, query.dtype)
         rows = [
             self._attend(query[:, :, r : r + 1], key[:, :, : past + r + 1], value[:, :, : past + r + 1], None, scaling)
             for r in range(n)

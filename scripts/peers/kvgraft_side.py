@@ -241,20 +241,11 @@ class KvgraftSide:
         }
 
 
-def serve_kvgraft(
-    gguf: str,
-    dtype: str,
-    profile: str,
-    attn: str,
-    threads: int,
-    schedule: str,
-    weights: str = "dequantized",
-    kv_dtype: str | None = None,
-    identity: str = "sha256-tree",
-) -> None:
+def serve_kvgraft(*args, **kwargs) -> None:
+    """A worker's loop around ``KvgraftSide(*args, **kwargs)``."""
     from peers.wire import serve
 
-    side = KvgraftSide(gguf, dtype, profile, attn, threads, schedule, weights, kv_dtype, identity)
+    side = KvgraftSide(*args, **kwargs)
     serve(
         {
             "info": side.info,

@@ -32,6 +32,17 @@ class Served:
     folder: Path
     stderr: list[str] = field(default_factory=list)
 
+    def said(self, text: str, timeout: float = 30) -> bool:
+        """Whether the server's stderr holds a line containing ``text``, waiting up to ``timeout`` seconds for it:
+        the server writes its start line before its address, but the thread that collects stderr may read it after
+        :func:`start` has returned (a check made at once was red in one CI run)."""
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.stderr):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     @property
     def port(self) -> int:
         return int(self.url.rsplit(":", 1)[1])

@@ -544,7 +544,7 @@ def test_replicas_behind_one_endpoint_share_the_bucket_and_write_one_ledger(s3_s
     s = start(tmp_path, "-m", "serve.yaml", "--store", url, "--replicas", "2", "--replica-restarts", "1", env=env)
     model, shared = manifest["name"], "Problem: one plus one and two times five " * 5
     try:
-        assert any("; 2 replicas (Ray))" in line for line in s.stderr), s.stderr  # the start line says so
+        assert s.said("; 2 replicas (Ray))"), s.stderr  # the start line says so
         assert_loopback_only(listeners(with_descendants([s.proc.pid])), "kvgraft serve --replicas 2 and its Ray")
         status, first = s.post("/v1/completions", {"model": model, "prompt": shared + "first", "max_tokens": 4})
         assert (

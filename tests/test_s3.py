@@ -621,3 +621,72 @@ def test_replicas_behind_one_endpoint_share_the_bucket_and_write_one_ledger(s3_s
     run_cli("verify", "-m", "serve.yaml", cwd=tmp_path, env=env, check_rc=0)
     p = run_cli("replay", "--served", "kvgraft-ledger.jsonl", "--json", cwd=tmp_path, env=env, check_rc=0)
     assert json.loads(p.stdout)["matched"] == answered + 1 + late  # the cancelled one: the tokens it decoded
+
+
+def test_replicas_on_other_nodes_have_their_prompt_chunks_published_and_shared(aws, tmp_path):
+    """`kvgraft serve --replicas` across nodes, each node with a disk of its own: a replica indexes the prompt chunks
+    it deposits in its own node's cache, which the front (which writes the ledger and publishes the index) never
+    reads. Here three caches on one bucket stand for three nodes: two replicas' servers (answers not recorded where
+    they are computed, as in a Ray actor) and the front's recorder. The front indexes a replica's chunks from the
+    rows sent with its answer, records and publishes them (--sync-every 0); the other replica reads the batch before
+    its next lookup and restores the chunks from the bucket with the same first-token logits as computing them;
+    and a reader with a fresh cache finds every chunk. Without the rows, nothing reaches the bucket's index."""
+    import yaml
+    from conftest import REPO
+
+    from kvgraft_cli.config.manifest import load_manifest
+    from kvgraft_cli.engine.engine import load_engine
+    from kvgraft_cli.runs.context import RunContext
+    from kvgraft_cli.serve.answer import Options, Recorder, Server, sync
+    from kvgraft_cli.serve.protocol import parse
+    from kvgraft_cli.store.remote import RemoteStore
+
+    data = yaml.safe_load((REPO / "kvgraft_cli" / "data" / "default.yaml").read_text())
+    data["prefill"] = {"schedule": "chunked", "chunk_size": 16}
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    manifest = load_manifest(tmp_path / "serve.yaml")
+    engine = load_engine(manifest)
+    url = new_url(aws, "nodes")
+    ledger = tmp_path / "ledger.jsonl"
+
+    def node(name: str) -> RunContext:
+        return RunContext(manifest, tmp_path / name, ledger, remote=url)
+
+    options = Options(warm_bytes=0, sync_every=0)
+    replicas = [Server(node(f"node{i}"), engine, options) for i in (1, 2)]
+    for r in replicas:
+        r.open()
+    front = node("front").open_store()
+    recorder = Recorder(node("front"), replicas[0].facts, options, 16, tmp_path / "requests.jsonl")
+    shared = "Problem: one plus one and two times five " * 5
+
+    def ask(replica: Server, prompt: str, every: float = 0):
+        body = {"model": data["name"], "prompt": prompt, "max_tokens": 3}
+        req = parse(json.dumps(body).encode(), "completion")
+        ans = replica.answer(req, record=False)  # as a replica computes it
+        ans = recorder.record(front, req, ans, 0.0, time.perf_counter())  # as the front records it
+        sync(front.publish_due, every, "publish")
+        return ans
+
+    def published() -> set[str]:
+        reader = RemoteStore(url, cache=tmp_path / secrets.token_hex(4))  # a fresh cache: the bucket's index alone
+        try:
+            return set(reader.prompt_chunks(manifest.compute_sha256))
+        finally:
+            reader.close()
+
+    try:
+        first = ask(replicas[0], shared + "first")
+        assert first.cached_tokens == 0 and len(first.deposited_chunks) >= 10
+        again = ask(replicas[1], shared + "first")  # the other node: from the bucket, not computed
+        assert again.cache_chunks == first.deposited_chunks and not again.deposited_chunks
+        assert again.first_logits_sha256 == first.first_logits_sha256 and again.ids == first.ids
+        assert published() == set(first.deposited_chunks)
+        # within the period (--sync-every 3600) the rows wait in the front; it publishes them when it closes
+        late = ask(replicas[1], "Another problem entirely, asked later " * 5, every=3600)
+        assert late.deposited_chunks and published() == set(first.deposited_chunks)
+    finally:
+        for r in replicas:
+            r.close()
+        front.close()
+    assert published() == set(first.deposited_chunks) | set(late.deposited_chunks)

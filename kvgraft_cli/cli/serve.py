@@ -56,6 +56,14 @@ def serve(
         callback=at_most_max_count,
         help="MiB of the newest prompt-cache chains read (each chunk re-hashed) into memory at start; 0: none.",
     ),
+    sync_every: float = typer.Option(
+        30.0,
+        "--sync-every",
+        min=0.0,
+        max=86400.0,
+        help="With an s3:// store: publish the index rows of what this server recorded, and read what other servers "
+        "and replicas published, at most every this many seconds (0: around every request).",
+    ),
     replicas: int | None = typer.Option(
         None,
         "--replicas",
@@ -95,7 +103,7 @@ def serve(
     from ..serve.run import serve as run_serve
 
     ctx = context(manifest, store, ledger, allow_drift)
-    options = Options(k, min_score, not no_prompt_cache, chunk, requests_log, warm << 20)
+    options = Options(k, min_score, not no_prompt_cache, chunk, requests_log, warm << 20, sync_every)
     settings = ServeSettings(
         host, port, queue, max_body, replicas=replicas, ray_address=ray_address, replica_restarts=replica_restarts
     )

@@ -16,6 +16,7 @@ last byte leaves; the request's body goes first into the requests log beside the
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,13 +26,14 @@ from typing import Any
 from ..config.modelhash import context_window
 from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
 from ..engine.growcache import BufferPool, enabled, pooled
-from ..errors import InputError, UnsupportedModel
+from ..errors import InputError, KvgraftError, UnsupportedModel
 from ..eval.problems import normalize_key
 from ..ledger import log as ledger
 from ..library.retrieval import Found, find
 from ..library.solve import graft_question
 from ..runs.context import RunContext
 from ..store.local import Store, problem_key
+from ..store.remote import adopt_rows, export_rows
 from ..util.hashing import canonical_json, digest, sha256_bytes
 from . import promptcache
 from .protocol import Request, RequestError
@@ -49,6 +51,9 @@ class Options:
     chunk: int = promptcache.DEFAULT_CHUNK  # under the invariant schedule only
     requests_log: Path | None = None
     warm_bytes: int = 256 << 20  # prompt chunks read into the verified cache at start (promptcache.warm)
+    # An s3:// store: at most this often (seconds) the rows of what this server recorded are published as an index
+    # batch, and the batches other servers and replicas published are read (0: around every request)
+    sync_every: float = 30.0
 
 
 @dataclass
@@ -71,6 +76,9 @@ class Answer:
     prompt_ids: list[int] = field(default_factory=list)  # every token of the context, grafted or computed
     timings: dict[str, float] = field(default_factory=dict)
     cancelled: bool = False  # the client went away: the decode stopped (the ledger line says "cancelled")
+    # A replica's answer (not recorded where it was computed): the index rows of the prompt chunks it deposited, for
+    # the front that records it (Recorder.record adopts them; on another node they are in no index the front reads)
+    index_rows: list[dict] = field(default_factory=list)
     ledger_seq: int | None = None
     ledger_sha256: str | None = None
 
@@ -131,6 +139,13 @@ class Server:
         """The kept slot, given up (the request cuts it back and extends it, or lets it go)."""
         slot, self.slot = self.slot, None
         return slot
+
+    def upkeep(self) -> None:
+        """After an answer has left: publish what this server recorded, when a period has passed (a remote store's
+        rows, Options.sync_every; a folder store's index needs nothing). A failure is said and retried next time:
+        the rows stay queued, and the store publishes them when it closes."""
+        if self.store is not None:
+            sync(self.store.publish_due, self.options.sync_every, "publish the prompt cache's index rows")
 
     def close(self) -> None:
         if self.store is not None:
@@ -214,6 +229,8 @@ class Server:
         assert self.store is not None, "Server.open() first"
         engine = self.engine
         t0 = time.perf_counter()
+        # What other servers (or replicas on other nodes) deposited since: their prompt chunks and library entries
+        sync(self.store.refresh_due, self.options.sync_every, "read the store's new index batches")
         question = req.question if self._is_question(req) else None
         # Looked up even when the library was empty at start: entries deposited meanwhile count (an indexed query).
         found = self._find(question) if question is not None else Found("none")
@@ -261,6 +278,8 @@ class Server:
         ans.prompt_ids = ids
         ans.cancelled = was_cancelled
         if not record:
+            if ans.deposited_chunks:  # their rows, for the front that records this answer (Answer.index_rows)
+                ans.index_rows = export_rows(self.store, ans.deposited_chunks)
             return ans
         return self._record(req, ans, queued_s, t0)
 
@@ -318,6 +337,9 @@ class Recorder:
         ans.timings["wall_s"] = time.perf_counter() - t0
         ans.timings["queue_s"] = queued_s
         log_request(self.requests_log, req)
+        if ans.index_rows:  # a replica's deposits, indexed here unrecorded: the line below records them
+            adopt_rows(store, ans.index_rows)
+            ans.index_rows = []
         entry = self.ctx.entry_base()
         entry.update(self.facts)
         entry.update(
@@ -365,6 +387,15 @@ class Recorder:
         ans.ledger_seq = written["seq"]
         ans.ledger_sha256 = sha256_bytes(canonical_json(written))
         return ans
+
+
+def sync(step: Callable[[float], object], every_s: float, doing: str) -> None:
+    """A remote store's periodic publish or refresh (Server.upkeep, Server._answer, the front of replicas): a store
+    that fails is said on stderr and tried again next time; the request goes on with the index it has."""
+    try:
+        step(every_s)
+    except KvgraftError as e:
+        print(f"kvgraft serve: warning: could not {doing}: {e.message}", file=sys.stderr, flush=True)
 
 
 def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:

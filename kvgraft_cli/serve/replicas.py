@@ -33,7 +33,7 @@ from typing import Any
 from ..errors import InputError, KvgraftError
 from ..runs.context import RunContext
 from ..runs.workers.local import error_from_record, error_record
-from .answer import Answer, Options, Recorder, Server
+from .answer import Answer, Options, Recorder, Server, sync
 from .promptcache import Warmed
 from .protocol import Request, RequestError
 from .worker import Job, busy
@@ -357,6 +357,8 @@ class Replicas:
             job.send("done", answer)
         with self._lock:
             self.busy_s = self.busy_s[-19:] + [time.perf_counter() - start]
+        # after the answer has gone: the rows this thread's store recorded (replicas' deposits too), published
+        sync(store.publish_due, self.options.sync_every, "publish the prompt cache's index rows")
         return serves
 
     def _check(self, index: int, actor) -> bool:

@@ -132,3 +132,4 @@ class Worker:
             self.answered += 1
             job.send("done", answer)
         self.busy_s = self.busy_s[-19:] + [time.perf_counter() - start]
+        self.server.upkeep()  # after the answer has gone: off its latency

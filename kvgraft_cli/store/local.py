@@ -315,6 +315,15 @@ class Store:
         assert entry is not None  # (its row was just written)
         return entry
 
+    def publish_due(self, every_s: float) -> str | None:
+        """Nothing to publish: a folder store's index is every reader's the moment it is written (a remote store
+        publishes its queued rows, :meth:`.remote.RemoteStore.publish_due`)."""
+        return None
+
+    def refresh_due(self, every_s: float) -> int:
+        """Nothing to read: a folder store's index is current (:meth:`.remote.RemoteStore.refresh_due`)."""
+        return 0
+
     def is_recorded(self, sha256: str) -> bool:
         """Whether a ledger line has recorded this artifact (False: stored by a run whose ledger append failed)."""
         if not self._tracks_recording:

@@ -33,6 +33,7 @@ import os
 import secrets
 import shutil
 import sqlite3
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,7 +55,16 @@ CREATE TABLE IF NOT EXISTS remote_batches (name TEXT PRIMARY KEY, merged TEXT NO
 CREATE TABLE IF NOT EXISTS remote_conflicts (name TEXT PRIMARY KEY, rows INTEGER NOT NULL);
 """
 
-__all__ = ["RemoteStore", "is_remote", "cache_dir", "remote_of", "export_rows", "merge_rows", "missing_rows"]
+__all__ = [
+    "RemoteStore",
+    "is_remote",
+    "cache_dir",
+    "remote_of",
+    "export_rows",
+    "merge_rows",
+    "adopt_rows",
+    "missing_rows",
+]
 
 
 def _user_cache() -> Path:
@@ -98,6 +108,7 @@ class RemoteStore(Store):
         root = Path(cache) if cache else cache_dir(self.url)
         made = _missing_folders(root)  # what this open creates, so a failed open can take it away again
         self._pending: set[str] = set()
+        self._published_at = self._refreshed_at = time.monotonic()  # (publish_due, refresh_due)
         self.skipped_batches: list[dict] = []  # {"batch": URL, "reason": ...}: not merged this open (see refresh)
         try:
             super().__init__(root, create=True, codec=codec)
@@ -141,6 +152,7 @@ class RemoteStore(Store):
         skipped, not noted as merged, and listed in :attr:`skipped_batches`; the other batches still merge."""
         merged = 0
         self.skipped_batches = []
+        self._refreshed_at = time.monotonic()
         known = {r[0] for r in self._db.execute("SELECT name FROM remote_batches")}
         for rel, size in self.remote.list(INDEX):
             name = rel[len(INDEX) :]
@@ -214,7 +226,23 @@ class RemoteStore(Store):
         rows = export_rows(self, sorted(self._pending))
         name = self.publish(rows)
         self._pending.clear()
+        self._published_at = time.monotonic()
         return name
+
+    def publish_due(self, every_s: float) -> str | None:
+        """:meth:`flush` when rows are queued and ``every_s`` seconds have passed since the last batch (0: whenever
+        rows are queued): a long-running writer (`kvgraft serve`) shares what it records while it runs, in batches
+        of a period's rows rather than one per request, not only when it closes."""
+        if self._pending and time.monotonic() - self._published_at >= every_s:
+            return self.flush()
+        return None
+
+    def refresh_due(self, every_s: float) -> int:
+        """:meth:`refresh` when ``every_s`` seconds have passed since the last one (0: every call): a long-running
+        reader sees what other writers published meanwhile, at one LIST request a period."""
+        if time.monotonic() - self._refreshed_at >= every_s:
+            return self.refresh()
+        return 0
 
     def publish(self, rows: list[dict]) -> str | None:
         """Write rows as a new, uniquely named index batch (never overwriting one), merge them into the cache and
@@ -513,7 +541,7 @@ _SAME_ARTIFACT = ("payload_bytes", "num_tokens", "model_sha256", "manifest_sha25
 _SAME_LIBRARY = ("problem_key", "manifest_sha256", "problem", "solution", "num_tokens")
 
 
-def merge_rows(store: Store, rows: list[dict]) -> int:
+def merge_rows(store: Store, rows: list[dict], recorded: bool = True) -> int:
     """Add batch rows to a store's index, inside the caller's transaction; returns how many rows were refused.
 
     A row never changes what the index holds already (first row wins): an entry whose key is indexed is kept as
@@ -522,7 +550,8 @@ def merge_rows(store: Store, rows: list[dict]) -> int:
     (every row that travels is a recorded one: a ledger line names it). A row that restates a key with another
     artifact, or an artifact or library row with other content, is refused and counted. New artifacts merge as
     recorded, entries as :meth:`Store.index` writes them, library rows with their full-text rows
-    (:meth:`Store._add_library`); artifact rows first, as the index's references need."""
+    (:meth:`Store._add_library`); artifact rows first, as the index's references need. ``recorded`` False: rows no
+    ledger line names yet (:func:`adopt_rows`), merged unrecorded, leaving a held row's recording as it was."""
     db, refused = store._db, 0
     for r in sorted(rows, key=lambda r: r["t"] != "artifact"):
         if r["t"] == "artifact":
@@ -532,12 +561,12 @@ def merge_rows(store: Store, rows: list[dict]) -> int:
             if have is None:
                 db.execute(
                     "INSERT INTO artifacts (sha256, file_bytes, payload_bytes, num_tokens, model_sha256, "
-                    "manifest_sha256, created, recorded) VALUES (?,?,?,?,?,?,?,1)",
-                    tuple(r[c] for c in _COLUMNS["artifact"]),
+                    "manifest_sha256, created, recorded) VALUES (?,?,?,?,?,?,?,?)",
+                    (*(r[c] for c in _COLUMNS["artifact"]), int(recorded)),
                 )
             elif have != tuple(r[c] for c in _SAME_ARTIFACT):
                 refused += 1
-            elif store._tracks_recording:
+            elif recorded and store._tracks_recording:
                 db.execute("UPDATE artifacts SET recorded = 1 WHERE sha256 = ? AND recorded = 0", (r["sha256"],))
         elif r["t"] == "entry":
             have = db.execute("SELECT artifact FROM entries WHERE key = ?", (r["key"],)).fetchone()
@@ -560,6 +589,19 @@ def merge_rows(store: Store, rows: list[dict]) -> int:
             elif have != tuple(r[c] for c in _SAME_LIBRARY):
                 refused += 1
     return refused
+
+
+def adopt_rows(store: Store, rows: list[dict]) -> int:
+    """Index the rows another process exported (:func:`export_rows`) of objects it wrote to a store both reach, in
+    one transaction, as :meth:`Store.index` would have indexed them here: unrecorded, so the ledger line that names
+    them marks them recorded (and a remote store publishes them then). What `kvgraft serve --replicas` does with a
+    replica's prompt chunks: on another node the replica indexes them in its own node's cache, where the front,
+    which writes the ledger, would never see them. Returns how many rows were refused (first row wins)."""
+    if not rows:
+        return 0
+    with _store_errors(store.root, "write to"), store._db:
+        store._db.execute("BEGIN IMMEDIATE")
+        return merge_rows(store, rows, recorded=False)
 
 
 def missing_rows(rows: list[dict], target: Store) -> list[dict]:

@@ -72,3 +72,23 @@ def test_integers_beyond_ijson_are_outside_the_value_space():
 
     assert _value_problem({"n": 2**53 - 1}) is None
     assert "2**53" in _value_problem({"n": [2**53]})
+
+
+def test_prompt_keys_written_directly_are_the_canonical_json_ones():
+    """store.local.prompt_key writes its RFC 8785 bytes directly for hex values: the same key as the general
+    serializer's for a first chunk (no parent) and a later one, and anything not hex still goes through it."""
+    import hashlib
+    import secrets
+
+    from kvgraft_cli.store.local import prompt_key
+    from kvgraft_cli.util.hashing import sha256_json
+
+    for parent in (None, secrets.token_hex(32)):
+        m, t = secrets.token_hex(32), secrets.token_hex(32)
+        want = {"manifest_sha256": m, "prompt_parent_sha256": parent, "token_ids_sha256": t}
+        assert prompt_key(m, parent, t) == sha256_json(want)
+        assert prompt_key(m, parent, t) == hashlib.sha256(canonical_json(want)).hexdigest()
+    odd = 'not "hex"\n'
+    assert prompt_key(odd, None, odd) == sha256_json(
+        {"manifest_sha256": odd, "prompt_parent_sha256": None, "token_ids_sha256": odd}
+    )

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from ..artifacts import format as kvg
 from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
 from ..errors import IntegrityError, KvgraftError
-from ..store.local import PROMPT_CHUNK_ID, Store, prompt_key
+from ..store.local import PROMPT_CHUNK_ID, VERIFIED, Store, prompt_key
 
 DEFAULT_CHUNK = 256  # under the invariant schedule (a chunked manifest pins its own)
 
@@ -77,11 +77,21 @@ def _continue_slot(engine: Engine, slot: Slot | None, links: list[tuple[str, kvg
         shared += 1
     if not shared or not cut_back(slot.cache, shared * chunk):
         return None
-    layers = slot.cache.layers  # type: ignore[attr-defined]
+    import torch
+
+    layers, rest = slot.cache.layers, [art for _, art in links[shared:]]  # type: ignore[attr-defined]
     with engine._infer():  # the buffers a forward grew are inference tensors: written in inference mode
-        for _, art in links[shared:]:  # written after them, in place (GrowingLayer.update), as a restore joins them
-            for layer, st in zip(layers, art.layers, strict=True):
-                layer.update(st.keys, st.values)
+        # Written after them, in place (GrowingLayer.update), as a restore joins them: the links' states of a layer
+        # joined first, so a layer takes one update, not one a link (an update is 20 us of Python; a question's
+        # 5 chunks over 30 layers were 6 ms of a request). The same bytes land in the same places either way.
+        for i, layer in enumerate(layers):
+            states = [art.layers[i] for art in rest]
+            if len(states) == 1:
+                layer.update(states[0].keys, states[0].values)
+            elif states:
+                layer.update(
+                    torch.cat([st.keys for st in states], dim=-2), torch.cat([st.values for st in states], dim=-2)
+                )
     return slot.cache
 
 
@@ -97,7 +107,9 @@ def lookup(
     for k in range((len(ids) - 1) // chunk):
         segment = ids[k * chunk : (k + 1) * chunk]
         entry = store.lookup_key(prompt_key(manifest_sha, parent, token_ids_sha256(segment)))
-        if entry is None or not store.has_object(entry.artifact):
+        # A chunk this process holds verified needs no look at the disk (a stat a chunk, 3 ms of a 2,000-token
+        # prompt's lookup): its bytes are the ones its identity names, whatever became of its file since.
+        if entry is None or (VERIFIED.get(entry.artifact) is None and not store.has_object(entry.artifact)):
             break
         try:
             _, art = store.load(entry.artifact)  # re-hashed unless this process verified it already

@@ -242,10 +242,19 @@ def validate_data(data: Any, source: str, text: str | None = None) -> list[str]:
         problems.append((clip(_dotted(path), 120), _line_of(root, path), clip(err.message)))
     if isinstance(data, dict):
         problems += [
-            (p, _line_of(root, p.split(".")), clip(m)) for p, m in _template_problems(data) + _model_problems(data)
+            (p, _line_of(root, p.split(".")), clip(m))
+            for p, m in _template_problems(data) + _model_problems(data) + _prefill_problems(data)
         ]
     problems.sort(key=lambda t: (t[1] or 0, t[0]))
     return [f"{source}:{line}: {path}: {msg}" if line else f"{source}: {path}: {msg}" for path, line, msg in problems]
+
+
+def _prefill_problems(data: dict) -> list[tuple[str, str]]:
+    """``prefill.cut_before`` cuts chunks: only the chunked schedule has any."""
+    prefill = p if isinstance(p := data.get("prefill"), dict) else {}
+    if "cut_before" in prefill and prefill.get("schedule") != "chunked":
+        return [("prefill.cut_before", "only the chunked schedule cuts chunks: remove it, or use schedule chunked")]
+    return []
 
 
 def _model_problems(data: dict) -> list[tuple[str, str]]:

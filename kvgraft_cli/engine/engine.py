@@ -46,6 +46,28 @@ def token_ids_sha256(ids: list[int]) -> str:
     return hashlib.sha256(struct.pack(f"<{len(ids)}q", *ids)).hexdigest()
 
 
+def chunk_spans(ids: list[int], chunk: int, cuts: frozenset[int] = frozenset()) -> list[tuple[int, int]]:
+    """The chunked schedule's forwards over ``ids``: (start, end) spans of ``chunk`` tokens from the first, the last
+    shorter, and with ``cuts`` (prefill.cut_before's token ids) a span also ends before each cut token, so the token
+    starts the next one. A span depends only on the tokens up to it and the token after it: two prompts that agree
+    up to a cut token (or to a full chunk) are computed by the same forwards up to there."""
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or i - start == chunk or (cuts and ids[i] in cuts):
+            spans.append((start, i))
+            start = i
+    return spans
+
+
+def closed_span(ids: list[int], span: tuple[int, int], chunk: int, cuts: frozenset[int]) -> bool:
+    """Whether a span of :func:`chunk_spans` is the same in every prompt that starts with ``ids[:span[1]]`` and goes
+    on: a full chunk, or one a cut token follows. An open span (the prompt's shorter last one) may be longer in a
+    prompt that goes on."""
+    start, end = span
+    return end - start == chunk or (end < len(ids) and ids[end] in cuts)
+
+
 @dataclass
 class Engine:
     """A loaded, pinned model with the operations kvgraft needs."""
@@ -60,6 +82,7 @@ class Engine:
     layout: list[tuple[str, int | None]] = field(default_factory=list)  # (kind, sliding window) per cache layer
     lean: Any = None  # engine.lean.LeanLlama when in force: transformers' bits, less overhead a step
     _prompts: Any = field(default=None, init=False, repr=False)
+    _cuts: frozenset[int] | None = field(default=None, init=False, repr=False)
 
     @property
     def prompts(self):
@@ -82,6 +105,16 @@ class Engine:
         import torch
 
         return getattr(torch, name)
+
+    @property
+    def prefill_cuts(self) -> frozenset[int]:
+        """The token ids of prefill.cut_before (a chunked schedule's chunk also ends before each); empty without."""
+        names = self.manifest.data["prefill"].get("cut_before") or []
+        if not names:
+            return frozenset()
+        if self._cuts is None:
+            self._cuts = frozenset(cut_token_ids(self.tokenizer, names))
+        return self._cuts
 
     # -- tokens -------------------------------------------------------------------------------------------------
     def encode(self, text: str, where: str | None = None) -> list[int]:
@@ -239,11 +272,10 @@ class Engine:
             cache = self.new_cache()
         sched = self.manifest.data["prefill"]
         step = len(ids) if sched["schedule"] == "single" else (sched.get("chunk_size") or len(ids))
+        cuts = self.prefill_cuts if sched["schedule"] == "chunked" else frozenset()
         logits = None
-        for start in range(0, len(ids), step):
-            logits = self.forward(
-                cache, ids[start : start + step], last_only=True, start=offset + start if offset else None
-            )
+        for start, end in chunk_spans(ids, step, cuts):
+            logits = self.forward(cache, ids[start:end], last_only=True, start=offset + start if offset else None)
         assert logits is not None  # (ids is not empty: the loop ran)
         return cache, logits[-1]
 
@@ -506,10 +538,25 @@ def engine_from_model(
     engine.environment = determinism.effective_environment(manifest.data["runtime"], device)
     engine.layout = _probe_layout(engine)
     _check_kv_dtype(engine)
+    engine.prefill_cuts  # noqa: B018  (prefill.cut_before checked against the tokenizer at load, not mid-run)
     from .lean import attach
 
     engine.environment["forward"] = "lean" if attach(engine) else "transformers"
     return engine
+
+
+def cut_token_ids(tokenizer: Any, names: list[str]) -> list[int]:
+    """The ids of prefill.cut_before's tokens; InputError naming one that is not exactly one token of ``tokenizer``."""
+    ids = []
+    for name in names:
+        tid = tokenizer.convert_tokens_to_ids(name)
+        if not isinstance(tid, int) or tid == tokenizer.unk_token_id or tokenizer.convert_ids_to_tokens(tid) != name:
+            raise InputError(
+                f"prefill.cut_before: {name!r} is not one token of this model's tokenizer",
+                "name tokens as the tokenizer spells them, e.g. a chat template's turn start such as <|im_start|>",
+            )
+        ids.append(tid)
+    return ids
 
 
 def _check_kv_dtype(engine: Engine) -> None:

@@ -1,11 +1,14 @@
-"""The prompt cache of `kvgraft serve`: a prompt's prefix kept in the store as a chain of fixed-size chunks.
+"""The prompt cache of `kvgraft serve`: a prompt's prefix kept in the store as a chain of chunks.
 
 **Why chunks, and why a response never depends on the cache.** A prompt is always computed the same way, cold or
-warm: forwards of ``chunk`` tokens from position 0 (the last one shorter), each on the cache of all before it. A
-chunk that ends at a chunk boundary is deposited as an artifact whose parent is the chunk before it, so a later
-prompt with the same first k chunks restores them and computes chunk k+1 onwards: the very forwards a cold request
-runs from there, on the same cache bytes, hence the same bits. A cache that split a prompt at an arbitrary point
-(where the last request happened to end) would change the forwards' shapes, and with them the logits' bits.
+warm: forwards of ``chunk`` tokens from position 0 (the last one shorter), each on the cache of all before it, and
+with the manifest's ``prefill.cut_before`` a chunk also ends before each cut token (a chat's turn start:
+engine.chunk_spans). A chunk that is closed (full, or followed by a cut token) is deposited as an artifact whose
+parent is the chunk before it, so a later prompt with the same first k chunks restores them and computes chunk k+1
+onwards: the very forwards a cold request runs from there, on the same cache bytes, hence the same bits. A cache
+that split a prompt at an arbitrary point (where the last request happened to end) would change the forwards'
+shapes, and with them the logits' bits. With cuts at turns, a shared system prompt ends a chunk of its own, and the
+cache keeps it whole.
 
 Under the manifest's ``chunked`` schedule the chunk is its ``chunk_size`` (part of the compute pin); under
 ``invariant`` any split gives the same bits and the chunk is the server's choice; under ``single`` (the whole
@@ -22,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..artifacts import format as kvg
-from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
+from ..engine.engine import Engine, chunk_spans, closed_span, tensor_sha256, token_ids_sha256
 from ..errors import IntegrityError, KvgraftError
 from ..store.local import PROMPT_CHUNK_ID, VERIFIED, Store, prompt_key
 
@@ -62,7 +65,7 @@ class Slot:
     cache: object
 
 
-def _continue_slot(engine: Engine, slot: Slot | None, links: list[tuple[str, kvg.Artifact]], chunk: int):
+def _continue_slot(engine: Engine, slot: Slot | None, links: list[tuple[str, kvg.Artifact]]):
     """The slot's cache holding ``links`` (the cached chunks a prompt starts with), when it already holds their first
     ones and every layer grows in place (growcache): cut back to the chunks it shares with them, then the rest of
     the links written after them; else None. Its positions hold the very bytes those chunks hold (a chunk artifact
@@ -75,7 +78,7 @@ def _continue_slot(engine: Engine, slot: Slot | None, links: list[tuple[str, kvg
     shared = 0
     while shared < min(len(links), len(slot.chain)) and slot.chain[shared] == links[shared][0]:
         shared += 1
-    if not shared or not cut_back(slot.cache, shared * chunk):
+    if not shared or not cut_back(slot.cache, sum(len(art.token_ids) for _, art in links[:shared])):
         return None
     import torch
 
@@ -95,17 +98,23 @@ def _continue_slot(engine: Engine, slot: Slot | None, links: list[tuple[str, kvg
     return slot.cache
 
 
+def spans(engine: Engine, ids: list[int], chunk: int) -> list[tuple[int, int]]:
+    """The chunks ``ids`` is computed in, cold or warm: engine.chunk_spans with the manifest's prefill.cut_before."""
+    return chunk_spans(ids, chunk, engine.prefill_cuts)
+
+
 def lookup(
     store: Store, engine: Engine, ids: list[int], chunk: int
 ) -> tuple[list[tuple[str, kvg.Artifact]], list[str]]:
     """The longest run of cached chunks ``ids`` starts with, root first, each re-hashed, leaving at least one token
-    to compute (its logits are the first token's). Returns (links, refused identities)."""
+    to compute (its logits are the first token's): every chunk but the last may be cached (each ends where a full
+    chunk or a cut does, the same in every prompt that goes on past it). Returns (links, refused identities)."""
     manifest_sha = engine.manifest.compute_sha256
     want = engine.compatibility()  # computed once: only the start position changes from chunk to chunk
     links: list[tuple[str, kvg.Artifact]] = []
     parent: str | None = None
-    for k in range((len(ids) - 1) // chunk):
-        segment = ids[k * chunk : (k + 1) * chunk]
+    for start, end in spans(engine, ids, chunk)[:-1]:
+        segment = ids[start:end]
         entry = store.lookup_key(prompt_key(manifest_sha, parent, token_ids_sha256(segment)))
         # A chunk this process holds verified needs no look at the disk (a stat a chunk, 3 ms of a 2,000-token
         # prompt's lookup): its bytes are the ones its identity names, whatever became of its file since.
@@ -116,7 +125,7 @@ def lookup(
             # The index row is only a label: the bytes must be this chunk, after this parent, at this position.
             if art.token_ids != segment or art.parent != parent:
                 raise IntegrityError(f"prompt chunk {entry.artifact[:16]}... holds other tokens than its key")
-            kvg.check_compatible(art.meta, {**want, "start_position": str(k * chunk)}, entry.artifact)
+            kvg.check_compatible(art.meta, {**want, "start_position": str(start)}, entry.artifact)
         except KvgraftError:
             return links, [entry.artifact]
         links.append((entry.artifact, art))
@@ -135,9 +144,9 @@ def prefill(
         cache, last = engine.prefill(ids)
         return Prefilled(cache, last)
     links, refused = lookup(store, engine, ids, chunk)
-    done = len(links) * chunk
+    done = sum(len(art.token_ids) for _, art in links)
     shas = [s for s, _ in links]
-    cache = _continue_slot(engine, slot, links, chunk)
+    cache = _continue_slot(engine, slot, links)
     del slot  # (a slot not continued is let go before the restore: the pool can lend its memory again)
     from_slot = cache is not None
     if cache is None:
@@ -147,10 +156,14 @@ def prefill(
     manifest_sha = engine.manifest.compute_sha256
     deposit = not refused  # past a refused chunk the chain is not this store's to extend
     logits = None
-    for start in range(done, len(ids), chunk):
-        segment = ids[start : start + chunk]
+    cuts = engine.prefill_cuts
+    for span in spans(engine, ids, chunk):
+        start, end = span
+        if start < done:
+            continue
+        segment = ids[start:end]
         logits = engine.forward(cache, segment, last_only=True)
-        if len(segment) < chunk or not deposit:
+        if not deposit or not closed_span(ids, span, chunk, cuts):
             continue
         key = prompt_key(manifest_sha, parent, token_ids_sha256(segment))
         entry = store.lookup_key(key)

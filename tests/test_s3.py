@@ -494,7 +494,8 @@ def test_the_server_listens_on_loopback_only(aws):
 
 def test_two_servers_share_the_prompt_cache_through_the_bucket(s3_server, tmp_path):  # noqa: F811
     """`kvgraft serve --store s3://...`: what one server deposits as prompt chunks, another (its own local cache,
-    another folder) restores from the bucket, re-hashed, with the same first-token logits and generated ids."""
+    another folder) restores from the bucket, re-hashed, with the same first-token logits and generated ids, while
+    the first still runs: it publishes its index rows after the answer (--sync-every 0), not only when it stops."""
     import yaml
     from conftest import REPO
     from serving import start
@@ -502,19 +503,28 @@ def test_two_servers_share_the_prompt_cache_through_the_bucket(s3_server, tmp_pa
     manifest = yaml.safe_load((REPO / "kvgraft_cli" / "data" / "default.yaml").read_text())
     manifest["prefill"] = {"schedule": "chunked", "chunk_size": 16}
     url = new_url(s3_server, "serve")
+    bucket, _, prefix = url[len("s3://") :].partition("/")
     body = {"model": manifest["name"], "prompt": "Problem: one plus one and two times five " * 6, "max_tokens": 6}
-    got = []
-    for name in ("a", "b"):
-        folder = tmp_path / name
-        folder.mkdir()
-        (folder / "serve.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
-        s = start(folder, "-m", "serve.yaml", "--store", url, env=s3_server.env(XDG_CACHE_HOME=str(folder / "xdg")))
-        try:
-            status, data = s.post("/v1/completions", body)
-        finally:
-            s.stop()
-        assert status == 200, data
-        got.append(data["kvgraft"])
+    got, servers = [], []
+    try:
+        for name in ("a", "b"):
+            folder = tmp_path / name
+            folder.mkdir()
+            (folder / "serve.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+            env = s3_server.env(XDG_CACHE_HOME=str(folder / "xdg"))
+            servers.append(start(folder, "-m", "serve.yaml", "--store", url, "--sync-every", "0", env=env))
+            status, data = servers[-1].post("/v1/completions", body)
+            assert status == 200, data
+            got.append(data["kvgraft"])
+            deadline = time.monotonic() + 60  # the batch goes up after the answer has left: wait for it, not a time
+            while time.monotonic() < deadline:
+                listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/index/")
+                if listed.get("KeyCount", 0):
+                    break
+                time.sleep(0.1)
+    finally:
+        for s in servers:
+            assert s.stop() == 0
     assert got[0]["cached_tokens"] == 0 and len(got[0]["prompt_cache"]["deposited"]) == 15
     assert got[1]["cached_tokens"] == 240 and got[1]["prompt_cache"]["chunks"] == got[0]["prompt_cache"]["deposited"]
     assert [g["first_logits_sha256"] for g in got] == [got[0]["first_logits_sha256"]] * 2

@@ -109,8 +109,9 @@ class Engine:
     @property
     def prefill_cuts(self) -> frozenset[int]:
         """The token ids of prefill.cut_before (a chunked schedule's chunk also ends before each); empty without."""
-        names = self.manifest.data["prefill"].get("cut_before") or []
-        if not names:
+        prefill = self.manifest.data["prefill"]
+        names = prefill.get("cut_before") or []
+        if not names or prefill["schedule"] != "chunked":  # (validation refuses cuts under another schedule)
             return frozenset()
         if self._cuts is None:
             self._cuts = frozenset(cut_token_ids(self.tokenizer, names))

@@ -338,7 +338,8 @@ class Recorder:
         ans.timings["queue_s"] = queued_s
         log_request(self.requests_log, req)
         if ans.index_rows:  # a replica's deposits, indexed here unrecorded: the line below records them
-            adopt_rows(store, ans.index_rows)
+            # (a failure only leaves them unindexed here, to be computed again elsewhere: the answer stands)
+            sync(lambda _: adopt_rows(store, ans.index_rows), 0, "index a replica's prompt chunks")
             ans.index_rows = []
         entry = self.ctx.entry_base()
         entry.update(self.facts)
@@ -391,11 +392,13 @@ class Recorder:
 
 def sync(step: Callable[[float], object], every_s: float, doing: str) -> None:
     """A remote store's periodic publish or refresh (Server.upkeep, Server._answer, the front of replicas): a store
-    that fails is said on stderr and tried again next time; the request goes on with the index it has."""
+    that fails is said on stderr and tried again a period later; the request goes on with the index it has. Upkeep
+    never ends the thread that runs it (an engine's, or a replica's relay): any failure is caught here."""
     try:
         step(every_s)
-    except KvgraftError as e:
-        print(f"kvgraft serve: warning: could not {doing}: {e.message}", file=sys.stderr, flush=True)
+    except Exception as e:  # noqa: BLE001  (a SQLite or S3 failure of upkeep is a warning, not a dead engine)
+        why = e.message if isinstance(e, KvgraftError) else f"{type(e).__name__}: {str(e)[:200]}"
+        print(f"kvgraft serve: warning: could not {doing}: {why}", file=sys.stderr, flush=True)
 
 
 def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:

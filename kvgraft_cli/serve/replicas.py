@@ -309,9 +309,14 @@ class Replicas:
             return
         opened.append(None)
         ready.set()
+        idle = max(1.0, self.options.sync_every)
         try:
             while True:
-                job = self._queue.get()
+                try:
+                    job = self._queue.get(timeout=idle)
+                except queue.Empty:  # a lull: what this thread's store recorded is published all the same
+                    sync(store.publish_due, self.options.sync_every, "publish the prompt cache's index rows")
+                    continue
                 if job is None:
                     return
                 if not self._compute(index, actor, store, job):

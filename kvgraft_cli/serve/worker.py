@@ -107,9 +107,14 @@ class Worker:
             self._opened.set()
             return
         self._opened.set()
+        idle = max(1.0, self.server.options.sync_every)  # how long the queue may stay empty before an upkeep
         try:
             while True:
-                job = self._queue.get()
+                try:
+                    job = self._queue.get(timeout=idle)
+                except queue.Empty:  # a lull: what the last answers recorded is published all the same
+                    self.server.upkeep()
+                    continue
                 if job is None:
                     return
                 self._compute(job)

@@ -125,7 +125,7 @@ def prompt_key(manifest_sha256: str, parent_sha256: str | None, token_ids_sha256
         "prompt_parent_sha256": parent_sha256,
         "token_ids_sha256": token_ids_sha256,
     }
-    if all(v is None or HEX64.match(v) for v in key.values()):
+    if all(v is None or HEX64.fullmatch(v) for v in key.values()):
         # The RFC 8785 bytes written directly: keys in this (sorted) order, hex strings need no escaping. A server
         # derives a key per chunk of every prompt (125 for 2,000 tokens), and the general serializer took 3 ms of it.
         # tests/test_jcs.py checks them against the general serializer.

@@ -234,6 +234,7 @@ class RemoteStore(Store):
         rows are queued): a long-running writer (`kvgraft serve`) shares what it records while it runs, in batches
         of a period's rows rather than one per request, not only when it closes."""
         if self._pending and time.monotonic() - self._published_at >= every_s:
+            self._published_at = time.monotonic()  # a failed attempt waits a period too, not the next answer
             return self.flush()
         return None
 

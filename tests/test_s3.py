@@ -700,3 +700,39 @@ def test_replicas_on_other_nodes_have_their_prompt_chunks_published_and_shared(a
             r.close()
         front.close()
     assert published() == set(first.deposited_chunks) | set(late.deposited_chunks)
+
+
+def test_rows_recorded_before_a_kill_are_published_by_the_next_open(aws, tmp_path):
+    """A writer killed between a ledger line and its next index batch (a server between two --sync-every periods)
+    leaves the recorded artifacts noted in its cache (remote_unpublished): the next open of that cache queues them
+    again and publishes them, so a recorded prompt chunk is never left out of the bucket's index for good."""
+    import yaml
+    from conftest import REPO
+
+    from kvgraft_cli.config.manifest import load_manifest
+    from kvgraft_cli.engine.engine import load_engine
+    from kvgraft_cli.serve import promptcache
+    from kvgraft_cli.store.local import Store
+    from kvgraft_cli.store.remote import RemoteStore
+
+    data = yaml.safe_load((REPO / "kvgraft_cli" / "data" / "default.yaml").read_text())
+    data["prefill"] = {"schedule": "chunked", "chunk_size": 16}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    engine = load_engine(load_manifest(tmp_path / "m.yaml"))
+    url = new_url(aws, "killed")
+
+    def published() -> set[str]:
+        reader = RemoteStore(url, cache=tmp_path / secrets.token_hex(4))
+        try:
+            return set(reader.prompt_chunks(engine.manifest.compute_sha256))
+        finally:
+            reader.close()
+
+    writer = RemoteStore(url, cache=tmp_path / "writer")
+    pre = promptcache.prefill(engine, writer, engine.prefix_ids("Problem: one plus one and two times five " * 5), 16)
+    writer.mark_recorded(pre.deposited)  # what a ledger line's append does after it is written
+    assert len(pre.deposited) >= 10
+    Store.close(writer)  # killed: its connection gone, no flush
+    assert published() == set()
+    RemoteStore(url, cache=tmp_path / "writer").close()  # the next open, say the restarted server's
+    assert published() == set(pre.deposited)

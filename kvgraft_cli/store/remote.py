@@ -50,9 +50,12 @@ FLUSH_EVERY = 256  # recorded artifacts per index batch at most (a command's bat
 MAX_BATCH_BYTES = 256 * 1024**2
 # remote_batches: the batches merged into the cache. remote_conflicts: how many rows of a merged batch were refused
 # because they restate a key, artifact or library row the cache already held differently (first row wins).
+# remote_unpublished: artifacts a ledger line recorded whose rows no batch has carried yet (a process killed before
+# its flush leaves them here, and the next open queues them again).
 BATCH_SCHEMA = """
 CREATE TABLE IF NOT EXISTS remote_batches (name TEXT PRIMARY KEY, merged TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS remote_conflicts (name TEXT PRIMARY KEY, rows INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS remote_unpublished (sha256 TEXT PRIMARY KEY);
 """
 
 __all__ = [
@@ -121,6 +124,8 @@ class RemoteStore(Store):
                 if remote_of(self.root) != self.url:
                     atomic_write_bytes(self.root / MARKER, json.dumps({"url": self.url}).encode() + b"\n")
             merged = self.refresh()
+            # what an earlier process recorded and did not publish (killed before its flush): published with ours
+            self._pending.update(r[0] for r in self._db.execute("SELECT sha256 FROM remote_unpublished"))
             if (
                 not create
                 and not merged
@@ -215,6 +220,10 @@ class RemoteStore(Store):
         store closes, or every :data:`FLUSH_EVERY` artifacts): only what a ledger line records is published."""
         new = [s for s in sha256s if not self.is_recorded(s)]
         super().mark_recorded(sha256s)
+        if new:  # noted on disk too, until a batch carries them: a kill before the flush loses none
+            with _store_errors(self.root, "write to"), self._db:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.executemany("INSERT OR IGNORE INTO remote_unpublished VALUES (?)", [(s,) for s in new])
         self._pending.update(new)
         if len(self._pending) >= FLUSH_EVERY:
             self.flush()
@@ -223,8 +232,11 @@ class RemoteStore(Store):
         """Publish the queued rows as one new index batch; returns its name (None when nothing was queued)."""
         if not self._pending:
             return None
-        rows = export_rows(self, sorted(self._pending))
-        name = self.publish(rows)
+        done = sorted(self._pending)
+        name = self.publish(export_rows(self, done))
+        with _store_errors(self.root, "write to"), self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany("DELETE FROM remote_unpublished WHERE sha256 = ?", [(s,) for s in done])
         self._pending.clear()
         self._published_at = time.monotonic()
         return name

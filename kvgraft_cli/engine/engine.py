@@ -273,9 +273,8 @@ class Engine:
             cache = self.new_cache()
         sched = self.manifest.data["prefill"]
         step = len(ids) if sched["schedule"] == "single" else (sched.get("chunk_size") or len(ids))
-        cuts = self.prefill_cuts if sched["schedule"] == "chunked" else frozenset()
         logits = None
-        for start, end in chunk_spans(ids, step, cuts):
+        for start, end in chunk_spans(ids, step, self.prefill_cuts):  # (cuts: the chunked schedule's only)
             logits = self.forward(cache, ids[start:end], last_only=True, start=offset + start if offset else None)
         assert logits is not None  # (ids is not empty: the loop ran)
         return cache, logits[-1]

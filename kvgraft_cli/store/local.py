@@ -16,6 +16,7 @@ temporary files), after a grace period that protects a writer still at work.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import sqlite3
@@ -126,11 +127,11 @@ def prompt_key(manifest_sha256: str, parent_sha256: str | None, token_ids_sha256
         "token_ids_sha256": token_ids_sha256,
     }
     if all(v is None or HEX64.fullmatch(v) for v in key.values()):
-        # The RFC 8785 bytes written directly: keys in this (sorted) order, hex strings need no escaping. A server
-        # derives a key per chunk of every prompt (125 for 2,000 tokens), and the general serializer took 3 ms of it.
-        # tests/test_jcs.py checks them against the general serializer.
-        text = ",".join(f'"{k}":' + ("null" if v is None else f'"{v}"') for k, v in key.items())
-        return hashlib.sha256(b"{" + text.encode() + b"}").hexdigest()
+        # Hex strings and null: the standard library's sorted compact JSON is the RFC 8785 form (the ledger
+        # verifier's fast path, audit.verify.canonical_line, is the same construction). A server derives a key per
+        # chunk of every prompt (125 for 2,000 tokens), and the general serializer took 3 ms of it. tests/test_jcs.py
+        # checks the keys against the general serializer.
+        return hashlib.sha256(json.dumps(key, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     return sha256_json(key)
 
 

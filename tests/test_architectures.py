@@ -53,6 +53,29 @@ def test_graft_is_byte_exact(tmp_path, arch, dtype):
         assert gen_f == gen_g and torch.equal(steps_f, steps_g)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_new_caches_are_copies_of_one_template_that_share_no_layer(tmp_path, arch):
+    """engine._empty_cache: a model whose layers hold plain values only (llama) copies one template built from the
+    config; one with sliding layers (a tensor of their window: gemma2) builds each cache from the config. Either way
+    each cache has layers of its own, of the types the config builds, and the template never fills."""
+    from transformers import DynamicCache
+
+    eng = _engine(tmp_path, ARCHS[arch].make_config())
+    want = [type(layer) for layer in DynamicCache(config=eng.model.config).layers]
+    caches = [eng.new_cache(grow=False), eng.new_cache(grow=False)]
+    assert (eng._empty is not False) == (arch == "llama")
+    for cache in caches:
+        assert [type(layer) for layer in cache.layers] == want
+    ids = eng.prefix_ids("A prefix longer than the sixteen-token window of the sliding layers. " * 2)
+    eng.forward(caches[0], ids)
+    assert all(layer.is_initialized for layer in caches[0].layers)
+    assert not any(layer.is_initialized for layer in caches[1].layers)
+    template = eng._empty.layers if eng._empty else []
+    assert not any(layer.is_initialized for layer in template)
+    held = {id(layer) for cache in caches for layer in cache.layers} | {id(layer) for layer in template}
+    assert len(held) == 2 * len(want) + len(template)
+
+
 def test_linear_attention_cache_is_refused_by_name(tmp_path):
     import transformers as T
 

@@ -273,13 +273,14 @@ def test_a_chain_link_is_not_read_with_room(tmp_path, engine):
     assert any(s.room is not None for s in r.layers) and all(s.room is None for s in l.layers)
 
 
-def test_a_file_cut_short_under_the_reader_is_refused_with_room(tmp_path, raw_file, monkeypatch):
+@pytest.mark.parametrize("scheme", ["sha256-tree", "sha256"])  # read by readv, and through the staging buffers
+def test_a_file_cut_short_under_the_reader_is_refused_with_room(tmp_path, raw_file, monkeypatch, scheme):
     """The container check saw the whole file, then the head-by-head read meets its end early (the file was cut
     under it): refused as the plain reader refuses it, nothing returned."""
     from kvgraft_cli.artifacts import container
     from kvgraft_cli.errors import IntegrityError
 
-    path, sha = raw_file["sha256-tree"]
+    path, sha = raw_file[scheme]
     full = path.stat().st_size
     cut = tmp_path / "cut.kvg"
     cut.write_bytes(path.read_bytes()[: full - 5000])
@@ -366,13 +367,36 @@ def test_a_servers_slot_is_continued_where_it_holds_the_chunks(engine, tmp_path,
     assert partly.from_slot == (arch != "embedded") and partly.restored_tokens > 2 * chunk and got == want
 
 
-@pytest.mark.parametrize("scheme", ["sha256-tree", "blake3"])
+class _ShortReads:
+    """A raw file whose reads return at most ``cap`` bytes (the OS may cut any read short), counting them."""
+
+    def __init__(self, f, cap: int, calls: list):
+        self.f, self.cap, self.calls = f, cap, calls
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self.f.__exit__(*exc)
+
+    def readinto(self, b):
+        self.calls.append(len(b))
+        return self.f.readinto(memoryview(b)[: self.cap])
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+@pytest.mark.parametrize("scheme", ["sha256-tree", "sha256", "blake3"])
 def test_the_batched_read_gives_the_same_artifact_however_the_os_reads(raw_file, tmp_path, monkeypatch, scheme):
-    """format._read_pieces: the pieces filled by readv in batches (a batch cut at a byte limit and at an iovec
-    count, a read the OS cuts short anywhere, no readv at all) give the same identity and the same tensors."""
+    """raw_reader: the pieces filled by readv in batches (a tree identity: a batch cut at a byte limit and at an
+    iovec count, a read the OS cuts short anywhere, no readv at all) or through the staging buffers (a one-stream
+    identity: chunks smaller than a piece, so each buffer is read into again after its bytes are hashed, reads cut
+    short) give the same identity and the same tensors, and a flipped byte is refused either way."""
     import os
 
-    from kvgraft_cli.artifacts import format as fmt
+    from kvgraft_cli.artifacts import payload as payload_mod
+    from kvgraft_cli.artifacts import raw_reader
 
     path, _ = raw_file["sha256-tree"]
     payload = kvg.with_scheme(kvg.read_file(path)[0], scheme)
@@ -380,43 +404,57 @@ def test_the_batched_read_gives_the_same_artifact_however_the_os_reads(raw_file,
     kvg.write_file(path, payload, codec="raw")
     sha = kvg.payload_identity(payload)
     _, want = kvg.open_file(path, sha, room=8)
-    real = os.readv
-    calls = []
+    real_readv, real_open = os.readv, payload_mod._open
+    calls: list = []
 
     def short(fd, buffers):  # at most 1,000 bytes a call, cut anywhere: inside a piece, at a piece's end
         calls.append(len(buffers))
         cut = [memoryview(b)[: max(0, 1000 - sum(len(x) for x in buffers[:i]))] for i, b in enumerate(buffers)]
-        return real(fd, [c for c in cut if len(c)])
+        return real_readv(fd, [c for c in cut if len(c)])
 
-    for change in (
-        {"_READ_BATCH": 3000},  # a few pieces a batch; a piece over it read alone
-        {"_IOV": 2},
-        {"short": short},
-        {"no readv": None},
-    ):
+    if scheme == "sha256-tree":
+        changes: tuple = (
+            {"_READ_BATCH": 3000},  # a few pieces a batch; a piece over it read alone
+            {"_IOV": 2},
+            {"short": short},
+            {"no readv": None},
+        )
+    else:
+        changes = (
+            {"_STAGE_MIN": 3000, "_STAGE_MAX": 3000},  # chunks smaller than a piece; both buffers read into again
+            {"short reads": lambda p: _ShortReads(real_open(p), 1000, calls)},
+            {"_STAGE_MIN": 5000, "_STAGE_MAX": 5000, "short reads": lambda p: _ShortReads(real_open(p), 1700, calls)},
+        )
+    for change in changes:
         with monkeypatch.context() as m:
             for k, v in change.items():
                 if k == "short":
                     m.setattr(os, "readv", v)
                 elif k == "no readv":
                     m.delattr(os, "readv")
+                elif k == "short reads":
+                    m.setattr(payload_mod, "_open", v)
                 else:
-                    m.setattr(fmt, k, v)
+                    m.setattr(raw_reader, k, v)
             ident, got = kvg.open_file(path, sha, room=8)
         assert ident == sha, change
         for a, b in zip(want.layers, got.layers):
             assert a.kind == b.kind and (
                 a.keys is None or (torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values))
             )
-    assert calls and max(calls) > 1  # the short reads were asked for several pieces at once
+    # the short reads were asked for several pieces at once (readv), or for whole chunks (staged)
+    assert calls and max(calls) > (1 if scheme == "sha256-tree" else 1000)
     bad = bytearray(path.read_bytes())
     bad[-100] ^= 1
     path.chmod(0o644)
     path.write_bytes(bytes(bad))
     from kvgraft_cli.errors import IntegrityError
 
-    with pytest.raises(IntegrityError, match="does not match its identity"):
-        kvg.open_file(path, sha, room=8)
+    for stage in (3000, 1 << 20):
+        with monkeypatch.context() as m, pytest.raises(IntegrityError, match="does not match its identity"):
+            m.setattr(raw_reader, "_STAGE_MIN", stage)
+            m.setattr(raw_reader, "_STAGE_MAX", stage)
+            kvg.open_file(path, sha, room=8)
 
 
 def test_a_graft_read_into_a_pools_stale_maps_is_exact(engine, grafted, raw_file):

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from ..errors import ArtifactError, InputError, IntegrityError
 from .identity import PayloadHasher
-from .payload_rules import MAX_HEADER, described_size, identity_mismatch, max_frame_bytes, too_large
+from .payload_rules import MAX_HEADER, identity_mismatch, max_frame_bytes, parse_header, too_large
 from .payload_rules import REFETCH as _REFETCH
 
 MAGIC = b"\x89KVG\r\n\x1a\n"
@@ -355,12 +355,11 @@ def read_payload_header(f, n: int, source: str) -> tuple[bytes, dict]:
     head += f.read(h)
     if len(head) != 8 + h:
         raise IntegrityError(f"{source}: truncated payload header", _REFETCH)
-    described = described_size(head[8:], source)  # parses it: valid JSON, an object
+    header, described = parse_header(head[8:], source)  # valid JSON, an object
     if described != n:
         raise IntegrityError(
             f"{source}: container declares {n:,} bytes, its payload's header describes {described:,}", _REFETCH
         )
-    header = json.loads(head[8:])
     layout.check_header(header, source)
     return head, header
 

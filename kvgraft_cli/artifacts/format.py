@@ -22,7 +22,7 @@ from ..errors import ArtifactError, IntegrityError, ModelMismatch, engine_not_in
 from ..util.fsio import atomic_write_bytes
 from . import container, layout
 from . import payload as _payload
-from .identity import SCHEMES, PayloadHasher, payload_identity
+from .identity import SCHEMES, payload_identity
 from .layout import FORMAT, FORMAT_VERSION, LAYER_KINDS, REQUIRED_META, kv_dtype_of  # noqa: F401  (defined in layout.py)
 from .payload import compress, decompress, read_payload  # noqa: F401  (the frame rules live in payload.py)
 from .verdict import judged
@@ -198,7 +198,7 @@ def decode(payload: bytes | bytearray, source: str = "artifact", expected_sha256
         raise ArtifactError(f"{source}: inconsistent artifact ({str(e)[:200]})") from None
 
 
-_TORCH_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "I64": "int64"}
+_TORCH_DTYPES = layout.TORCH_DTYPES
 
 
 def _views(buf: bytearray, header: dict) -> dict:
@@ -233,7 +233,10 @@ def _views(buf: bytearray, header: dict) -> dict:
     return out
 
 
-def _assemble(tensors: dict, meta: dict[str, str], source: str) -> Artifact:
+def _assemble(tensors: dict, meta: dict[str, str], source: str, read_ids: bool = True) -> Artifact:
+    """The artifact of typed tensors and their metadata, checked for consistency (ValueError and friends say what
+    disagrees). ``read_ids`` False: the token ids' bytes are not read yet (raw_reader makes the artifact before its
+    read); its ``token_ids`` are then left empty for the caller to fill."""
     import torch
 
     n_layers = int(meta["num_layers"])
@@ -276,7 +279,7 @@ def _assemble(tensors: dict, meta: dict[str, str], source: str) -> Artifact:
         layers.append(LayerState(kind, k, v, win, cum))
     if tensors:
         raise ValueError(f"unexpected tensors {sorted(tensors)[:3]}")
-    return Artifact(token_ids=ids.tolist(), layers=layers, meta=dict(meta))
+    return Artifact(token_ids=ids.tolist() if read_ids else [], layers=layers, meta=dict(meta))
 
 
 def write_file(path: Path, payload: bytes, level: int = 3, codec: str = "auto") -> str:
@@ -335,138 +338,33 @@ def _open_file(path: Path, expected_sha256: str | None, room: int) -> tuple[str,
     return _open_raw(path, expected_sha256, room)
 
 
-def _full_layers(meta: dict) -> set[str]:
-    """Names of the full layers' keys and values tensors (layout.check_header has checked the header)."""
-    kinds = json.loads(meta["layer_types"])
-    return {f"layers.{i:03d}.{part}" for i, kind in enumerate(kinds) if kind == "full" for part in ("keys", "values")}
-
-
-def _with_room(t: dict, room: int):
-    """A buffer for a full layer's [1, heads, tokens, head_dim] tensor with ``room`` more positions (the pool's when a
-    server reserved one), and the pieces of it the file's bytes go to: a head's tokens are contiguous in the file and
-    in the buffer. Returns (the kept tokens, the whole buffer, both raw bytes [1, heads, -, row]; the pieces)."""
-    import torch
-
-    from ..util.memory import cache_memory
-
-    b, heads, tokens, _ = t["shape"]
-    row = (t["data_offsets"][1] - t["data_offsets"][0]) // (b * heads * tokens)  # bytes a token takes in a head
-    n = b * heads * (tokens + room) * row
-    mem = cache_memory(n)
-    buf = torch.frombuffer(mem, dtype=torch.uint8, count=n).view(b, heads, tokens + room, row)
-    view, stride = memoryview(mem), (tokens + room) * row
-    pieces = [view[h * stride : h * stride + tokens * row] for h in range(b * heads)]
-    return buf[:, :, :tokens], buf, pieces
-
-
-_IOV = 1024  # buffers a readv fills at most (IOV_MAX on Linux)
-_READ_BATCH = 2 << 20  # bytes a readv asks for at most, so the hash runs while the next batch is read
-
-
-def _read_pieces(f, pieces: list, hasher: PayloadHasher, source: str) -> None:
-    """Fill ``pieces`` (writable byte views, back to back in the file from its position) with as few system calls as
-    the OS allows (readv over a batch of them), handing each piece to ``hasher`` once it is whole, in file order. An
-    artifact's KV arrives as one piece per head (64 KiB for SmolLM2-135M at 512 tokens in 16 bits): a read per piece
-    was 180 system calls and as many hand-offs to the hasher for 11.8 MB."""
-    import os
-
-    if not hasattr(os, "readv"):  # (Windows) a read a piece
-        for piece in pieces:
-            container.read_hashed(f, piece, hasher, source)
-        return
-    fd, i = f.fileno(), 0
-    while i < len(pieces):
-        if len(pieces[i]) > _READ_BATCH:  # a large piece alone, in the reader's chunks (readv caps one at 2 GiB)
-            container.read_hashed(f, pieces[i], hasher, source)
-            i += 1
-            continue
-        batch: list = []
-        size = 0
-        while i + len(batch) < len(pieces) and len(batch) < _IOV and size + len(pieces[i + len(batch)]) <= _READ_BATCH:
-            batch.append(pieces[i + len(batch)])
-            size += len(batch[-1])
-        got = os.readv(fd, batch)
-        whole = []
-        for piece in batch:
-            if got < len(piece):  # a short read: finish this piece alone (or find the file truncated), then go on
-                container.read_hashed(f, piece[got:], None, source)
-            got = max(0, got - len(piece))
-            whole.append(piece)
-            if got == 0 and piece is not batch[-1]:
-                break  # the rest of the batch was not read: batch it again
-        hasher.add_batch(whole)
-        i += len(whole)
-
-
-def _open_raw(path: Path, expected_sha256: str | None, room: int = 0) -> tuple[str, Artifact]:
+def _open_raw(path: Path, expected_sha256: str | None, room: int) -> tuple[str, Artifact]:
+    """A raw file: every tensor's memory and the artifact are made first, then the tensor data is read into them and
+    hashed (raw_reader's module doc says why in that order); nothing is returned before the digest matches."""
     try:
         import torch
     except ImportError as e:
         raise engine_not_installed(e) from None
+    from . import raw_reader
 
     source = str(path)
     with _payload._open(path) as f:
         offset, n = container.check_container(f, container.file_size(f), source, _payload.max_payload())
         f.seek(offset)
-        head, header = container.read_payload_header(f, n, source)  # consistent before any tensor is read
-        hasher = PayloadHasher(source)
-        hasher.add(head)
-        tensors, rooms, pieces = {}, {}, []
-        # A chain link's layers are joined with its parents' into new buffers (engine.restore_chain): no room.
-        grows = (
-            _full_layers(header["__metadata__"])
-            if room > 0 and "parent_sha256" not in header["__metadata__"]
-            else set()
-        )
+        head, header = container.read_payload_header(f, n, source)  # consistent before any tensor is made
+        meta = header["__metadata__"]
+        typed, rooms, pieces = raw_reader.plan(torch, header, room, source)
+        ids = typed["token_ids"]
         try:
-            # Data order is offset order and has no gaps (described_size checked it): every tensor gets memory of
-            # its own, and the file is read straight into it a batch at a time, each batch hashed (another thread)
-            # while the next tensors' memory is made and read: the hash starts with the first batch, not the last.
-            planned = 0
-            for name, t in sorted(
-                ((k, v) for k, v in header.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0]
-            ):
-                begin, end = t["data_offsets"]
-                if name in grows and end > begin:  # room at most the layer's own tokens: at most 2x address space
-                    own, rooms[name], parts = _with_room(t, min(room, t["shape"][2]))
-                    pieces += parts
-                else:
-                    # Not torch.empty: under deterministic algorithms (every pinned manifest) it fills new memory
-                    # with a torch kernel first. A bytearray is zeroed by one memset, cheap on heap memory a previous
-                    # restore gave back; fresh anonymous maps (util.memory) measured 1.06-2.3x slower over repeated
-                    # restores.
-                    own = (
-                        torch.frombuffer(bytearray(end - begin), dtype=torch.uint8)
-                        if end > begin
-                        else torch.empty(0, dtype=torch.uint8)
-                    )
-                    if end > begin:
-                        pieces.append(memoryview(own.numpy()))
-                tensors[name] = (own, t)
-                planned += end - begin
-                if planned >= _READ_BATCH:
-                    _read_pieces(f, pieces, hasher, source)
-                    pieces, planned = [], 0
-            _read_pieces(f, pieces, hasher, source)
-        finally:
-            digest = hasher.digest()
+            art = _assemble(typed, meta, source, read_ids=False)  # the token ids are read below: looked at after
+        except (KeyError, ValueError, TypeError, RecursionError) as e:
+            raise ArtifactError(f"{source}: inconsistent artifact ({str(e)[:200]})") from None
+        digest = raw_reader.read_hashed(f, head, meta, pieces, source)
     if expected_sha256 is not None and digest != expected_sha256:
         raise _payload.identity_mismatch(source, digest, expected_sha256)
-    meta = header["__metadata__"]
-    try:
-        typed = {
-            name: own.view(getattr(torch, _TORCH_DTYPES[t["dtype"]])).view(t["shape"])
-            for name, (own, t) in tensors.items()
-        }
-        grown = {name: buf.view(getattr(torch, _TORCH_DTYPES[header[name]["dtype"]])) for name, buf in rooms.items()}
-    except (KeyError, RuntimeError) as e:
-        raise ArtifactError(f"{source}: unreadable tensors ({str(e)[:200]})") from None
-    try:
-        art = _assemble(typed, meta, source)
-    except (KeyError, ValueError, TypeError, RecursionError) as e:
-        raise ArtifactError(f"{source}: inconsistent artifact ({str(e)[:200]})") from None
+    art.token_ids = ids.tolist()
     for i, layer in enumerate(art.layers):
-        kb, vb = grown.get(f"layers.{i:03d}.keys"), grown.get(f"layers.{i:03d}.values")
+        kb, vb = rooms.get(f"layers.{i:03d}.keys"), rooms.get(f"layers.{i:03d}.values")
         if kb is not None and vb is not None:
             layer.room = (kb, vb)
     return digest, art

@@ -230,14 +230,19 @@ class PayloadHasher:
     """A payload's identity computed while it is read: ``add`` each chunk in payload order (the hasher keeps a
     reference until the chunk is hashed: do not overwrite it before ``wait_hashed`` says so), then ``digest``.
     The scheme is read from the payload's header as it arrives (scheme_of_head); until then the first bytes are
-    held in a copy (a header is a few KB)."""
+    held in a copy (a header is a few KB). ``large_chunks``: every chunk after the header is a megabyte or more
+    (raw_reader's staging buffers), so BLAKE3 spreads each over every core (workers()). ``scheme``: the one the
+    header to come names, when the caller has read it already."""
 
-    def __init__(self, source: str = "artifact"):
+    def __init__(self, source: str = "artifact", large_chunks: bool = False, scheme: str | None = None):
         self.source = source
+        self.large_chunks = large_chunks
         self.head = bytearray()
         self.impl: _Stream | _Tree | None = None
         self.added = 0
         self.scheme: str | None = None
+        if scheme is not None:  # named by a header the caller has parsed already (scheme_of_meta)
+            self._start(scheme)
 
     def add(self, chunk) -> None:
         """Hand over the next bytes of the payload (hashed in other threads)."""
@@ -268,9 +273,11 @@ class PayloadHasher:
         if scheme == "sha256-tree":
             self.impl = _Tree()
         elif scheme == "blake3":
-            # One thread: a read hands over pieces of 64 KiB-1 MiB, and the package's own threads over pieces that
-            # small took longer than one (SmolLM2-135M at 512 tokens in 16 bits: 7.2 ms a graft's read against 12-13).
-            self.impl = _Stream(blake3_hasher(self.source)(), "blake3")
+            # One thread unless the chunks are large: a read hands over pieces of 64 KiB-1 MiB, and the package's own
+            # threads over pieces that small took longer than one (SmolLM2-135M at 512 tokens in 16 bits: 7.2 ms a
+            # graft's read against 12-13).
+            threads = workers() if self.large_chunks else 1
+            self.impl = _Stream(blake3_hasher(self.source)(max_threads=threads), "blake3")
         else:
             self.impl = _Stream()
         return self.impl

@@ -35,6 +35,7 @@ REQUIRED_META = (
     "tokenizer_sha256",
 )
 KV_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+TORCH_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "I64": "int64"}  # safetensors code -> torch
 
 
 def kv_dtype_of(meta: dict) -> str:

@@ -68,6 +68,11 @@ def not_an_artifact(source: str) -> ArtifactError:
 def described_size(header: bytes, source: str) -> int:
     """The payload length a safetensors header (the ``N`` JSON bytes after the 8-byte length) describes:
     ``8 + N`` plus its tensors' bytes, which must be contiguous from offset 0. IntegrityError if it describes none."""
+    return parse_header(header, source)[1]
+
+
+def parse_header(header: bytes, source: str) -> tuple[dict, int]:
+    """The safetensors header parsed, and the payload length it describes (:func:`described_size`)."""
 
     def corrupt(why: str) -> IntegrityError:
         return IntegrityError(f"{source}: corrupt safetensors header ({why})", REFETCH)
@@ -101,7 +106,7 @@ def described_size(header: bytes, source: str) -> int:
         if begin != end:
             raise corrupt("tensor data has gaps or overlaps")
         end = stop
-    return 8 + len(header) + end
+    return parsed, 8 + len(header) + end
 
 
 def identity_mismatch(source: str, got: str, expected: str) -> IntegrityError:

@@ -83,6 +83,7 @@ class Engine:
     lean: Any = None  # engine.lean.LeanLlama when in force: transformers' bits, less overhead a step
     _prompts: Any = field(default=None, init=False, repr=False)
     _cuts: frozenset[int] | None = field(default=None, init=False, repr=False)
+    _empty: Any = field(default=None, init=False, repr=False)  # _empty_cache's template (False: none usable)
 
     @property
     def prompts(self):
@@ -172,18 +173,39 @@ class Engine:
         """An empty cache for this model. On the CPU its full layers grow in place (growcache.GrowingLayer: a decode
         step writes its token into room instead of concatenating the whole layer into new tensors, a copy of the
         cache every step); ``grow`` False keeps transformers' layers (what :meth:`restore` starts from)."""
-        from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
         from .growcache import enabled, layer_class
 
-        cache = DynamicCache(config=self.model.config)
+        cache = self._empty_cache()
         if grow and enabled(self.device):
             kv_dtype = self.kv_dtype
             for i, layer in enumerate(cache.layers):
                 if type(layer) is DynamicLayer:
                     cache.layers[i] = layer_class()()
                     cache.layers[i].kv_dtype = kv_dtype
+        return cache
+
+    def _empty_cache(self):
+        """An empty ``DynamicCache(config=...)`` of this model. Building one reads the config's layer types afresh
+        (0.39 ms for SmolLM2-135M, half of a graft's restore), so the first is kept as a template and the next are
+        its copies, layer objects copied too, when its layers hold nothing but plain values (a sliding layer keeps a
+        tensor of its window: such a model builds every cache from the config)."""
+        import copy
+
+        from transformers import DynamicCache
+
+        if self._empty is None:
+            template = DynamicCache(config=self.model.config)
+            plain = (type(None), bool, int, float, str, type)
+            usable = all(type(v) in plain for v in vars(template).values() if v is not template.layers) and all(
+                type(v) in plain for layer in template.layers for v in vars(layer).values()
+            )
+            self._empty = template if usable else False
+        if self._empty is False:
+            return DynamicCache(config=self.model.config)
+        cache = copy.copy(self._empty)
+        cache.layers = [copy.copy(layer) for layer in self._empty.layers]
         return cache
 
     def forward(self, cache, ids: list[int], last_only: bool = False, start: int | None = None):
@@ -400,7 +422,11 @@ class Engine:
                 st.room = None
             keys = st.keys.to(self.device)
             values = st.values.to(self.device)
-            layer.lazy_initialization(keys, values)
+            if type(layer).lazy_initialization is DynamicLayer.lazy_initialization:
+                # What it does (transformers 5.24, pinned) less its two empty tensors, replaced at once below
+                layer.device, layer.is_initialized = keys.device, True
+            else:
+                layer.lazy_initialization(keys, values)
             # Set the state directly: `update` would re-trim a sliding layer and miscount its cumulative length.
             layer.keys, layer.values = keys, values
             if st.kind == "sliding":

@@ -18,7 +18,9 @@ the first version took 8-9 ms to open and restore against llama.cpp's 2.0-2.4 ms
 - One header parse (payload_rules.parse_header), the scheme named to the hasher, and a cache made by copying a
   template (engine._empty_cache) instead of from the config.
 
-Together: 4.2-4.5 ms open and restore (scripts/bench_peers.py measures the graft side by side with llama.cpp)."""
+Together, in one process, graft after graft: 4.0-4.6 ms to open and restore, 10.6-11.2 at 2,048 tokens (from 8.2-8.9
+and 14.2-15.2). In scripts/bench_peers.py's rounds, each graft after a forward and decode steps: 5.0 ms against
+llama.cpp's 2.2 ms restore (docs/PERFORMANCE.md)."""
 
 from __future__ import annotations
 
@@ -109,8 +111,8 @@ def _read_staged(f, pieces: list, hasher: PayloadHasher, source: str) -> None:
     hashes it over every core, it is copied to its pieces and the next chunk is read into the other buffer. For a
     one-stream identity (sha256, blake3): hashed piece by piece as read, 64 KiB at a time, BLAKE3 ran on one core
     and the hasher thread paid a GIL hand-off a piece (the module doc). SmolLM2-135M, 16-bit cache, blake3, reserved
-    memory: read, hash and copy took 2.5 ms at 512 tokens (11.8 MB) against 3.0-3.3 piece by piece, 8 ms at 2,048
-    against 11-12 (scripts/bench_peers.py measures the whole graft)."""
+    memory, graft after graft: read, hash and copy took 2.7-2.8 ms at 512 tokens (11.8 MB) against 3.0-3.3 piece by
+    piece, 8.5-8.9 ms at 2,048 against 11-12."""
     total = sum(len(p) for p in pieces)
     if not total:
         return

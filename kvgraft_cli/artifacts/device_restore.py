@@ -100,7 +100,7 @@ def _device(torch, device):
 
 
 def _open_raw_on_device(torch, f, source: str, device, expected_sha256: str | None, chunk_bytes: int, ring: int):
-    # The same checks, in the same order, as raw_reader.open_raw: container, then payload header, before allocating.
+    # The same checks, in the same order, as format._open_raw: container, then payload header, before allocating.
     offset, n = container.check_container(f, container.file_size(f), source, _payload.max_payload())
     f.seek(offset)
     head, header = container.read_payload_header(f, n, source)
@@ -183,7 +183,7 @@ def _read_exact(f, view: memoryview, source: str) -> None:
 
 
 def _assembled(torch, dst, header: dict, source: str) -> _format.Artifact:
-    """The artifact, its tensors typed views into ``dst`` (as raw_reader.open_raw wraps the same errors)."""
+    """The artifact, its tensors typed views into ``dst`` (as format._open_raw wraps the same errors)."""
     try:
         typed = {}
         for name, t in header.items():

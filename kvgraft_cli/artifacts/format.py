@@ -22,7 +22,7 @@ from ..errors import ArtifactError, IntegrityError, ModelMismatch, engine_not_in
 from ..util.fsio import atomic_write_bytes
 from . import container, layout
 from . import payload as _payload
-from .identity import SCHEMES, payload_identity
+from .identity import SCHEMES, payload_identity, scheme_of_meta
 from .layout import FORMAT, FORMAT_VERSION, LAYER_KINDS, REQUIRED_META, kv_dtype_of  # noqa: F401  (defined in layout.py)
 from .payload import compress, decompress, read_payload  # noqa: F401  (the frame rules live in payload.py)
 from .verdict import judged
@@ -353,6 +353,7 @@ def _open_raw(path: Path, expected_sha256: str | None, room: int) -> tuple[str, 
         f.seek(offset)
         head, header = container.read_payload_header(f, n, source)  # consistent before any tensor is made
         meta = header["__metadata__"]
+        scheme_of_meta(meta, source)  # an identity scheme this kvgraft does not know: refused before any memory is made
         typed, rooms, pieces = raw_reader.plan(torch, header, room, source)
         ids = typed["token_ids"]
         try:

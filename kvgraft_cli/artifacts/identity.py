@@ -230,8 +230,9 @@ class PayloadHasher:
     """A payload's identity computed while it is read: ``add`` each chunk in payload order (the hasher keeps a
     reference until the chunk is hashed: do not overwrite it before ``wait_hashed`` says so), then ``digest``.
     The scheme is read from the payload's header as it arrives (scheme_of_head); until then the first bytes are
-    held in a copy (a header is a few KB). ``large_chunks``: every chunk after the header is a megabyte or more
-    (raw_reader's staging buffers), so BLAKE3 spreads each over every core (workers()). ``scheme``: the one the
+    held in a copy (a header is a few KB). ``large_chunks``: the chunks after the header are large (raw_reader's
+    staging buffers, 1-8 MiB but for the last one or a short read), so BLAKE3 spreads each over every core
+    (workers()). ``scheme``: the one the
     header to come names, when the caller has read it already."""
 
     def __init__(self, source: str = "artifact", large_chunks: bool = False, scheme: str | None = None):

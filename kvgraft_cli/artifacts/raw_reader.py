@@ -1,6 +1,6 @@
-"""A raw ``.kvg`` file read for a graft (format.open_file's fast path, which orders these steps): every tensor read once into memory of its
-own (a full layer's into a buffer with room to grow, when asked), while another thread hashes the bytes read against
-the artifact's identity. Nothing is returned before the digest matches.
+"""A raw ``.kvg`` file read for a graft (format.open_file's fast path, which orders these steps): every tensor read
+once into memory of its own (a full layer's into a buffer with room to grow, when asked), while another thread hashes
+the bytes read against the artifact's identity. Nothing is returned before the digest matches.
 
 What makes it fast, measured on SmolLM2-135M's 16-bit cache at 512 tokens (11.8 MB, blake3, memory reserved), where
 the first version took 8-9 ms to open and restore against llama.cpp's 2.0-2.4 ms restore:
@@ -11,7 +11,7 @@ the first version took 8-9 ms to open and restore against llama.cpp's 2.0-2.4 ms
   work, but need it back between calls: Python work between two reads held it away from the hasher for as long as it
   ran (a thread hashing 64 KiB pieces took 2.8 ms for 11.8 MB alone, 6.8 ms while the main thread ran Python).
 - Large chunks for a one-stream identity (sha256, blake3): the file is read a chunk at a time into two staging
-  buffers in turn, and BLAKE3 hashes each chunk over every core while the last one is copied to its pieces
+  buffers in turn, and BLAKE3 hashes each chunk over every core while it is copied to its pieces
   (:func:`_read_staged`). Hashed piece by piece, one per KV head, BLAKE3 ran on one core and the hasher thread paid a
   GIL hand-off a piece. A sha256-tree identity hashes its leaves on a pool, so its pieces are read in place by
   ``readv`` (:func:`_read_pieces`).
@@ -116,7 +116,7 @@ def _read_staged(f, pieces: list, hasher: PayloadHasher, source: str) -> None:
     total = sum(len(p) for p in pieces)
     if not total:
         return
-    size = min(_STAGE_MAX, max(_STAGE_MIN, total // 8))
+    size = min(_STAGE_MAX, max(_STAGE_MIN, total // 8), total)
     stages = [memoryview(bytearray(size)) for _ in range(min(2, -(-total // size)))]
     ends: list[int] = []  # the payload offset each chunk handed over ends at
     i, filled, k = 0, 0, 0  # the next piece, the bytes of it already copied, the chunk count

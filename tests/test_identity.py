@@ -108,6 +108,48 @@ def test_blake3_is_the_payloads_blake3_however_it_arrives(tokens):
         assert h.digest() == want and h.scheme == "blake3"
 
 
+def test_a_hash_that_fails_midway_is_raised_and_never_leaves_the_reader_waiting(tmp_path, monkeypatch):
+    """A stream hasher's update that raises (here on its second chunk) ends the open with that error: the staged read
+    waits for each buffer's hash (wait_hashed) and hands over more chunks than the queue holds, and neither blocks
+    on a hasher thread that stopped hashing."""
+    from kvgraft_cli.artifacts import raw_reader
+
+    payload = _payload("blake3", 1111)  # 2.3 MB: with 64 KiB chunks, far more than the queue's 4 hand-offs
+    path = tmp_path / "a.kvg"
+    kvg.write_file(path, payload, codec="raw")
+    real = ident.blake3_hasher()
+
+    class Failing:
+        def __init__(self, *a, **k):
+            self.h, self.calls = real(*a, **k), 0
+
+        def update(self, data):
+            self.calls += 1
+            if self.calls == 2:
+                raise MemoryError("hash failed midway")
+            self.h.update(data)
+
+        def hexdigest(self):
+            return self.h.hexdigest()
+
+    monkeypatch.setattr(ident, "blake3_hasher", lambda source="artifact": Failing)
+    monkeypatch.setattr(raw_reader, "_STAGE_MIN", 64 << 10)
+    monkeypatch.setattr(raw_reader, "_STAGE_MAX", 64 << 10)
+    out: list = []
+
+    def open_it():
+        try:
+            kvg.open_file(path, blake3_of(payload), room=4)
+        except BaseException as e:  # what the caller sees
+            out.append(e)
+
+    t = threading.Thread(target=open_it, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the read hangs on a hasher that failed"
+    assert len(out) == 1 and "hash failed midway" in str(out[0])
+
+
 @pytest.mark.parametrize("scheme", ["sha256-tree", "blake3"])
 @pytest.mark.parametrize("codec", container.CODECS)
 def test_a_changed_byte_in_any_leaf_is_refused(tmp_path, codec, scheme):

@@ -150,15 +150,22 @@ class _Stream:
     def __init__(self, h: Any = None, name: str = "sha256"):
         self.h = h if h is not None else hashlib.sha256()
         self.q: queue.Queue = queue.Queue(maxsize=4)
-        self.done = 0  # bytes hashed so far
+        self.done = 0  # bytes hashed so far (or passed over after a failure)
+        self.error: BaseException | None = None
         self.cond = threading.Condition()
         self.t = threading.Thread(target=self._run, daemon=True, name=f"kvgraft-{name}")
         self.t.start()
 
     def _run(self) -> None:
+        # A failed update is kept for digest() to raise, and the thread goes on taking chunks without hashing them:
+        # a reader waiting in add() or wait_hashed() is never left blocked on a thread that is gone.
         while (batch := self.q.get()) is not None:
-            for chunk in batch:
-                self.h.update(chunk)
+            if self.error is None:
+                try:
+                    for chunk in batch:
+                        self.h.update(chunk)
+                except BaseException as e:
+                    self.error = e
             with self.cond:
                 self.done += sum(len(c) for c in batch)
                 self.cond.notify_all()
@@ -176,6 +183,8 @@ class _Stream:
     def digest(self) -> str:
         self.q.put(None)
         self.t.join()
+        if self.error is not None:
+            raise self.error
         return self.h.hexdigest()
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ArtifactError, DeviceError, InputError, IntegrityError, engine_not_installed
-from . import container, identity
+from . import container, identity, layout
 from . import format as _format
 from . import payload as _payload
 from .verdict import judged
@@ -189,7 +189,7 @@ def _assembled(torch, dst, header: dict, source: str) -> _format.Artifact:
         for name, t in header.items():
             if name == "__metadata__":
                 continue
-            dtype = getattr(torch, _format._TORCH_DTYPES[t["dtype"]])
+            dtype = getattr(torch, layout.TORCH_DTYPES[t["dtype"]])
             begin, end = t["data_offsets"]
             seg = dst[begin:end]
             if begin % dtype.itemsize:  # a valid but non-canonical layout: .view(dtype) needs an aligned offset

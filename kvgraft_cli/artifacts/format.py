@@ -198,9 +198,6 @@ def decode(payload: bytes | bytearray, source: str = "artifact", expected_sha256
         raise ArtifactError(f"{source}: inconsistent artifact ({str(e)[:200]})") from None
 
 
-_TORCH_DTYPES = layout.TORCH_DTYPES
-
-
 def _views(buf: bytearray, header: dict) -> dict:
     """The payload's tensors as views into ``buf`` (which they keep alive), with safetensors' own checks: known
     dtype, offsets inside the data and matching dtype x shape. Little-endian hosts only (as every payload is)."""
@@ -217,9 +214,9 @@ def _views(buf: bytearray, header: dict) -> dict:
     for name, t in header.items():
         if name == "__metadata__":
             continue
-        if not isinstance(t, dict) or t.get("dtype") not in _TORCH_DTYPES:
+        if not isinstance(t, dict) or t.get("dtype") not in layout.TORCH_DTYPES:
             raise ValueError(f"tensor {name[:60]!r}: unsupported dtype")
-        dtype = getattr(torch, _TORCH_DTYPES[t["dtype"]])
+        dtype = getattr(torch, layout.TORCH_DTYPES[t["dtype"]])
         shape, (begin, stop) = t["shape"], t["data_offsets"]
         count = math.prod(shape)
         if not 0 <= begin <= stop <= end - base or stop - begin != count * dtype.itemsize:
@@ -353,14 +350,14 @@ def _open_raw(path: Path, expected_sha256: str | None, room: int) -> tuple[str, 
         f.seek(offset)
         head, header = container.read_payload_header(f, n, source)  # consistent before any tensor is made
         meta = header["__metadata__"]
-        scheme_of_meta(meta, source)  # an identity scheme this kvgraft does not know: refused before any memory is made
+        scheme = scheme_of_meta(meta, source)  # one this kvgraft does not know: refused before any memory is made
         typed, rooms, pieces = raw_reader.plan(torch, header, room, source)
         ids = typed["token_ids"]
         try:
             art = _assemble(typed, meta, source, read_ids=False)  # the token ids are read below: looked at after
         except (KeyError, ValueError, TypeError, RecursionError) as e:
             raise ArtifactError(f"{source}: inconsistent artifact ({str(e)[:200]})") from None
-        digest = raw_reader.read_hashed(f, head, meta, pieces, source)
+        digest = raw_reader.read_tensor_data(f, head, scheme, pieces, source)
     if expected_sha256 is not None and digest != expected_sha256:
         raise _payload.identity_mismatch(source, digest, expected_sha256)
     art.token_ids = ids.tolist()

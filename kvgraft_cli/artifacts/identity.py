@@ -241,8 +241,7 @@ class PayloadHasher:
     The scheme is read from the payload's header as it arrives (scheme_of_head); until then the first bytes are
     held in a copy (a header is a few KB). ``large_chunks``: the chunks after the header are large (raw_reader's
     staging buffers, 1-8 MiB but for the last one or a short read), so BLAKE3 spreads each over every core
-    (workers()). ``scheme``: the one the
-    header to come names, when the caller has read it already."""
+    (workers()). ``scheme``: the one the header to come names, when the caller has parsed it already."""
 
     def __init__(self, source: str = "artifact", large_chunks: bool = False, scheme: str | None = None):
         self.source = source

@@ -30,7 +30,7 @@ import os
 from ..errors import ArtifactError, IntegrityError
 from ..util.memory import cache_memory
 from . import container
-from .identity import PayloadHasher, scheme_of_meta
+from .identity import PayloadHasher
 from .layout import TORCH_DTYPES as _TORCH_DTYPES
 from .payload_rules import REFETCH as _REFETCH
 
@@ -111,8 +111,8 @@ def _read_staged(f, pieces: list, hasher: PayloadHasher, source: str) -> None:
     hashes it over every core, it is copied to its pieces and the next chunk is read into the other buffer. For a
     one-stream identity (sha256, blake3): hashed piece by piece as read, 64 KiB at a time, BLAKE3 ran on one core
     and the hasher thread paid a GIL hand-off a piece (the module doc). SmolLM2-135M, 16-bit cache, blake3, reserved
-    memory, graft after graft: read, hash and copy took 2.7-2.8 ms at 512 tokens (11.8 MB) against 3.0-3.3 piece by
-    piece, 8.5-8.9 ms at 2,048 against 11-12."""
+    memory, graft after graft: read, hash and copy took 2.7-2.8 ms at 512 tokens (11.8 MB) against 3.7-4.6 piece by
+    piece, 8.5-8.9 ms at 2,048 against 12-13."""
     total = sum(len(p) for p in pieces)
     if not total:
         return
@@ -165,11 +165,11 @@ def plan(torch, header: dict, room: int, source: str) -> tuple[dict, dict, list]
     return typed, rooms, pieces
 
 
-def read_hashed(f, head: bytes, meta: dict, pieces: list, source: str) -> str:
+def read_tensor_data(f, head: bytes, scheme: str, pieces: list, source: str) -> str:
     """Fill ``pieces`` from ``f`` (positioned at the tensor data) and return the identity of ``head`` (the payload's
-    header bytes) and the bytes read, in the scheme ``meta`` names: a tree's leaves are hashed on the pool as the
-    pieces fill (_read_pieces), a stream is staged (_read_staged)."""
-    hasher = PayloadHasher(source, large_chunks=True, scheme=scheme_of_meta(meta, source))
+    header bytes) and the bytes read, in ``scheme`` (the one the header names, identity.scheme_of_meta): a tree's
+    leaves are hashed on the pool as the pieces fill (_read_pieces), a stream is staged (_read_staged)."""
+    hasher = PayloadHasher(source, large_chunks=True, scheme=scheme)
     hasher.add(head)
     try:
         (_read_pieces if hasher.scheme == "sha256-tree" else _read_staged)(f, pieces, hasher, source)

@@ -220,70 +220,6 @@ def test_leaves_are_hashed_on_several_threads_while_chunks_arrive(monkeypatch):
     assert len(seen) >= 2 and threading.get_ident() not in seen
 
 
-def _stream_digest(chunks: list) -> str:
-    """The blake3 digest of ``chunks`` through a graft's stream hasher (large chunks: the kept hashers)."""
-    h = ident.PayloadHasher(large_chunks=True, scheme="blake3")
-    for c in chunks:
-        h.add(c)
-    return h.digest()
-
-
-def test_stream_hashes_one_after_another_reuse_one_thread_and_one_hasher(monkeypatch):
-    """A graft's stream hash runs on a kept thread with a kept BLAKE3 hasher (reset between streams): a new thread
-    and a new hasher with its own pool cost about 0.2 ms a graft. Five streams in turn: each digest right, one thread
-    and one hasher between them."""
-    real = ident.blake3_hasher()
-    threads, hashers = set(), set()
-
-    class Recording:  # the package's class cannot be subclassed
-        def __init__(self, *a, **k):
-            self.h = real(*a, **k)
-
-        def update(self, data):
-            threads.add(threading.current_thread())
-            hashers.add(id(self))
-            self.h.update(data)
-
-        def reset(self):
-            self.h.reset()
-
-        def hexdigest(self):
-            return self.h.hexdigest()
-
-    monkeypatch.setattr(ident, "blake3_hasher", lambda source="artifact": Recording)
-    monkeypatch.setattr(ident, "_HASHERS", [])
-    rng = random.Random(5)
-    for i in range(5):
-        chunks = [rng.randbytes(rng.randrange(1, 300_000)) for _ in range(3)]
-        assert _stream_digest(chunks) == real(b"".join(chunks)).hexdigest(), i
-    assert len(threads) == 1 and threading.current_thread() not in threads
-    assert len(hashers) == 1
-
-
-def test_many_streams_at_once_each_get_a_thread_of_their_own():
-    """Twelve stream hashes open at once, fed in turn by one thread (more than the 8 kept threads, each past its
-    queue's 4 hand-offs): a stream that waited for another's thread to end would block its producer for good."""
-    rng = random.Random(7)
-    data = [[rng.randbytes(50_000) for _ in range(6)] for _ in range(12)]
-    got: list = []
-
-    def feed():
-        hashers = [ident.PayloadHasher(large_chunks=True, scheme=s) for s in ("blake3", "sha256") * 6]
-        for k in range(6):
-            for h, chunks in zip(hashers, data):
-                h.add(chunks[k])
-        got.extend(h.digest() for h in hashers)
-
-    t = threading.Thread(target=feed, daemon=True)
-    t.start()
-    t.join(60)
-    assert not t.is_alive(), "a stream waited for another stream's thread"
-    real = ident.blake3_hasher()
-    assert got == [
-        (real if i % 2 == 0 else hashlib.sha256)(b"".join(chunks)).hexdigest() for i, chunks in enumerate(data)
-    ]
-
-
 def test_wait_hashed_says_when_a_buffer_may_be_reused():
     payload = _payload("sha256-tree", 2048)  # 4.2 MB: leaves 0-3 whole, leaf 4 short
     h = ident.PayloadHasher()
@@ -345,21 +281,16 @@ def test_a_new_manifest_names_artifacts_by_the_tree_and_grafts_across_schemes(tm
 
 
 def test_a_forked_child_hashes_with_a_pool_of_its_own():
-    """The pool, a kept stream thread and a kept BLAKE3 hasher are made in this process first; a child forked
-    afterwards must not send leaves or chunks to threads it lacks (it would wait forever: the test would time out
-    instead of passing)."""
+    """The pool is made in this process first; a child forked afterwards must not send leaves to threads it lacks
+    (it would wait forever: the test would time out instead of passing)."""
     import multiprocessing
 
     payload = _payload("sha256-tree", 1111)
     assert ident.payload_identity(payload) == by_hand(payload)  # the parent's pool exists now
-    chunks = [b"x" * 200_000, b"y" * 300_000]
-    assert _stream_digest(chunks) == ident.blake3_hasher()(b"".join(chunks)).hexdigest()  # a kept thread and hasher
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(1) as pool:
         got = pool.apply_async(ident.payload_identity, (payload,)).get(timeout=60)
-        streamed = pool.apply_async(_stream_digest, (chunks,)).get(timeout=60)
     assert got == by_hand(payload)
-    assert streamed == ident.blake3_hasher()(b"".join(chunks)).hexdigest()
 
 
 def test_a_manifest_that_names_artifacts_by_blake3_deposits_verifies_and_grafts(tmp_path):

@@ -140,102 +140,35 @@ def _pool() -> ThreadPoolExecutor:
         return _POOL
 
 
-_IDLE: list[queue.SimpleQueue] = []  # the job queues of kept threads waiting for their next stream (_lend)
-_IDLE_PID = 0
-_IDLE_LOCK = threading.Lock()
-_KEEP_IDLE = 8  # threads kept waiting at most; one more that finishes its stream ends
-_HASHERS: list = []  # (threads, class, a BLAKE3 hasher of them), reset and waiting for their next stream
-_HASHERS_PID = 0
-
-
-def _kept_blake3(source: str) -> tuple[Any, Any]:
-    """A BLAKE3 hasher spread over :func:`workers` threads, and the call that keeps it for the next stream once its
-    digest is out. The package builds a thread pool of its own for every hasher given a thread count (its threads
-    start on the first update): a new one took 218 us to hash 1 MiB, one reused after ``reset`` 96. The package's
-    shared pool (``AUTO``) costs as little to start, but made a graft slower (SmolLM2-135M's 16-bit cache at 512
-    tokens, grafts interleaved in one process: a median of 5.3 against 4.8 ms), so each kept hasher keeps its pool."""
-    global _HASHERS_PID
-    with _IDLE_LOCK:
-        if _HASHERS_PID != os.getpid():  # a forked child: the pools' threads do not exist here
-            _HASHERS.clear()
-            _HASHERS_PID = os.getpid()
-        kept = _HASHERS.pop() if _HASHERS else None
-    made = (workers(), blake3_hasher(source))  # a kept hasher of another count or class is dropped
-    if kept is not None and kept[:2] == made:
-        h = kept[2]
-        h.reset()
-    else:
-        h = made[1](max_threads=made[0])
-
-    def keep() -> None:
-        with _IDLE_LOCK:
-            if len(_HASHERS) < _KEEP_IDLE and _HASHERS_PID == os.getpid() and hasattr(h, "reset"):
-                _HASHERS.append((*made, h))
-
-    return h, keep
-
-
-def _lend(job: Any) -> None:
-    """Run ``job`` (a stream's whole hashing; it never raises) on a thread of its own: a kept one that finished its
-    last stream, else a new one. Starting and joining a thread per stream cost about 0.1 ms a graft (SmolLM2-135M at
-    512 tokens: a graft of 4-5 ms). Every job gets a thread to itself, so a stream never waits for another one to
-    end, however many are hashed at once. A forked child keeps none of its parent's threads (they do not exist
-    there)."""
-    global _IDLE_PID
-    with _IDLE_LOCK:
-        if _IDLE_PID != os.getpid():
-            _IDLE.clear()
-            _IDLE_PID = os.getpid()
-        jobs = _IDLE.pop() if _IDLE else None
-    if jobs is None:
-        jobs = queue.SimpleQueue()
-        threading.Thread(target=_serve_jobs, args=(jobs,), daemon=True, name="kvgraft-stream-hash").start()
-    jobs.put(job)
-
-
-def _serve_jobs(jobs: queue.SimpleQueue) -> None:
-    while True:
-        jobs.get()()
-        with _IDLE_LOCK:
-            if len(_IDLE) >= _KEEP_IDLE or _IDLE_PID != os.getpid():
-                return
-            _IDLE.append(jobs)
-
-
 class _Stream:
-    """One digest of the chunks (SHA-256, or BLAKE3 with ``h`` given) in one second thread (kept between streams:
-    :func:`_lend`), in the order they are handed over. At most 4 hand-offs wait (``add`` blocks beyond that), so a
-    fast producer of transient chunks (a zstd stream) cannot pile up memory. ``add_batch`` hands over several
-    chunks at once: a graft's read fills one piece per KV head (64 KiB for SmolLM2-135M at 512 tokens in 16 bits),
-    and a hand-off per piece cost more than hashing them (an 11.8 MB blake3 artifact opened in 10.5 ms that way, 6.5
-    ms batched; BLAKE3 alone takes 2.6)."""
+    """One digest of the chunks (SHA-256, or BLAKE3 with ``h`` given) in one second thread, in the order they are
+    handed over. At most 4 hand-offs wait (``add`` blocks beyond that), so a fast producer of transient chunks (a
+    zstd stream) cannot pile up memory. ``add_batch`` hands over several chunks at once: a graft's read fills one
+    piece per KV head (64 KiB for SmolLM2-135M at 512 tokens in 16 bits), and a hand-off per piece cost more than
+    hashing them (an 11.8 MB blake3 artifact opened in 10.5 ms that way, 6.5 ms batched; BLAKE3 alone takes 2.6)."""
 
-    def __init__(self, h: Any = None, keep: Any = None):
+    def __init__(self, h: Any = None, name: str = "sha256"):
         self.h = h if h is not None else hashlib.sha256()
-        self.keep = keep  # called with the digest out, when the hasher may serve another stream (_kept_blake3)
         self.q: queue.Queue = queue.Queue(maxsize=4)
         self.done = 0  # bytes hashed so far (or passed over after a failure)
         self.error: BaseException | None = None
         self.cond = threading.Condition()
-        self.finished = threading.Event()
-        _lend(self._run)
+        self.t = threading.Thread(target=self._run, daemon=True, name=f"kvgraft-{name}")
+        self.t.start()
 
     def _run(self) -> None:
         # A failed update is kept for digest() to raise, and the thread goes on taking chunks without hashing them:
         # a reader waiting in add() or wait_hashed() is never left blocked on a thread that is gone.
-        try:
-            while (batch := self.q.get()) is not None:
-                if self.error is None:
-                    try:
-                        for chunk in batch:
-                            self.h.update(chunk)
-                    except BaseException as e:
-                        self.error = e
-                with self.cond:
-                    self.done += sum(len(c) for c in batch)
-                    self.cond.notify_all()
-        finally:
-            self.finished.set()
+        while (batch := self.q.get()) is not None:
+            if self.error is None:
+                try:
+                    for chunk in batch:
+                        self.h.update(chunk)
+                except BaseException as e:
+                    self.error = e
+            with self.cond:
+                self.done += sum(len(c) for c in batch)
+                self.cond.notify_all()
 
     def add(self, chunk: memoryview) -> None:
         self.q.put((chunk,))
@@ -249,13 +182,10 @@ class _Stream:
 
     def digest(self) -> str:
         self.q.put(None)
-        self.finished.wait()
+        self.t.join()
         if self.error is not None:
-            raise self.error  # a hasher whose update failed is not kept
-        digest = self.h.hexdigest()
-        if self.keep is not None:
-            self.keep()
-        return digest
+            raise self.error
+        return self.h.hexdigest()
 
 
 class _Tree:
@@ -355,10 +285,8 @@ class PayloadHasher:
             # One thread unless the chunks are large: a read hands over pieces of 64 KiB-1 MiB, and the package's own
             # threads over pieces that small took longer than one (SmolLM2-135M at 512 tokens in 16 bits: 7.2 ms a
             # graft's read against 12-13).
-            if self.large_chunks:
-                self.impl = _Stream(*_kept_blake3(self.source))
-            else:
-                self.impl = _Stream(blake3_hasher(self.source)(max_threads=1))
+            threads = workers() if self.large_chunks else 1
+            self.impl = _Stream(blake3_hasher(self.source)(max_threads=threads), "blake3")
         else:
             self.impl = _Stream()
         return self.impl

@@ -104,7 +104,7 @@ def _open_raw_on_device(torch, f, source: str, device, expected_sha256: str | No
     offset, n = container.check_container(f, container.file_size(f), source, _payload.max_payload())
     f.seek(offset)
     head, header = container.read_payload_header(f, n, source)
-    size = n - len(head)  # the tensor data: contiguous, in offset order, no gaps (described_size checked it)
+    size = n - len(head)  # the tensor data: contiguous, in offset order, no gaps (parse_header checked it)
     stream = None
     if device.type == "cuda":
         # torch.empty (no host-side cost); under deterministic algorithms it queues a fill on the current stream,

@@ -151,7 +151,7 @@ def plan(torch, header: dict, room: int, source: str) -> tuple[dict, dict, list]
     grows = _full_layers(meta) if room > 0 and "parent_sha256" not in meta else set()
     typed, rooms, pieces = {}, {}, []
     try:
-        # Data order is offset order and has no gaps (described_size checked it).
+        # Data order is offset order and has no gaps (parse_header checked it).
         for name, t in sorted(
             ((k, v) for k, v in header.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0]
         ):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ArtifactError, IntegrityError, ModelMismatch, engine_not_installed
+from ..errors import ArtifactError, IntegrityError, KernelMismatch, ModelMismatch, engine_not_installed
 from ..util.fsio import atomic_write_bytes
 from . import container, layout
 from . import payload as _payload
@@ -380,6 +380,12 @@ def check_compatible(meta: dict[str, str], want: dict[str, str], source: str) ->
         "manifest_sha256": "compute pin (model/runtime/kernel flags/prefill schedule/prefix template)",
         "start_position": "start position",
     }
+    ours, theirs = want.get("kernels"), meta.get("kernels")
+    if ours is not None and theirs != ours and meta.get("model_sha256") == want.get("model_sha256"):
+        # Under kernels left to the machine: made on another CPU (it names its own), or before identities were
+        # recorded (none named, the bare compute pin this manifest has).
+        if theirs is not None or meta.get("manifest_sha256") == want.get("compute_pin_sha256"):
+            raise KernelMismatch.between(source, theirs, ours)
     for key, label in labels.items():
         if key in want and meta.get(key) != want[key]:
             raise ModelMismatch(

@@ -64,7 +64,7 @@ def _locate(ref: str, store: str | None, manifest: Path | None) -> tuple[Path, s
 
     ctx = context(manifest, store, None, False)
     with ctx.open_store(create=False) as s:
-        sha = s.resolve(ref, ctx.manifest.compute_sha256)
+        sha = s.resolve(ref, ctx.manifest.machine_compute_sha256)
         # A remote store (store.remote.RemoteStore) fetches its object into its cache first, re-hashed on arrival.
         return getattr(s, "local_object", s.object_path)(sha), sha
 

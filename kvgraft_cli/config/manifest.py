@@ -59,6 +59,23 @@ class Manifest:
         """Hash of the compute pin (see :func:`compute_pin`)."""
         return sha256_json(compute_pin(self.data))
 
+    @property
+    def kernels(self) -> str | None:
+        """This machine's kernel identity under this manifest (config.kernels): None where its pins name the
+        kernels (``portable``, ``avx2``), else the CPU whose kernels compute its bits (``native``)."""
+        from .kernels import kernel_identity
+
+        return kernel_identity(self.data["runtime"])
+
+    @property
+    def machine_compute_sha256(self) -> str:
+        """The compute identity of what this manifest computes on this machine: :attr:`compute_sha256` where the
+        pins name the kernels, else that pin with this machine's kernel identity (config.kernels). Artifacts,
+        prompt-cache keys and library keys are made and looked up under it."""
+        from .kernels import machine_compute_sha256
+
+        return machine_compute_sha256(self.compute_sha256, self.data["runtime"])
+
     def get(self, dotted: str) -> Any:
         """A value by dotted path, e.g. ``runtime.threads``."""
         node: Any = self.data
@@ -466,7 +483,7 @@ def make_manifest(
     model_sha256: str,
     tokenizer_sha256: str,
     *,
-    profile: str = "portable",
+    profile: str | None = None,
     device: str = "cpu",
     dtype: str = "float32",
     attn_implementation: str = "eager",
@@ -494,8 +511,9 @@ def make_manifest(
     """
     from importlib.metadata import version
 
-    from .profiles import PROFILES, profile_env
+    from .profiles import PROFILES, default_profile, profile_env
 
+    profile = profile or default_profile(device)
     if profile not in PROFILES:
         raise ManifestError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
     prof = PROFILES[profile]

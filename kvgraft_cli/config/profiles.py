@@ -37,9 +37,28 @@ PROFILES: dict[str, dict[str, Any]] = {
         "threads": 1,
         "env": {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"},
     },
-    # This machine's fastest kernels; bits pinned to this CPU family and thread count.
+    # Every x86-64 CPU with AVX2 and FMA (Intel since Haswell, AMD since Zen), Intel or AMD, whatever its widest
+    # instruction set: ATen's AVX2 kernels (the int4 product among them), MKL's AVX2 code path in conditional-numerical-
+    # reproducibility mode, oneDNN capped at AVX2. Each library then runs the same instructions on every such machine,
+    # so the bits are theirs at the pinned thread count; on an AVX2 CPU they are the native profile's, at its speed.
+    # What each pin costs on a CPU with AVX-512: docs/EXACTNESS.md ("The avx2 profile").
+    "avx2": {
+        "threads": None,
+        "env": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    },
+    # This machine's fastest kernels; bits pinned to this CPU (its kernel identity, config.kernels) and thread count.
     "native": {"threads": None, "env": {}},
 }
+
+
+def default_profile(device: str = "cpu") -> str:
+    """The profile `kvgraft manifest init` writes unless told: ``native`` on a GPU (gpu_name pins the device),
+    ``avx2`` on a CPU that can run it (bits every AVX2 machine reproduces), else ``portable``."""
+    from .kernels import CAPABILITY_NEEDS, this_cpu
+
+    if device != "cpu":
+        return "native"
+    return "avx2" if all(f in this_cpu().flags for f in CAPABILITY_NEEDS["avx2"]) else "portable"
 
 
 def environ_without_pins() -> dict[str, str]:

@@ -49,7 +49,11 @@ class Drift:
 
 
 def apply_environment(runtime: dict[str, Any]) -> Drift:
-    """Set the manifest's environment variables (before torch is imported) and report what cannot take effect."""
+    """Set the manifest's environment variables (before torch is imported) and report what cannot take effect.
+    DeviceError for a pinned ATen capability this CPU cannot run (config.kernels.check_capability)."""
+    from ..config.kernels import check_capability
+
+    check_capability(runtime)
     drift = Drift()
     torch_loaded = "torch" in sys.modules
     pinned_env: dict[str, str | None] = runtime.get("env") or {}
@@ -111,6 +115,15 @@ def configure_torch(runtime: dict[str, Any], drift: Drift) -> Any:
     torch.backends.cudnn.allow_tf32 = allow_tf32
     torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
 
+    # The capability ATen dispatches to, read back: a pin set after torch was imported does not take effect.
+    # Left to the machine, it must be the one the kernel identity names (config.kernels: the CPU's own).
+    if runtime["device"] == "cpu":
+        from ..config.kernels import this_cpu
+
+        want_cap = (runtime.get("env") or {}).get("ATEN_CPU_CAPABILITY") or this_cpu().aten_capability()
+        if aten_capability().lower() != want_cap.lower():
+            drift.add("effective ATen capability", want_cap, aten_capability())
+
     want_cpu = runtime.get("cpu_name")
     if want_cpu and want_cpu != cpu_name():
         drift.add("runtime.cpu_name", want_cpu, cpu_name())
@@ -139,6 +152,13 @@ def _configure_cuda(torch, runtime: dict[str, Any], drift: Drift):
     torch.backends.cudnn.deterministic = runtime["deterministic_algorithms"]
     torch.backends.cudnn.benchmark = False
     return torch.device("cuda:0")
+
+
+def aten_capability() -> str:
+    """The CPU capability ATen's kernels dispatch to in this process (``AVX2``, ``AVX512``, ``DEFAULT``, ...)."""
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability())
 
 
 def visible_gpu_name() -> str:

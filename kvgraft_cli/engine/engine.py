@@ -452,7 +452,7 @@ class Engine:
             **named,
             "model_sha256": self.hashes.model_sha256,
             "tokenizer_sha256": self.hashes.tokenizer_sha256,
-            "manifest_sha256": self.manifest.compute_sha256,
+            "manifest_sha256": self.manifest.machine_compute_sha256,
             "dtype": m["model"]["dtype"],
             "device": m["runtime"]["device"],
             "prefill": json.dumps(pinned_prefill(m["prefill"]), sort_keys=True, separators=(",", ":")),
@@ -460,6 +460,9 @@ class Engine:
             "logits_sha256": logits_sha256,
             "logits_dtype": m["model"]["dtype"],
             **({"kv_dtype": m["model"]["kv_dtype"]} if "kv_dtype" in m["model"] else {}),
+            # The CPU whose kernels computed the bits, where the manifest leaves them to the machine (native):
+            # named so that a graft elsewhere is refused naming it (config.kernels). Absent under pinned kernels.
+            **({"kernels": kernels} if (kernels := self.manifest.kernels) else {}),
         }
 
     def compatibility(self, start: int = 0) -> dict[str, str]:
@@ -469,13 +472,17 @@ class Engine:
         return {
             "model_sha256": self.hashes.model_sha256,
             "tokenizer_sha256": self.hashes.tokenizer_sha256,
-            "manifest_sha256": self.manifest.compute_sha256,
+            "manifest_sha256": self.manifest.machine_compute_sha256,
             "dtype": self.manifest.data["model"]["dtype"],
             "layer_types": json.dumps([k for k, _ in self.layout], separators=(",", ":"), sort_keys=True),
             "sliding_windows": json.dumps([w for _, w in self.layout], separators=(",", ":"), sort_keys=True),
             "start_position": str(start),
             # The tensors' width: absent on an artifact of a cache at the model's dtype (every one before the key)
             "kv_dtype": self.manifest.data["model"].get("kv_dtype"),
+            # This machine's kernel identity (None under pinned kernels: an artifact made under them names none),
+            # and the bare compute pin an artifact made before kernel identities were recorded carries
+            "kernels": self.manifest.kernels,
+            "compute_pin_sha256": self.manifest.compute_sha256,
         }
 
 
@@ -568,6 +575,9 @@ def engine_from_model(
     from .lean import attach
 
     engine.environment["forward"] = "lean" if attach(engine) else "transformers"
+    from .fingerprint import kernels_record
+
+    engine.environment["kernels"] = kernels_record(engine)
     return engine
 
 

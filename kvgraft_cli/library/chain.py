@@ -65,7 +65,7 @@ def build_chain(store: Store, engine: Engine, hits: list[LibraryHit], level: int
     """The chain of ``hits`` in order (the first is a root artifact from the library), depositing each missing link
     once. Every artifact read from the store is re-hashed; every link is checked to follow the one before."""
     chain = Chain()
-    manifest_sha = engine.manifest.compute_sha256
+    manifest_sha = engine.manifest.machine_compute_sha256
     for hit in hits:
         if not chain.links:
             _, root = store.load(hit.artifact)

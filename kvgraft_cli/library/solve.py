@@ -173,7 +173,7 @@ def check_outputs(problems_path: Path, outputs_path: Path, force: bool, ctx: Run
 def check_library(ctx: RunContext) -> None:
     """Refuse (before any model loads) a store whose library holds nothing under this manifest's compute pin."""
     with ctx.open_store(create=False) as store:
-        if store.library_size(ctx.manifest.compute_sha256) == 0:
+        if store.library_size(ctx.manifest.machine_compute_sha256) == 0:
             raise InputError(
                 f"the library in {ctx.store_name} holds no verified solutions for this manifest's compute pin",
                 "deposit some first (`kvgraft deposit FILE.jsonl`), or run --no-library for the baseline",
@@ -392,7 +392,7 @@ def solve_problem(
     wall0, cpu0, energy0 = time.perf_counter(), time.process_time(), engine.gpu_energy_mj()
     if use_library:
         assert store is not None  # (the caller opens the store whenever the library is used)
-        found = find(store, p.problem, engine.manifest.compute_sha256, k, min_score)
+        found = find(store, p.problem, engine.manifest.machine_compute_sha256, k, min_score)
     else:
         found = Found("none")
     budget = answer_budget if found.kind == "exact" else full_budget

@@ -190,7 +190,11 @@ def export_bundle(
     signer = load_key(key) if key is not None else None  # a bad key is refused before any work
     tree = LedgerTree.read(ctx.ledger, complete=True)
     with ctx.open_store(create=False) as store:
-        roots = [store.resolve(r, ctx.manifest.compute_sha256) for r in refs] if refs else fmt.recorded_artifacts(store)
+        roots = (
+            [store.resolve(r, ctx.manifest.machine_compute_sha256) for r in refs]
+            if refs
+            else fmt.recorded_artifacts(store)
+        )
         if not roots:
             raise InputError(
                 f"store {ctx.store} holds no recorded artifact to export",
@@ -315,7 +319,7 @@ def import_bundle(
     try:
         staged = fmt.read_bundle(bundle, staging)
         checkpoint = check_provenance(staged, verifiers)
-        _check_pins(staged, ctx.manifest.compute_sha256, keep_foreign)
+        _check_pins(staged, ctx.manifest.machine_compute_sha256, keep_foreign)
         facts = fmt.check_objects(staged)
         _check_index_rows(staged, facts)
         derived = _check_claims(staged, facts, ctx.manifest)
@@ -463,7 +467,7 @@ def _check_claims(staged: fmt.Staged, facts: dict[str, fmt.ObjectFacts], manifes
     receiving manifest renders from it must tokenize to exactly the artifact's token ids (the artifact being
     identity-checked, this binds the texts to the bytes). Library rows of foreign artifacts are not checked (their
     template is not known here) and not imported."""
-    pin, derived, tok = manifest.compute_sha256, {}, None
+    pin, derived, tok = manifest.machine_compute_sha256, {}, None
     for a in staged.artifacts:
         f, where = facts[a["sha256"]], f"{staged.source}: entry {a['path']!r}"
         b = backing(staged.provenance[a["recorded_by"]], a["sha256"])
@@ -621,7 +625,7 @@ def _write(
     deposit does (store/local.py)."""
     report = ImportReport(str(bundle), staged.sha256, str(ctx.store), str(ctx.ledger), checkpoint)
     outputs: dict[str, Any] = {}
-    pin = ctx.manifest.compute_sha256
+    pin = ctx.manifest.machine_compute_sha256
     with ctx.open_store() as store:
         for a in sorted(staged.artifacts, key=lambda a: (a["start_position"], a["sha256"])):
             sha, dest = a["sha256"], store.object_path(a["sha256"])

@@ -174,14 +174,18 @@ def compute_deposit(
     """The compute step: prefill the prefix, encode and hash the artifact, write its object file (not indexed).
     When the store already holds the prefix (and not ``recompute``), its stored object is re-hashed instead."""
     ids_sha = token_ids_sha256(ids)
-    key = prefix_key(m.compute_sha256, ids_sha)
+    key = prefix_key(m.machine_compute_sha256, ids_sha)
     existing = store.lookup_key(key)
     if existing and store.has_object(existing.artifact) and not recompute:
         # Already stored under this pin: re-hash the stored object rather than trusting the index, and check it
         # holds exactly this prefix (an index row is only a label: a remote batch or an edited index could point
         # this key at another artifact, and the ledger line would then say these tokens made it).
         _, art = store.load(existing.artifact)
-        if art.token_ids != ids or art.parent is not None or art.meta.get("manifest_sha256") != m.compute_sha256:
+        if (
+            art.token_ids != ids
+            or art.parent is not None
+            or art.meta.get("manifest_sha256") != m.machine_compute_sha256
+        ):
             raise IntegrityError(
                 f"{p.id}: the store's index names artifact {existing.artifact[:16]}... for this prefix, but that "
                 "artifact holds other tokens or another compute pin: the index row was altered",
@@ -233,7 +237,7 @@ def record_deposit(
     verified = verdict.status == "verified"
     # What `kvgraft solve` finds: the problem (exact hits by its normalized text) and the solution (full text).
     library = {
-        "problem_key": problem_key(m.compute_sha256, normalize_key(p.problem)),
+        "problem_key": problem_key(m.machine_compute_sha256, normalize_key(p.problem)),
         "problem": p.problem,
         "solution": p.solution,
         "answer": p.answer,
@@ -255,7 +259,7 @@ def record_deposit(
     _object_here(store, sha, by_worker)
     if payload_len is None:
         if verified:
-            store.add_to_library(sha, p.id, m.compute_sha256, c.num_tokens, library)
+            store.add_to_library(sha, p.id, m.machine_compute_sha256, c.num_tokens, library)
     else:
         store.index(
             sha,
@@ -264,7 +268,7 @@ def record_deposit(
             problem_id=p.id,
             num_tokens=c.num_tokens,
             model_sha256=c.model_sha256,
-            manifest_sha256=m.compute_sha256,
+            manifest_sha256=m.machine_compute_sha256,
             verified=verified,
             library=library,
         )

@@ -92,7 +92,7 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
         check_chain(chain, ref)
         return Loaded(sha, art, ref, chain, identity=identity)
     with ctx.open_store(create=False) as store:
-        sha = store.resolve(ref, ctx.manifest.compute_sha256)
+        sha = store.resolve(ref, ctx.manifest.machine_compute_sha256)
         # Not remembered: graft, probe and replay hold the Loaded artifact as long as they need it; a graft then
         # hands its tensors to the cache alone (Loaded.release), which grows into the room they were read with.
         device = ctx.manifest.data["runtime"]["device"]

@@ -133,7 +133,9 @@ class Server:
             self.pool.reserve(*self.engine.cache_buffers(self.limit))
         if self.chunk is not None and self.options.warm_bytes:
             self.warmed = promptcache.warm(self.store, self.engine, self.options.warm_bytes)
-        self.library = self.store.library_size(self.ctx.manifest.compute_sha256) > 0  # at start (shown by /health)
+        self.library = (
+            self.store.library_size(self.ctx.manifest.machine_compute_sha256) > 0
+        )  # at start (shown by /health)
 
     def _take_slot(self) -> promptcache.Slot | None:
         """The kept slot, given up (the request cuts it back and extends it, or lets it go)."""
@@ -286,7 +288,7 @@ class Server:
     def _find(self, question: str) -> Found:
         """The library's answer for a question: exact only, or with ``k`` related hits."""
         assert self.store is not None
-        manifest_sha = self.ctx.manifest.compute_sha256
+        manifest_sha = self.ctx.manifest.machine_compute_sha256
         if self.options.k < 1:
             exact = self.store.library_exact(problem_key(manifest_sha, normalize_key(question)))
             return Found("exact", [exact]) if exact is not None else Found("none")

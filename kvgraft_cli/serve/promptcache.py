@@ -110,7 +110,7 @@ def lookup(
     to compute (its logits are the first token's): every chunk but the last may be cached (each ends where a full
     chunk or a cut does, the same in every prompt that goes on past it). ``split``: :func:`spans` of ``ids``, when the
     caller has them. Returns (links, refused identities)."""
-    manifest_sha = engine.manifest.compute_sha256
+    manifest_sha = engine.manifest.machine_compute_sha256
     want = engine.compatibility()  # computed once: only the start position changes from chunk to chunk
     links: list[tuple[str, kvg.Artifact]] = []
     parent: str | None = None
@@ -155,7 +155,7 @@ def prefill(
         cache = engine.restore_chain([a for _, a in links]) if links else engine.new_cache()
     out = Prefilled(cache, None, shas, done, refused=refused, chain=list(shas), from_slot=from_slot)
     parent = links[-1][0] if links else None
-    manifest_sha = engine.manifest.compute_sha256
+    manifest_sha = engine.manifest.machine_compute_sha256
     deposit = not refused  # past a refused chunk the chain is not this store's to extend
     logits = None
     cuts = engine.prefill_cuts
@@ -220,7 +220,7 @@ def warm(store: Store, engine: Engine, budget: int) -> Warmed:
     t0 = time.perf_counter()
     out = Warmed()
     read: set[str] = set()
-    for sha in store.prompt_chunks(engine.manifest.compute_sha256):
+    for sha in store.prompt_chunks(engine.manifest.machine_compute_sha256):
         if out.bytes >= budget:
             break
         if sha in read:

@@ -104,8 +104,11 @@ def replay(
     if not report.passed:
         bad = next(c for c in report.comparisons if not c.match)
         raise CheckFailed(
-            f"replay of {prereg} differs from target {report.target}: {bad.run} {bad.what}",
-            "every hash must match; see the table (or --json)",
+            f"replay of {prereg} differs from target {report.target}: {bad.run} {bad.what}"
+            + (f"; {report.kernels}" if report.kernels else ""),
+            "replay under a profile whose kernels every machine shares (avx2, portable)"
+            if report.kernels
+            else "every hash must match; see the table (or --json)",
         )
 
 

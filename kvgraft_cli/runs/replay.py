@@ -166,6 +166,7 @@ class ReplayReport:
     registration_seq: int
     comparisons: list[Comparison] = field(default_factory=list)
     ledger_seq: int | None = None
+    kernels: str | None = None  # why hashes differ, when the kernels did: "computed on other kernels (...)"
 
     @property
     def passed(self) -> bool:
@@ -180,6 +181,7 @@ class ReplayReport:
             "matched": sum(c.match for c in self.comparisons),
             "mismatched": sum(not c.match for c in self.comparisons),
             "ledger_seq": self.ledger_seq,
+            "kernels": self.kernels,
             "comparisons": [{**asdict(c), "match": c.match} for c in self.comparisons],
         }
 
@@ -238,6 +240,8 @@ def replay(
             continue
         for what in sorted(set(got) | set(exp or {})):
             report.comparisons.append(Comparison(run["id"], what, (exp or {}).get(what), got.get(what)))
+    if engine is not None and not report.passed:
+        report.kernels = other_kernels((pr.data.get("kernels") or {}).get(target), engine.environment.get("kernels"))
     entry = ctx.entry_base(engine)
     summary = report.to_json()
     entry.update(
@@ -251,10 +255,33 @@ def replay(
             "matched": summary["matched"],
             "mismatched": summary["mismatched"],
             "comparisons": summary["comparisons"],
+            **({"kernels": report.kernels} if report.kernels else {}),
         },
     )
     report.ledger_seq = ledger_mod.append(ctx.ledger, "replay", entry)["seq"]
     return report
+
+
+def other_kernels(there: dict | None, here: dict | None) -> str | None:
+    """Why a replay's hashes differ, when the kernels tell: "computed on other kernels (X here, Y there)" where the
+    prereg's target recorded other kernels than this machine runs (another kernel identity, or the same pins whose
+    fixed short forward computes other bits here); None where they agree or the prereg recorded none."""
+    from ..config.kernels import short_identity
+
+    if not there or not here:
+        return None
+    if there.get("identity") != here.get("identity"):
+        return (
+            f"computed on other kernels ({short_identity(here.get('identity'))} here, "
+            f"{short_identity(there.get('identity'))} there)"
+        )
+    if there.get("probe") != here.get("probe"):
+        return (
+            f"computed on other kernels: the manifest's pins ran other arithmetic here (ATen {here.get('aten')} on "
+            f"{here.get('cpu')} here, ATen {there.get('aten')} on {there.get('cpu')} there; fingerprint "
+            f"{str(here.get('probe'))[:12]} against {str(there.get('probe'))[:12]})"
+        )
+    return None
 
 
 def file_check(pr: Prereg, rel: str) -> tuple[Path, str]:
@@ -480,12 +507,16 @@ def _prereg_from_ledger(
             }
             exp[rid] = {"requests_sha256": sha256_bytes(data), **expected}
     manifest_path = mref if mref.startswith(BUILTIN_PREFIX) else rel(mref)
+    # The kernels the target's hashes came from (config.kernels, engine.fingerprint), so that a replay elsewhere can
+    # say whether its kernels computed other bits: the first entry that records them (every engine line does now).
+    recorded = next((e["environment"]["kernels"] for e in entries if (e.get("environment") or {}).get("kernels")), None)
     return {
         "kvgraft_prereg": 1,
         "name": name or f"{ledger_path.stem}-from-{from_seq}",
         "manifest": {"path": manifest_path, "sha256": msha},
         "runs": list(runs.values()),
         "targets": {target: exp},
+        **({"kernels": {target: recorded}} if recorded else {}),
     }
 
 

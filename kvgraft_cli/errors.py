@@ -72,18 +72,6 @@ class KernelMismatch(ModelMismatch):
     """An artifact computed by other kernels than this machine's under the same manifest (config.kernels): its bits
     are not what a fresh computation here gives."""
 
-    @classmethod
-    def between(cls, source: str, theirs: str | None, ours: str | None) -> KernelMismatch:
-        from .config.kernels import short_identity
-
-        there = short_identity(theirs) if theirs else "unrecorded kernels (made before kvgraft named them)"
-        return cls(
-            f"{source}: computed on other kernels ({short_identity(ours)} here, {there} there): its bits are not "
-            "what this machine computes under this manifest",
-            "recompute it here (`kvgraft deposit` again), or deposit and graft under the avx2 profile, whose bits "
-            "every AVX2 machine reproduces (`kvgraft manifest init MODEL --profile avx2`)",
-        )
-
 
 class UnsupportedModel(InputError):
     """A model whose cache holds state kvgraft cannot deposit exactly (linear attention, quantized, ...)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import yaml
 from conftest import EXAMPLES, REPO, run_cli, run_without_torch
 
 
@@ -46,9 +47,8 @@ def test_commands_that_needrun_without_torch(tmp_path):
 
 
 def test_manifest_init_round_trips(tmp_path):
-    run_cli(
-        "manifest", "init", str(REPO / "kvgraft_cli" / "data" / "tiny-gemma4"), "-o", "m.yaml", cwd=tmp_path, check_rc=0
-    )
+    tiny = str(REPO / "kvgraft_cli" / "data" / "tiny-gemma4")
+    run_cli("manifest", "init", tiny, "--profile", "portable", "-o", "m.yaml", cwd=tmp_path, check_rc=0)
     p = run_cli("manifest", "validate", "m.yaml", "--json", cwd=tmp_path, check_rc=0)
     assert json.loads(p.stdout)["valid"] is True
     run_cli("manifest", "init", "builtin:tiny-gemma4", "-o", "m.yaml", cwd=tmp_path, check_rc=2)  # no overwrite
@@ -56,6 +56,16 @@ def test_manifest_init_round_trips(tmp_path):
     default = json.loads(run_cli("manifest", "show", "--json", cwd=tmp_path, check_rc=0).stdout)
     mine = json.loads(run_cli("manifest", "show", "m.yaml", "--json", cwd=tmp_path, check_rc=0).stdout)
     assert mine["compute_sha256"] == default["compute_sha256"]
+    # Unless told, init picks the avx2 profile on a CPU with AVX2 and FMA (bits every such CPU computes), and says so
+    from kvgraft_cli.config.kernels import this_cpu
+
+    p = run_cli("manifest", "init", tiny, "-o", "d.yaml", cwd=tmp_path, check_rc=0)
+    env = yaml.safe_load((tmp_path / "d.yaml").read_text())["runtime"]["env"]
+    if {"avx2", "fma"} <= this_cpu().flags:
+        assert "profile avx2" in p.stderr
+        assert (env["ATEN_CPU_CAPABILITY"], env["MKL_CBWR"], env["ONEDNN_MAX_CPU_ISA"]) == ("avx2", "AVX2", "AVX2")
+    else:
+        assert "profile portable" in p.stderr and env["ATEN_CPU_CAPABILITY"] == "default"
 
 
 def test_python_dash_m_and_version_of_help(tmp_path):

@@ -240,7 +240,13 @@ def test_a_k_quant_mix_runs_at_the_files_widths_and_grafts_exactly(tmp_path, mon
     }
     path = _tiny_llama(tmp_path / "mix.gguf", kinds, hidden=256, ffn=512)
     text, _ = manifest_for_gguf(
-        str(path), tmp_path / "m.yaml", weights="q4", attn_implementation="grouped", schedule=schedule, threads=1
+        str(path),
+        tmp_path / "m.yaml",
+        weights="q4",
+        attn_implementation="grouped",
+        schedule=schedule,
+        threads=1,
+        profile="portable",  # this process's pins (conftest): torch is loaded already
     )
     (tmp_path / "m.yaml").write_text(text)
     assert (  # what the manifest says it keeps (manifest init prints it too)

@@ -512,7 +512,9 @@ def test_minimax_is_refused_by_name_before_its_weights_load(tmp_path):
     model_dir = _tiny_minimax(tmp_path)
     h = hash_model_dir(model_dir)
     m = tmp_path / "m.yaml"
-    m.write_text(dump_yaml(make_manifest(str(model_dir), h.model_sha256, h.tokenizer_sha256, threads=1)))
+    m.write_text(
+        dump_yaml(make_manifest(str(model_dir), h.model_sha256, h.tokenizer_sha256, threads=1, profile="portable"))
+    )
     with pytest.raises(UnsupportedModel, match="model type 'minimax' is not supported: MiniMax keeps"):
         load_engine(load_manifest(m))
 

@@ -103,7 +103,9 @@ def _zoo_engine(tmp_path, name, config):
 
     d = write_tiny_model(tmp_path / name, seed=1, config=config)
     h = hash_model_dir(d)
-    (tmp_path / f"{name}.yaml").write_text(dump_yaml(make_manifest(str(d), h.model_sha256, h.tokenizer_sha256)))
+    (tmp_path / f"{name}.yaml").write_text(
+        dump_yaml(make_manifest(str(d), h.model_sha256, h.tokenizer_sha256, profile="portable"))
+    )
     return load_engine(load_manifest(tmp_path / f"{name}.yaml"))
 
 

@@ -415,3 +415,41 @@ def test_after_kill_9_the_ledger_verifies_and_nothing_answered_is_missing(folder
     seqs = {e["seq"] for e in ledger_lines(ledger)}
     assert set(answered) <= seqs
     run_cli("verify", "kvgraft-ledger.jsonl", cwd=tmp_path, check_rc=0)
+
+
+def test_prompt_chunks_and_library_of_another_cpus_kernels_are_misses(tmp_path):
+    """Under the native profile, a server on another CPU (KVGRAFT_CPUINFO: a Haswell desktop, which runs this
+    machine's kernels, so the bits really are computed) deposits prompt chunks and a library into a store; a server
+    here on the same store finds none of them (no library at start, no cached token) and computes the response
+    itself, the same bytes; its own chunks are then found (red when prompt keys or library keys ignore the kernel
+    identity)."""
+    from test_kernels import HASWELL
+
+    data = yaml.safe_load(_manifest(tmp_path).read_text())
+    data["runtime"]["env"] = {k: None for k in data["runtime"]["env"]}  # the native profile: kernels left to the CPU
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    other = tmp_path / "haswell.cpuinfo"
+    other.write_text(HASWELL)
+    there = {"KVGRAFT_CPUINFO": str(other)}
+    (tmp_path / "problems.jsonl").write_text(EXAMPLES.read_text().splitlines()[0] + "\n")
+    run_cli("deposit", "problems.jsonl", "-m", "serve.yaml", cwd=tmp_path, env=there, check_rc=0)
+    req = {"model": MODEL, "prompt": f"{SYSTEM}\nQuestion: What is 7 plus 5?\nAnswer:", "max_tokens": 5}
+    s = start(tmp_path, "-m", "serve.yaml", "--ledger", "there.jsonl", env=there)
+    try:
+        assert json.loads(s.request("GET", "/health")[2])["library"] is True
+        first = _send(s, "/v1/completions", req)
+    finally:
+        s.stop()
+    assert ledger_lines(tmp_path / "there.jsonl")[-1]["inputs"]["prompt_cache"]["deposited"]  # chunks were kept
+    s = start(tmp_path, "-m", "serve.yaml", "--ledger", "here.jsonl")
+    try:
+        assert json.loads(s.request("GET", "/health")[2])["library"] is False
+        cold, warm = (_send(s, "/v1/completions", req) for _ in range(2))
+    finally:
+        s.stop()
+    here = ledger_lines(tmp_path / "here.jsonl")
+    assert [e["outputs"]["costs"]["cached_tokens"] for e in here][0] == 0  # the other CPU's chunks: a miss
+    assert here[1]["outputs"]["costs"]["cached_tokens"] > 0  # this CPU's own
+    assert [(o["text"], o["first"], o["ids"]) for o in (cold, warm)] == [
+        (first["text"], first["first"], first["ids"])
+    ] * 2

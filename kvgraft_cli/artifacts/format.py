@@ -385,7 +385,7 @@ def check_compatible(meta: dict[str, str], want: dict[str, str], source: str) ->
         # Under kernels left to the machine: made on another CPU (it names its own), or before identities were
         # recorded (none named, the bare compute pin this manifest has).
         if theirs is not None or meta.get("manifest_sha256") == want.get("compute_pin_sha256"):
-            raise KernelMismatch.between(source, theirs, ours)
+            raise kernel_mismatch(source, theirs, ours)
     for key, label in labels.items():
         if key in want and meta.get(key) != want[key]:
             raise ModelMismatch(
@@ -393,6 +393,20 @@ def check_compatible(meta: dict[str, str], want: dict[str, str], source: str) ->
                 f"this run {key}={_short(want[key])}",
                 "graft it with the manifest it was deposited under (its model, dtype and kernel flags)",
             )
+
+
+def kernel_mismatch(source: str, theirs: str | None, ours: str) -> KernelMismatch:
+    """The refusal of an artifact computed on other kernels: one line naming both (config.kernels.short_identity)
+    and what to do."""
+    from ..config.kernels import short_identity
+
+    there = short_identity(theirs) if theirs else "unrecorded kernels (made before kvgraft named them)"
+    return KernelMismatch(
+        f"{source}: computed on other kernels ({short_identity(ours)} here, {there} there): its bits are not what "
+        "this machine computes under this manifest",
+        "recompute it here (`kvgraft deposit` again), or deposit and graft under the avx2 profile, whose bits every "
+        "AVX2 machine reproduces (`kvgraft manifest init MODEL --profile avx2`)",
+    )
 
 
 def _short(v: str | None) -> str | None:

@@ -18,8 +18,8 @@ from ..errors import InputError
 # members' values (the choices, in this order). The first five spell out config.profiles' tuples (test_cli_ux checks
 # that they agree).
 class Profile(StrEnum):
-    avx2 = "avx2"
     portable = "portable"
+    avx2 = "avx2"
     native = "native"
 
 

@@ -25,13 +25,12 @@ def probe_ids(vocab: int) -> list[int]:
 def fingerprint(engine: Any) -> str:
     """SHA-256 of the probe's logits bytes (the prefill's last position, then one decode step), under ``engine``'s
     manifest, on a fresh cache."""
+    from .engine import tensor_sha256
+
     ids = probe_ids(int(engine.model.config.get_text_config().vocab_size))
     cache, first = engine.prefill(ids[:-1])
     step = engine.forward(cache, ids[-1:], last_only=True)[-1]
-    h = hashlib.sha256()
-    for t in (first, step):
-        h.update(t.detach().to("cpu").contiguous().numpy().tobytes())
-    return h.hexdigest()
+    return hashlib.sha256(f"{tensor_sha256(first)} {tensor_sha256(step)}".encode()).hexdigest()
 
 
 def kernels_record(engine: Any) -> dict[str, Any]:

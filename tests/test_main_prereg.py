@@ -1,0 +1,64 @@
+"""The main job's pre-registration (examples/smollm2/prereg.yaml) replays here, hash for hash, on the real model.
+
+The prereg was made from a run of the main job under the avx2 profile (manifests/smollm2-math500-q4.yaml), whose
+bits every x86-64 CPU with AVX2 and FMA computes: so this test pins the real model's deposit (artifact and logits
+hashes), graft (the recurring problems' exact hits, grafted) and short decode (their outputs) on whatever AVX2
+machine runs the suite. Within the suite's budget it replays the first part of the job: the first 10 deposits (the
+10 recurring problems are exactly these), the recurring set solved from the library, and its score. The whole job
+replays with `kvgraft replay examples/smollm2/prereg.yaml` (README).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from conftest import REPO, run_cli
+
+pytestmark = pytest.mark.xdist_group("smollm2")  # with the real model's other tests: one worker converts the GGUF
+
+PREREG = REPO / "examples" / "smollm2" / "prereg.yaml"
+KEEP = {"deposit-1": 10, "solve-1": None, "score-1": None}  # run id -> a deposit's limit
+
+
+def _part(tmp_path) -> tuple[dict, int]:
+    """The prereg's first runs, with inputs as absolute paths and outputs in ``tmp_path``; (prereg, hashes kept)."""
+    data = yaml.safe_load(PREREG.read_text())
+    here = PREREG.parent
+    data["manifest"]["path"] = str((here / data["manifest"]["path"]).resolve())
+    runs = []
+    for run in data["runs"]:
+        if run["id"] not in KEEP:
+            continue
+        for key in ("input", "answers"):
+            if key in run:
+                run[key] = str((here / run[key]).resolve())
+        if "outputs" in run:
+            run["outputs"] = str(tmp_path / "out" / (here / run["outputs"]).name)
+        if KEEP[run["id"]]:
+            run["settings"]["limit"] = KEEP[run["id"]]
+        runs.append(run)
+    data["runs"] = runs
+    (target,) = data["targets"]
+    expected = {rid: dict(data["targets"][target][rid]) for rid in KEEP}
+    deposits = expected["deposit-1"]
+    ids = [k.split()[1] for k in deposits if k.startswith("artifact ")][: KEEP["deposit-1"]]
+    expected["deposit-1"] = {
+        k: v for k, v in deposits.items() if k == "input_sha256" or k.split()[-1] in ids
+    }  # fmt: skip
+    data["targets"] = {target: expected}
+    return data, sum(len(v) for v in expected.values())
+
+
+def test_the_main_jobs_prereg_replays_hash_for_hash(tmp_path):
+    data, n = _part(tmp_path)
+    assert data["kernels"]["x86-64-avx2"]["identity"] is None  # made under pinned kernels: the avx2 profile
+    prereg = tmp_path / "part.yaml"
+    prereg.write_text(yaml.safe_dump(data, sort_keys=False))
+    run_cli("replay", "--register", str(prereg), cwd=tmp_path, check_rc=0)
+    p = run_cli("replay", str(prereg), "--json", cwd=tmp_path, check_rc=None)
+    report = json.loads(p.stdout) if p.stdout.strip() else {}
+    bad = [c for c in report.get("comparisons", []) if not c["match"]]
+    assert p.returncode == 0 and report["passed"], f"{bad[:5]}\n{p.stderr}"
+    assert report["matched"] == n and n > 30

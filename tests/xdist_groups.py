@@ -18,6 +18,7 @@ SHARED_GROUPS = {
     "test_ray.py": "ray-s3",  # Ray instances and one SeaweedFS server; `ray` processes are machine-wide
     "test_s3.py": "ray-s3",
     "test_gguf.py": "smollm2",  # one worker converts the real GGUF once and runs the real model's tests
+    "test_main_prereg.py": "smollm2",  # the main job's prereg replayed, on the worker that converted the GGUF
     "test_serve.py": "serve",  # the tiny model's library, deposited once, and the servers started on it
     # Not services but costly fixtures, built once per worker that runs one of their tests (about 15-25 s each,
     # twice when their tests were spread over both workers):

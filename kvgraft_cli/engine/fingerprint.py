@@ -25,12 +25,15 @@ def probe_ids(vocab: int) -> list[int]:
 def fingerprint(engine: Any) -> str:
     """SHA-256 of the probe's logits bytes (the prefill's last position, then one decode step), under ``engine``'s
     manifest, on a fresh cache."""
-    from .engine import tensor_sha256
+    import torch
 
     ids = probe_ids(int(engine.model.config.get_text_config().vocab_size))
     cache, first = engine.prefill(ids[:-1])
     step = engine.forward(cache, ids[-1:], last_only=True)[-1]
-    return hashlib.sha256(f"{tensor_sha256(first)} {tensor_sha256(step)}".encode()).hexdigest()
+    h = hashlib.sha256()
+    for t in (first, step):  # raw bytes, any dtype (numpy has no bfloat16: read them as bytes)
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def kernels_record(engine: Any) -> dict[str, Any]:

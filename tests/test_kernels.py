@@ -129,3 +129,34 @@ def test_an_artifact_without_a_kernel_identity_is_refused_under_native(tmp_path,
         fmt.check_compatible({"model_sha256": "m", "manifest_sha256": m.compute_sha256}, want, "old.kvg")
     fmt.check_compatible({"model_sha256": "m", "manifest_sha256": m.machine_compute_sha256, "kernels": m.kernels},
                          want, "new.kvg")  # fmt: skip
+
+
+def test_a_cpu_without_avx2_is_refused_before_torch_loads(tmp_path):
+    """The avx2 profile on a CPU without AVX2 and FMA (a Nehalem Xeon, KVGRAFT_CPUINFO): one line naming what is
+    missing and what to do, exit 2, nothing written. Without the check ATen would run its AVX2 kernels anyway: with
+    ATEN_CPU_CAPABILITY=avx512 on an AVX2-only EPYC, torch reports AVX512 and its first softmax dies of SIGILL."""
+    from kvgraft_cli.config.manifest import data_dir
+
+    m = tmp_path / "avx2.yaml"
+    run_cli(
+        "manifest", "init", str(data_dir() / "tiny-gemma4"), "--profile", "avx2", "-o", str(m), cwd=tmp_path, check_rc=0
+    )
+    old = tmp_path / "nehalem.cpuinfo"
+    old.write_text(NEHALEM)
+    p = run_cli(
+        "deposit",
+        str(EXAMPLES),
+        "--limit",
+        "1",
+        "-m",
+        str(m),
+        cwd=tmp_path,
+        env={"KVGRAFT_CPUINFO": str(old)},
+        check_rc=2,
+    )
+    assert (
+        "pins ATEN_CPU_CAPABILITY=avx2" in p.stderr
+        and "lacks avx2, fma" in p.stderr
+        and "--profile portable" in p.stderr
+    )
+    assert not (tmp_path / "kvgraft-ledger.jsonl").exists() and not (tmp_path / "kvgraft-store").exists()

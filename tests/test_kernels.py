@@ -15,7 +15,7 @@ from conftest import EXAMPLES, run_cli
 
 from kvgraft_cli.config import kernels
 from kvgraft_cli.config.profiles import PROFILES, profile_env
-from kvgraft_cli.errors import DeviceError
+from kvgraft_cli.errors import DeviceError, KernelMismatch
 
 HASWELL = """processor	: 0
 vendor_id	: GenuineIntel
@@ -125,7 +125,7 @@ def test_an_artifact_without_a_kernel_identity_is_refused_under_native(tmp_path,
     m = load_manifest(native_manifest)
     want = {"model_sha256": "m", "kernels": m.kernels, "compute_pin_sha256": m.compute_sha256,
             "manifest_sha256": m.machine_compute_sha256}  # fmt: skip
-    with pytest.raises(Exception, match="unrecorded kernels"):
+    with pytest.raises(KernelMismatch, match="unrecorded kernels"):
         fmt.check_compatible({"model_sha256": "m", "manifest_sha256": m.compute_sha256}, want, "old.kvg")
     fmt.check_compatible({"model_sha256": "m", "manifest_sha256": m.machine_compute_sha256, "kernels": m.kernels},
                          want, "new.kvg")  # fmt: skip

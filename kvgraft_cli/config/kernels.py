@@ -77,12 +77,14 @@ class Cpu:
         """The instruction sets of ISA_FLAGS this CPU has, in ISA_FLAGS' order."""
         return [f for f in ISA_FLAGS if f in self.flags]
 
+    def missing(self, capability: str) -> list[str]:
+        """The flags an ATen capability (``avx2``, ``avx512``; CAPABILITY_NEEDS) needs that this CPU lacks: none for
+        one it can run, or for ``default``."""
+        return [f for f in CAPABILITY_NEEDS.get(capability.lower(), ()) if f not in self.flags]
+
     def aten_capability(self) -> str:
         """The capability ATen picks on its own here (its rule: AVX-512 with F, DQ, BW and VL; else AVX2 with FMA)."""
-        for cap in ("avx512", "avx2"):
-            if all(f in self.flags for f in CAPABILITY_NEEDS[cap]):
-                return cap
-        return "default"
+        return next((cap for cap in ("avx512", "avx2") if not self.missing(cap)), "default")
 
 
 def read_cpu(cpuinfo: str | None = None) -> Cpu:
@@ -142,7 +144,7 @@ def left_to_machine(runtime: dict[str, Any]) -> list[str]:
 def kernel_identity(runtime: dict[str, Any], cpu: Cpu | None = None) -> str | None:
     """The name of the kernels that compute under ``runtime`` here, or None where the manifest's pins name them
     (nothing is left to the machine). One line: ``<arch> <vendor> <model> | <instruction sets> | <libraries left to
-    the CPU>``, with ATen's pinned capability in place of the CPU's where the manifest pins it."""
+    the CPU>``; what the manifest does pin is in its compute pin already."""
     libs = left_to_machine(runtime)
     if not libs:
         return None
@@ -180,14 +182,11 @@ def check_capability(runtime: dict[str, Any], cpu: Cpu | None = None) -> None:
     if runtime.get("device", "cpu") != "cpu":
         return
     cap = ((runtime.get("env") or {}).get("ATEN_CPU_CAPABILITY") or "").lower()
-    need = CAPABILITY_NEEDS.get(cap)
-    if not need:
-        return
     cpu = cpu or this_cpu()
-    missing = [f for f in need if f not in cpu.flags]
+    missing = cpu.missing(cap)
     if missing:
         raise DeviceError(
-            f"the manifest pins ATEN_CPU_CAPABILITY={cap}, which needs {', '.join(need)}; this CPU "
+            f"the manifest pins ATEN_CPU_CAPABILITY={cap}, which needs {', '.join(CAPABILITY_NEEDS[cap])}; this CPU "
             f"({cpu.model}, {cpu.arch}) lacks {', '.join(missing)}",
             "run it on a CPU that has them, or write a manifest for this one: "
             "`kvgraft manifest init MODEL --profile portable` (any x86-64) or `--profile native` (this CPU's bits)",

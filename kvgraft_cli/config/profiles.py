@@ -54,11 +54,11 @@ PROFILES: dict[str, dict[str, Any]] = {
 def default_profile(device: str = "cpu") -> str:
     """The profile `kvgraft manifest init` writes unless told: ``native`` on a GPU (gpu_name pins the device),
     ``avx2`` on a CPU that can run it (bits every AVX2 machine reproduces), else ``portable``."""
-    from .kernels import CAPABILITY_NEEDS, this_cpu
+    from .kernels import this_cpu
 
     if device != "cpu":
         return "native"
-    return "avx2" if all(f in this_cpu().flags for f in CAPABILITY_NEEDS["avx2"]) else "portable"
+    return "portable" if this_cpu().missing("avx2") else "avx2"
 
 
 def environ_without_pins() -> dict[str, str]:

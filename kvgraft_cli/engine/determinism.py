@@ -121,8 +121,9 @@ def configure_torch(runtime: dict[str, Any], drift: Drift) -> Any:
         from ..config.kernels import this_cpu
 
         want_cap = (runtime.get("env") or {}).get("ATEN_CPU_CAPABILITY") or this_cpu().aten_capability()
-        if aten_capability().lower() != want_cap.lower():
-            drift.add("effective ATen capability", want_cap, aten_capability())
+        have_cap = aten_capability()
+        if have_cap.lower() != want_cap.lower():
+            drift.add("effective ATen capability", want_cap, have_cap)
 
     want_cpu = runtime.get("cpu_name")
     if want_cpu and want_cpu != cpu_name():

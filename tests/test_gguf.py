@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 from conftest import REPO, run_cli
+from ggufblocks import tiny_llama
 
 from kvgraft_cli.config.gguf import KNOWN_PACKAGES, check_known, package_gguf
 from kvgraft_cli.errors import InputError, IntegrityError, KvgraftError
@@ -84,77 +85,6 @@ def test_conversion_is_deterministic(smol_cache):
     assert not [p for p in (cache / "models").iterdir() if p.name.startswith(".")]  # no temporary left
 
 
-def _tiny_llama(path: Path, kinds: dict[str, str] | None = None, hidden: int = 64, ffn: int = 128) -> Path:
-    """A llama GGUF of about 34 KB built like the real SmolLM2 one, the same code path at a thousandth of the cost:
-    one layer, Q4_1 projections (or the GGUF types ``kinds`` names, by tensor: ``{"attn_v": "Q6_K"}``), a Q8_0
-    embedding tied to the output head, F32 norms, a byte-level BPE (gpt2) tokenizer with merges and ChatML's special
-    tokens, a chat template. Weights from a seeded generator."""
-    import gguf
-    from ggufblocks import k_blocks
-
-    q = gguf.GGMLQuantizationType
-    heads, kv_heads = 2, 1  # Q4_1 and Q8_0 quantize rows in blocks of 32; k-quants in 256
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tokens = specials + [chr(c) for c in range(33, 127)] + ["Ġ", "Ċ", "Ġt", "he", "Ġthe", "in"]
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("kvgraft tiny llama")
-    w.add_block_count(1)
-    w.add_context_length(256)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(len(tokens))
-    w.add_rope_dimension_count(hidden // heads)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types([3] * len(specials) + [1] * (len(tokens) - len(specials)))
-    w.add_token_merges(["Ġ t", "h e", "Ġt he", "i n"])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_pad_token_id(2)
-    w.add_chat_template(
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    )
-    rng = np.random.default_rng(0)
-
-    def add(name: str, shape: tuple[int, ...], qtype) -> None:
-        data = (rng.standard_normal(shape) * 0.1).astype(np.float32)
-        if qtype in (q.F32, q.F16):
-            w.add_tensor(name, data.astype(np.float16) if qtype == q.F16 else data)
-        elif qtype.name.endswith("_K"):
-            blocks = k_blocks(qtype.name, *shape, rng)
-            w.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=qtype)
-        else:
-            packed = gguf.quants.quantize(data, qtype)
-            w.add_tensor(name, packed, raw_shape=packed.shape, raw_dtype=qtype)
-
-    add("token_embd.weight", (len(tokens), hidden), q.Q8_0)
-    add("output_norm.weight", (hidden,), q.F32)
-    add("blk.0.attn_norm.weight", (hidden,), q.F32)
-    add("blk.0.ffn_norm.weight", (hidden,), q.F32)
-    head = hidden // heads
-    for name, shape in [
-        ("attn_q", (hidden, hidden)),
-        ("attn_k", (kv_heads * head, hidden)),
-        ("attn_v", (kv_heads * head, hidden)),
-        ("attn_output", (hidden, hidden)),
-        ("ffn_gate", (ffn, hidden)),
-        ("ffn_up", (ffn, hidden)),
-        ("ffn_down", (hidden, ffn)),
-    ]:
-        add(f"blk.0.{name}.weight", shape, getattr(q, (kinds or {}).get(name, "Q4_1")))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 def _file_hashes(folder: Path) -> dict[str, str]:
     import hashlib
 
@@ -170,7 +100,7 @@ def test_bfloat16_conversion_is_deterministic(tmp_path):
     runs = [tmp_path / "a", tmp_path / "b"]
     for folder in runs:
         folder.mkdir()
-        _tiny_llama(folder / "tiny.gguf")  # each its own file, written separately: the same bytes
+        tiny_llama(folder / "tiny.gguf")  # each its own file, written separately: the same bytes
 
     def init(folder: Path):
         return run_cli(
@@ -238,7 +168,7 @@ def test_a_k_quant_mix_runs_at_the_files_widths_and_grafts_exactly(tmp_path, mon
         "ffn_up": "F16",
         "ffn_down": "Q5_K",
     }
-    path = _tiny_llama(tmp_path / "mix.gguf", kinds, hidden=256, ffn=512)
+    path = tiny_llama(tmp_path / "mix.gguf", kinds, hidden=256, ffn=512)
     text, _ = manifest_for_gguf(
         str(path),
         tmp_path / "m.yaml",

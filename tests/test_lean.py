@@ -215,3 +215,75 @@ def test_the_lean_forward_keeps_a_16_bit_cache_as_transformers_does(tmp_path, sc
     art = kvg.decode(kvg.encode(ids, eng.capture(cache), eng.artifact_meta(tensor_sha256(last))))
     fresh = eng.forward(cache, [9, 10, 11])
     assert torch.equal(eng.forward(eng.restore(art.layers), [9, 10, 11]), fresh)
+
+
+def _alone(eng, prompt: list[int], budget: int):
+    """A sequence's greedy decode alone: (ids, each step's logits, the cache)."""
+    cache, last = eng.prefill(prompt)
+    ids, steps = eng.greedy(cache, last, budget)
+    return ids, steps, cache
+
+
+def _same_cache(a, b) -> bool:
+    return all(torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values) for x, y in zip(a.layers, b.layers))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_batched_decode_gives_each_sequence_its_bits_alone(tmp_path, threads):
+    """Seven sequences of 1 to 61 prompt tokens and budgets of 1 to 24 decode in steps of at most 4 rows
+    (engine.decoding.step), joining at different steps and leaving when their budget ends: every sequence's ids,
+    every step's logits and its whole cache are the bytes of the same sequence decoded alone."""
+    from kvgraft_cli.engine.decoding import step
+
+    before = torch.get_num_threads()
+    eng = _q4_tiny_llama(tmp_path, threads)
+    try:
+        assert eng.batch_refusal is None
+        rng = np.random.default_rng(threads)
+        plan = [
+            (int(n), int(b), j)
+            for n, b, j in zip([1, 9, 61, 4, 30, 17, 2], [24, 1, 13, 20, 7, 24, 16], [0, 0, 0, 2, 3, 5, 9])
+        ]
+        prompts = [[int(t) for t in rng.integers(3, 200, n)] for n, _, _ in plan]
+        alone = [_alone(eng, p, b) for p, (_, b, _) in zip(prompts, plan)]
+        streams, rows, t = [None] * len(plan), [], 0
+        while t < 40:
+            for i, (_, budget, joins) in enumerate(plan):
+                if joins == t:
+                    cache, last = eng.prefill(prompts[i])
+                    streams[i] = s = eng.stream(cache, budget, keep_logits=True)
+                    s.feed(last)
+            rows.append(step(eng, [s for s in streams if s is not None], batch=4))
+            t += 1
+        assert max(rows) > 1 and all(s.done for s in streams)
+        for s, (ids, steps, cache) in zip(streams, alone):
+            assert s.ids == ids
+            assert torch.equal(torch.stack(s.logits), steps)
+            assert _same_cache(s.cache, cache)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_step_that_batches_a_dense_float32_product_is_caught(tmp_path):
+    """The tiny Llama's head stays a float32 dense layer (a GEMM, whose row depends on the rows beside it): the step
+    computes it a row at a time. Declared row-local, the step batches it, its rows are no longer the bits alone,
+    and the check at first use says so: the engine then decodes one sequence at a time, with the bits alone."""
+    from kvgraft_cli.engine.decoding import step
+    from kvgraft_cli.engine.lean import check_step
+
+    eng = _q4_tiny_llama(tmp_path, 1)
+    assert check_step(eng) is None
+    eng.lean.row_local.add(id(eng.lean.head))  # the GEMM batched
+    refusal = check_step(eng)
+    assert refusal is not None and "differ from a step alone" in refusal
+    eng._batch_refusal = refusal
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13]]
+    alone = [_alone(eng, p, 6)[0] for p in prompts]
+    streams = []
+    for p in prompts:
+        cache, last = eng.prefill(p)
+        streams.append(eng.stream(cache, 6))
+        streams[-1].feed(last)
+    while not all(s.done for s in streams):
+        step(eng, streams, batch=4)
+    assert [s.ids for s in streams] == alone

@@ -222,6 +222,22 @@ RAY_ADDRESS_OPT = typer.Option(
     metavar="ADDRESS",
     help="Join this Ray cluster (auto, HOST:PORT, ray://HOST:10001); implies --ray. The store must be one every node reaches: s3://, or a path mounted at the same place on every node.",
 )
+
+
+def batch_option(what: str):
+    """``--batch N``: at most N sequences decode in one step (1: one at a time; default engine.decoding's)."""
+    from ..engine.decoding import DEFAULT_BATCH
+
+    return typer.Option(
+        DEFAULT_BATCH,
+        "--batch",
+        min=1,
+        max=64,
+        help=f"Decode up to N {what} together, one token of each a step, each with the bits it has alone "
+        "(where this machine's check of the batched step passes; 1: one at a time).",
+    )
+
+
 WORKERS_OPT = typer.Option(
     None,
     "--workers",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import at_most_max_count, context, engine_options
+from ._common import at_most_max_count, batch_option, context, engine_options
 from ._output import err, print_json
 
 
@@ -85,6 +85,7 @@ def serve(
         help="With replicas: how often Ray restarts a replica that died before the front retires it (/health "
         "says why; with none left serving, requests get 503).",
     ),
+    batch: int = batch_option("requests"),
     requests_log: Path | None = typer.Option(
         None,
         "--requests-log",
@@ -103,7 +104,7 @@ def serve(
     from ..serve.run import serve as run_serve
 
     ctx = context(manifest, store, ledger, allow_drift)
-    options = Options(k, min_score, not no_prompt_cache, chunk, requests_log, warm << 20, sync_every)
+    options = Options(k, min_score, not no_prompt_cache, chunk, requests_log, warm << 20, sync_every, batch)
     settings = ServeSettings(
         host, port, queue, max_body, replicas=replicas, ray_address=ray_address, replica_restarts=replica_restarts
     )
@@ -119,6 +120,8 @@ def serve(
             "prompt_cache_chunk": server.chunk,
             "prompt_cache_warmed": server.warmed.to_json(),
             "library": server.library,
+            "batch": getattr(server, "batch", 1),  # requests decoded together at most
+            "batch_note": getattr(server, "batch_note", None),  # why one at a time, when batching was asked
             "replicas": getattr(server, "replicas", None),  # None: one engine, in this process
         }
         if as_json:
@@ -131,7 +134,8 @@ def serve(
                 cache += f", {w.chunks} read into memory ({w.bytes / 1e6:.0f} MB in {w.seconds:.1f} s)"
             err.print(
                 f"kvgraft serve: {server.model_id} on {url}/v1  (ledger {ctx.ledger}; store {ctx.store_name}; "
-                f"prompt cache {cache}; library {'on' if server.library else 'empty'}"
+                f"prompt cache {cache}; library {'on' if server.library else 'empty'}; "
+                f"{_batch_text(info['batch'], info['batch_note'])}"
                 f"{'; ' + str(info['replicas']) + ' replicas (Ray)' if info['replicas'] else ''})",
                 highlight=False,
                 soft_wrap=True,
@@ -139,3 +143,10 @@ def serve(
             print(f"listening on {url}", flush=True)
 
     run_serve(ctx, options, settings, on_ready=ready)
+
+
+def _batch_text(batch: int, note: str | None) -> str:
+    """How the server decodes, as said at start."""
+    if note:
+        return f"one request at a time ({note})"
+    return f"up to {batch} requests decoded together" if batch > 1 else "one request at a time"

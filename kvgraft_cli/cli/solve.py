@@ -11,6 +11,7 @@ from ._common import (
     RAY_OPT,
     WORKERS_OPT,
     at_most_max_count,
+    batch_option,
     context,
     engine_options,
     engine_start,
@@ -62,6 +63,7 @@ def solve(
     answer_extract: str | None = typer.Option(
         None, "--answer-extract", help="Read the reference answer: verbatim, boxed or trailer."
     ),
+    batch: int = batch_option("problems"),
     ray: bool = RAY_OPT,
     ray_address: str | None = RAY_ADDRESS_OPT,
     workers: int | None = WORKERS_OPT,
@@ -134,12 +136,17 @@ def solve(
                 use_library=mode == "library",
                 deposit_verified=deposit_verified and (mode == "library" or not compare),
                 limit=limit,
+                batch=batch,
                 engine=engine,
                 pool=pool,
                 on_start=on_start,
                 on_progress=on_progress,
             )
     runs = {m: runs[m] for m in ("baseline", "library") if m in runs}
+    notes = {r.batch_note for r in runs.values() if r.batch_note}
+    if not as_json:
+        for note in sorted(notes):
+            err.print(f"note: one problem at a time: {note}", markup=False, highlight=False)
     result = {m: r.to_json() for m, r in runs.items()}
     if compare:
         result["ratios"] = ratios(runs["baseline"], runs["library"])

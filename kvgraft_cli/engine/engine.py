@@ -1,7 +1,8 @@
 """The torch engine: load a pinned model, prefill by the manifest's schedule, capture and restore KV caches.
 
 Only this module (and the commands that call it) imports torch and transformers. Every forward runs under
-``torch.inference_mode()`` with batch size 1. A graft is at the artifact's own position: the restored cache holds
+``torch.inference_mode()`` with batch size 1; a decode step of several sequences together (engine.decoding, the lean
+forward's ``step``) computes each row's bits as that sequence alone would, or is not taken. A graft is at the artifact's own position: the restored cache holds
 the prefix at positions 0..n-1 and the suffix continues at n, the only numerically exact operating point.
 """
 
@@ -22,6 +23,7 @@ from . import determinism
 from .attention import NAME as GROUPED
 from .attention import check_supported as check_grouped
 from .attention import register as register_grouped
+from .decoding import Stream, step
 from .determinism import Drift
 
 # Architectures whose cache is not kvgraft's (refused by config.json's model_type before the weights load): their
@@ -84,6 +86,7 @@ class Engine:
     _prompts: Any = field(default=None, init=False, repr=False)
     _cuts: frozenset[int] | None = field(default=None, init=False, repr=False)
     _empty: Any = field(default=None, init=False, repr=False)  # _empty_cache's template (False: none usable)
+    _batch_refusal: Any = field(default=False, init=False, repr=False)  # batch_refusal, once checked
 
     @property
     def prompts(self):
@@ -314,31 +317,47 @@ class Engine:
         """Greedy-decode ``n`` tokens after ``last_logits``. Returns (token ids, logits of each step [n, vocab]).
         Stops early at EOS (``stop_at_eos``) or once the decoded text contains one of ``stop``. ``on_token`` sees the
         ids so far after each token and stops the decode by returning True (a server's cancelled request), before
-        the next forward; ``keep_logits`` False returns no step logits (a server's long decodes keep none)."""
+        the next forward; ``keep_logits`` False returns no step logits (a server's long decodes keep none).
+        One :class:`~.decoding.Stream` decoded alone: what a batched step computes for each of its rows."""
         import torch
 
-        out_ids: list[int] = []
-        step_logits = []
-        logits = last_logits
-        eos = self.tokenizer.eos_token_id
-        # A stop string first appears at the end of the output, so only the last tokens need decoding (every token
-        # decodes to at least part of a character; the margin covers multi-byte characters split across tokens):
-        # the check costs the same at token 30,000 as at token 3.
-        tail = 4 * max((len(s) for s in stop or ()), default=0) + 8
-        for _ in range(n):
-            nxt = int(torch.argmax(logits).item())
-            out_ids.append(nxt)
-            if stop_at_eos and nxt == eos:
-                break
-            if stop and any(s in self.decode_text(out_ids[-tail:]) for s in stop):
-                break
-            if on_token is not None and on_token(out_ids):
-                break
-            logits = self.forward(cache, [nxt])[-1]
-            if keep_logits:
-                step_logits.append(logits)
-        stacked = torch.stack(step_logits) if step_logits else last_logits.new_zeros((0, last_logits.shape[-1]))
-        return out_ids, stacked
+        s = self.stream(cache, n, stop_at_eos, stop, on_token, keep_logits)
+        s.feed(last_logits)
+        while not s.done:
+            step(self, [s])
+        stacked = torch.stack(s.logits) if s.logits else last_logits.new_zeros((0, last_logits.shape[-1]))
+        return s.ids, stacked
+
+    def stream(
+        self,
+        cache,
+        n: int,
+        stop_at_eos: bool = False,
+        stop: list[str] | None = None,
+        on_token: Callable[[list[int]], bool] | None = None,
+        keep_logits: bool = False,
+    ) -> Stream:
+        """A greedy decode of up to ``n`` tokens on ``cache`` (:meth:`greedy`'s stops), to be fed the prompt's last
+        logits and then stepped (decoding.step), alone or beside others."""
+        return Stream(
+            cache,
+            n,
+            eos=self.tokenizer.eos_token_id if stop_at_eos else None,
+            stop=list(stop or ()),
+            text=self.decode_text,
+            on_token=on_token,
+            keep_logits=keep_logits,
+        )
+
+    @property
+    def batch_refusal(self) -> str | None:
+        """None when this engine decodes several sequences in one step with each one's own bits (lean.check_step,
+        run on this machine at the first call), else why it does not."""
+        if self._batch_refusal is False:
+            from .lean import check_step
+
+            self._batch_refusal = check_step(self)
+        return self._batch_refusal
 
     # -- cache state ----------------------------------------------------------------------------------------------
     def cache_buffers(self, tokens: int) -> tuple[int, int]:

@@ -163,24 +163,61 @@ class LeanLlama:
 
     def __call__(self, cache, ids: list[int], last_only: bool = False, rows: bool = False, start: int | None = None):
         import torch
-        from transformers.models.llama.modeling_llama import rotate_half
 
         n = len(ids)
         past = cache.get_seq_length()
-        x = torch.tensor([ids], dtype=torch.long)
         # Rotary positions from ``start`` when given (the probe's prefixes away from position 0); the causal mask,
         # as transformers builds it, from the cache's own positions.
         cache_positions = torch.arange(past, past + n).unsqueeze(0)
         position_ids = cache_positions if start is None else torch.arange(start, start + n).unsqueeze(0)
-        hidden = torch.nn.functional.embedding(x, self.embed)
         rows = rows and n > 1
         mask = None
-        if (
-            n > 1 and not rows
-        ):  # eager's additive causal mask (masking_utils.eager_mask): 0 where a key is seen, the dtype's min
-            keys = past + n
-            seen = torch.arange(keys).unsqueeze(0) <= cache_positions[0].unsqueeze(1)
-            mask = torch.where(seen, 0.0, torch.finfo(hidden.dtype).min).to(hidden.dtype)[None, None]
+        if n > 1 and not rows:  # eager's additive causal mask (masking_utils.eager_mask): 0 where a key is seen
+            seen = torch.arange(past + n).unsqueeze(0) <= cache_positions[0].unsqueeze(1)
+            mask = torch.where(seen, 0.0, torch.finfo(self.embed.dtype).min).to(self.embed.dtype)[None, None]
+
+        def attend(i: int, q, k, v, scaling: float):
+            k, v = cache.update(k, v, i)
+            return self._attend_rows(q, k, v, scaling) if rows else self._attend(q, k, v, mask, scaling)
+
+        hidden = self._layers(ids, position_ids, attend, rows)
+        if last_only:
+            hidden = hidden[:, -1:, :]
+        return self._linear(self.head, hidden, rows)[0]
+
+    def step(self, caches: list, ids: list[int]):
+        """One decode step of several sequences at once: ``ids[r]`` after ``caches[r]`` (each extended in place).
+        Returns the logits [len(ids), vocab], row r the bits ``self(caches[r], [ids[r]])`` gives alone.
+
+        The rows go through the linear layers together (torch's int4 kernel computes a row's bits whatever rows
+        share the call, and reads each weight once for all of them: the point of batching), a layer whose kernel
+        is not row-local one row at a time (:meth:`_linear`); everything else is elementwise or a reduction within
+        a row, and attention is each row's own decode step: its query row against its own cache, in the call a
+        decode step alone makes. :func:`check_step` compares the two at first use."""
+        import torch
+
+        n = len(ids)
+        position_ids = torch.tensor([[c.get_seq_length() for c in caches]], dtype=torch.long)
+
+        def attend(i: int, q, k, v, scaling: float):
+            out = []
+            for r, cache in enumerate(caches):
+                kr, vr = cache.update(k[:, :, r : r + 1], v[:, :, r : r + 1], i)
+                out.append(self._attend(q[:, :, r : r + 1], kr, vr, None, scaling))
+            return torch.cat(out, dim=1)
+
+        hidden = self._layers(ids, position_ids, attend, rows=n > 1)
+        return self._linear(self.head, hidden, n > 1)[0]
+
+    def _layers(self, ids: list[int], position_ids, attend, rows: bool):
+        """The decoder over ``ids`` at ``position_ids``, to the final norm: ``attend(layer, q, k, v, scaling)``
+        stores the new keys and values and returns attention's output [1, len(ids), heads, dim]."""
+        import torch
+        from transformers.models.llama.modeling_llama import rotate_half
+
+        n = len(ids)
+        x = torch.tensor([ids], dtype=torch.long)
+        hidden = torch.nn.functional.embedding(x, self.embed)
         cos, sin = self.rotary(hidden, position_ids=position_ids)
         shape = (1, n, -1, self.head_dim)
         for i, (norm1, qkv, (q_out, k_out), attn, norm2, gate_up, g_out, down) in enumerate(self.layers):
@@ -191,16 +228,12 @@ class LeanLlama:
             qk = qk * cos.unsqueeze(1) + rotate_half(qk) * sin.unsqueeze(1)
             q, k = qk[:, : q_out // self.head_dim], qk[:, q_out // self.head_dim :]
             v = h[..., q_out + k_out :].view(shape).transpose(1, 2)
-            k, v = cache.update(k, v, i)
-            out = self._attend_rows(q, k, v, attn.scaling) if rows else self._attend(q, k, v, mask, attn.scaling)
+            out = attend(i, q, k, v, attn.scaling)
             hidden = residual + self._linear(attn.o_proj, out.reshape(1, n, -1).contiguous(), rows)
             residual = hidden
             h = self._linear(gate_up, self._rms(norm2, hidden), rows)
             hidden = residual + self._linear(down, torch.nn.functional.silu(h[..., :g_out]) * h[..., g_out:], rows)
-        hidden = self._rms(self.norm, hidden)
-        if last_only:
-            hidden = hidden[:, -1:, :]
-        return self._linear(self.head, hidden, rows)[0]
+        return self._rms(self.norm, hidden)
 
 
 def _int4_class():
@@ -269,3 +302,35 @@ def _same_bytes(engine, lean: LeanLlama, run: list) -> bool:
         torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
         for a, b in zip(ref_cache.layers, lean_cache.layers)
     )
+
+
+def check_step(engine) -> str | None:
+    """Whether ``engine`` decodes several sequences in one step with each sequence's own bits (:meth:`LeanLlama.step`):
+    None when it does, else why not, in words a server prints at start. Checked on this machine, once per engine
+    (Engine.batch_refusal): three sequences of 5, 9 and 2 tokens decode two steps together, then two of them a third
+    step (one has left), against each decoded alone on a cache of its own; logits and cache bytes compared with
+    torch.equal. A configuration whose step would mix rows (a kernel whose row depends on the rows beside it) fails
+    here and decodes one sequence at a time."""
+    import torch
+
+    if engine.lean is None:
+        return (
+            "batched decode needs the lean forward (model.weights q4, attn_implementation grouped, a Llama model, "
+            f"the CPU, KVGRAFT_LEAN not 0); this engine runs {engine.environment.get('forward', 'transformers')}'s"
+        )
+    lean = engine.lean
+    prompts = ([3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16], [17, 18])  # ids any vocabulary holds
+    steps = ([19, 20, 21], [22, 23, 24], [25, None, 26])  # None: that sequence has left
+    with engine._infer():
+        alone = [engine.prefill(p)[0] for p in prompts]
+        together = [engine.prefill(p)[0] for p in prompts]
+        for toks in steps:
+            live = [r for r, t in enumerate(toks) if t is not None]
+            batched = lean.step([together[r] for r in live], [toks[r] for r in live])
+            for j, r in enumerate(live):
+                if not torch.equal(batched[j], lean(alone[r], [toks[r]])[-1]):
+                    return f"a batched decode step's logits differ from a step alone on this machine (row {j})"
+    for a, b in zip(alone, together):
+        if not all(torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values) for x, y in zip(a.layers, b.layers)):
+            return "a batched decode step's cache states differ from a step alone on this machine"
+    return None

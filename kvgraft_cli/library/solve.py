@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config.manifest import clip
 from ..config.modelhash import context_window
+from ..engine.decoding import DEFAULT_BATCH, Stream, step
 from ..engine.engine import Engine, load_engine, tensor_sha256, token_ids_sha256
 from ..errors import InputError
 from ..eval import answers
@@ -86,6 +87,8 @@ class SolveRun:
     outputs_sha256: str = ""
     records: list[SolveRecord] = field(default_factory=list)
     ledger_seq: int | None = None
+    batch: int = 1  # problems decoded together at most (1: one at a time)
+    batch_note: str | None = None  # why a run asked to batch decoded one problem at a time
 
     def totals(self) -> dict:
         r = self.records
@@ -119,6 +122,8 @@ class SolveRun:
             "outputs": self.outputs,
             "outputs_sha256": self.outputs_sha256,
             "ledger_seq": self.ledger_seq,
+            "batch": self.batch,
+            "batch_note": self.batch_note,
             "totals": self.totals(),
             "records": [asdict(x) for x in self.records],
         }
@@ -191,6 +196,7 @@ def solve(
     deposit_verified: bool = False,
     limit: int | None = None,
     force: bool = False,
+    batch: int = 1,
     engine: Engine | None = None,
     pool: RayPool | None = None,
     on_start: Callable[[int], None] | None = None,
@@ -277,6 +283,12 @@ def solve(
             if pool is not None
             else None
         )
+        if solved is None and batch > 1:
+            assert engine is not None  # (loaded above when there is no pool)
+            run.batch_note = _batch_note(engine, deposit_verified)
+            if run.batch_note is None:
+                run.batch = batch
+                solved = solve_batched(engine, store, list(zip(problems, query_ids)), batch, args, facts)
         deposits = DepositReport(str(problems_path), input_sha, ctx.store_name, str(ctx.ledger), m.source)
         for p, ids in zip(problems, query_ids):
             if solved is not None:
@@ -311,6 +323,52 @@ def solve(
     entry["mode"] = run.mode
     run.ledger_seq = ledger.append(ctx.ledger, "solve-outputs", entry)["seq"]
     return run
+
+
+def _batch_note(engine: Engine, deposit_verified: bool) -> str | None:
+    """Why a run asked to batch decodes one problem at a time, or None when it batches."""
+    if deposit_verified:
+        return (
+            "--deposit-verified decodes one problem at a time: an answer deposited at one problem changes what the "
+            "next retrieves"
+        )
+    return engine.batch_refusal
+
+
+def solve_batched(
+    engine: Engine, store: Store | None, items: list[tuple[Problem, list[int]]], batch: int, args: dict, facts: dict
+) -> Iterator[Solved]:
+    """The problems solved with continuous batching, yielded in input order: problems begin (retrieval, graft,
+    question: :func:`begin_problem`) in input order, one at a time, whenever fewer than ``batch`` are decoding, so
+    each sees the store a one-at-a-time run's would; every step decodes one token of each problem decoding
+    (decoding.step), whose bits are the problem's alone; a problem leaves when its decode stops. A step's wall and
+    CPU time are shared equally by the problems it computed (their ``wall_s``/``cpu_s``), so a run's totals are
+    what it took. Not with ``deposit_verified`` (:func:`_batch_note`)."""
+    waiting = list(reversed(items))
+    active: list[tuple[int, Begun]] = []
+    done: dict[int, Solved] = {}
+    begun = yielded = 0
+    while yielded < len(items):
+        while len(active) < batch and waiting:
+            p, ids = waiting.pop()
+            active.append((begun, begin_problem(engine, store, p, ids, **args)))
+            begun += 1
+        live = [b for _, b in active if not b.stream.done]
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        step(engine, [b.stream for b in live], batch)
+        if live:
+            wall, cpu = (time.perf_counter() - wall0) / len(live), (time.process_time() - cpu0) / len(live)
+            for b in live:
+                b.wall_s += wall
+                b.cpu_s += cpu
+        finished = [x for x in active if x[1].stream.done]
+        active = [x for x in active if not x[1].stream.done]
+        for i, b in finished:
+            done[i] = finish_problem(engine, b, args["problems_file"], args["settings"])
+            done[i].facts = facts
+        while yielded in done:
+            yield done.pop(yielded)
+            yielded += 1
 
 
 def check_sharded(deposit_verified: bool) -> None:
@@ -377,6 +435,42 @@ def solve_problem(
     store: Store | None,
     p: Problem,
     query: list[int],
+    **args,
+) -> Solved:
+    """Solve one problem: retrieve, graft, decode. Writes only chain links to the store; the caller records it.
+    (:func:`begin_problem`, its decode alone, :func:`finish_problem`.)"""
+    b = begin_problem(engine, store, p, query, **args)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    while not b.stream.done:
+        step(engine, [b.stream])
+    b.wall_s += time.perf_counter() - wall0
+    b.cpu_s += time.process_time() - cpu0
+    return finish_problem(engine, b, args["problems_file"], args["settings"])
+
+
+@dataclass
+class Begun:
+    """A problem retrieved, grafted and its question computed: its decode (``stream``) not yet run. ``wall_s`` and
+    ``cpu_s`` gather its costs: its own work, and its share of each decode step it is computed in."""
+
+    problem: Problem
+    kind: str
+    hits: list
+    chain: Any
+    query: list[int]
+    logits: Any
+    budget: int
+    stream: Stream
+    energy0: int | None
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+
+
+def begin_problem(
+    engine: Engine,
+    store: Store | None,
+    p: Problem,
+    query: list[int],
     *,
     k: int,
     min_score: float | None,
@@ -385,10 +479,10 @@ def solve_problem(
     full_budget: int,
     stop: list[str],
     limit_pos: int | None,
-    problems_file: dict,
-    settings: dict,
-) -> Solved:
-    """Solve one problem: retrieve, graft, decode. Writes only chain links to the store; the caller records it."""
+    **_: Any,
+) -> Begun:
+    """A problem's retrieval, graft and question: everything before its decode, which is fed the question's last
+    logits and waits to be stepped (alone, or beside other problems')."""
     wall0, cpu0, energy0 = time.perf_counter(), time.process_time(), engine.gpu_energy_mj()
     if use_library:
         assert store is not None  # (the caller opens the store whenever the library is used)
@@ -413,8 +507,20 @@ def solve_problem(
             query = [bos] + query
         cache = engine.new_cache()
         logits = engine.forward(cache, query)
+    stream = engine.stream(cache, budget, stop_at_eos=True, stop=stop)
+    stream.feed(logits[-1])
+    b = Begun(p, kind, hits, chain, query, logits, budget, stream, energy0)
+    b.wall_s, b.cpu_s = time.perf_counter() - wall0, time.process_time() - cpu0
+    return b
+
+
+def finish_problem(engine: Engine, b: Begun, problems_file: dict, settings: dict) -> Solved:
+    """A decoded problem's answer, record and ledger body."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    p, hits, chain, query, logits, kind = b.problem, b.hits, b.chain, b.query, b.logits, b.kind
+    gen = b.stream.ids
     prompts, exact = engine.prompts, kind == "exact"
-    gen, _ = engine.greedy(cache, logits[-1], budget, stop_at_eos=True, stop=stop)
+    stop = b.stream.stop
     continuation = engine.decode_text(gen, skip_special=True)
     for s in stop:  # the stop string and anything after it are not part of the answer
         continuation = continuation.split(s, 1)[0]
@@ -422,6 +528,7 @@ def solve_problem(
     extracted = answers.extract(output)
     correct = None if p.answer is None else (extracted is not None and answers.answers_match(extracted, p.answer))
     energy1 = engine.gpu_energy_mj()
+    energy0 = b.energy0
     rec = SolveRecord(
         p.id,
         p.line,
@@ -431,13 +538,13 @@ def solve_problem(
         chain.num_tokens - chain.prefilled_tokens if chain else 0,
         (chain.prefilled_tokens if chain else 0) + len(query),
         len(gen),
-        budget,
+        b.budget,
         output,
         extracted,
         p.answer,
         correct,
-        time.perf_counter() - wall0,
-        time.process_time() - cpu0,
+        b.wall_s + time.perf_counter() - wall0,
+        b.cpu_s + time.process_time() - cpu0,
         (energy1 - energy0) / 1000 if energy0 is not None and energy1 is not None else None,
     )
     body = dict(
@@ -527,6 +634,7 @@ def replay_solve(ctx: RunContext, pr, run: dict, get_engine) -> dict:
         deposit_verified=s.get("deposit_verified", False),
         limit=s.get("limit"),
         force=True,
+        batch=DEFAULT_BATCH,  # the outputs are a one-at-a-time run's (solve_batched)
         engine=get_engine(),
     )
     got["outputs_sha256"] = result.outputs_sha256

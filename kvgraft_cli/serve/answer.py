@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.modelhash import context_window
+from ..engine.decoding import Stream, step
 from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
 from ..engine.growcache import BufferPool, enabled, pooled
 from ..errors import InputError, KvgraftError, UnsupportedModel
@@ -54,6 +55,8 @@ class Options:
     # An s3:// store: at most this often (seconds) the rows of what this server recorded are published as an index
     # batch, and the batches other servers and replicas published are read (0: around every request)
     sync_every: float = 30.0
+    # Continuous batching (serve.worker): at most this many requests decode in one step, each with its bits alone
+    batch: int = 1
 
 
 @dataclass
@@ -106,8 +109,23 @@ class Answer:
         }
 
 
+@dataclass
+class Decoding:
+    """A request between :meth:`Server.begin` and :meth:`Server.finish`: its answer so far and its decode."""
+
+    request: Request
+    answer: Answer
+    prefix: str  # the text the answer starts with (the exact hit's answer prefix)
+    chain: list  # the prompt cache's chunks of its prompt (a plain request's; kept as the slot when it finishes)
+    queued_s: float
+    t0: float
+    record: bool
+    stream: Stream = field(init=False)
+    cancelled: bool = False  # the client went away: the decode stopped
+
+
 class Server:
-    """A loaded engine, its store and ledger: answers requests one at a time (the caller serializes them)."""
+    """A loaded engine, its store and ledger: answers requests (the caller serializes the calls: one thread)."""
 
     def __init__(self, ctx: RunContext, engine: Engine, options: Options):
         self.ctx = ctx
@@ -124,11 +142,16 @@ class Server:
         self.recorder = Recorder(ctx, self.facts, options, self.chunk, self.requests_log)
         self.warmed = promptcache.Warmed()  # what open() read into the verified cache
         self.slot: promptcache.Slot | None = None  # the last plain request's cache (promptcache.prefill)
-        self.pool = BufferPool() if enabled(engine.device) else None  # one request at a time: one cache's memory
+        self.pool = BufferPool() if enabled(engine.device) else None  # caches' memory, recycled request to request
+        self.batch = 1  # requests decoding together at most (open(): options.batch where the engine's check passes)
+        self.batch_note: str | None = None  # why a server asked to batch decodes one request at a time
 
     def open(self) -> None:
         """Open the store in the thread that will use it (SQLite connections stay in their thread)."""
         self.store = self.ctx.open_store()
+        if self.options.batch > 1:  # the batched step checked on this machine before the first request
+            self.batch_note = self.engine.batch_refusal
+            self.batch = 1 if self.batch_note else self.options.batch
         if self.pool is not None and self.limit:  # one request's cache at the window's length, faulted in now
             self.pool.reserve(*self.engine.cache_buffers(self.limit))
         if self.chunk is not None and self.options.warm_bytes:
@@ -205,6 +228,11 @@ class Server:
         return min(budget, room) if self.limit else budget
 
     # -- one request ------------------------------------------------------------------------------------------------
+    def pooled(self):
+        """The scope a request's cache buffers are made in: memory earlier requests used (growcache.pooled: no page
+        faults), given back once nothing holds it."""
+        return pooled(self.pool)
+
     def answer(
         self,
         req: Request,
@@ -213,21 +241,29 @@ class Server:
         queued_s: float = 0.0,
         record: bool = True,
     ) -> Answer:
-        """Compute one request and append its ledger line (``record`` False: neither the line nor the requests log:
-        a replay). ``on_ids(ids, prefix)`` sees the ids decoded so far (the text starts with ``prefix``);
-        ``cancelled`` is asked after each token and stops the decode. The request's cache is built in memory the
-        previous request's used (growcache.pooled: no page faults), given back once it is dropped."""
-        with pooled(self.pool):
-            return self._answer(req, on_ids, cancelled, queued_s, record)
+        """Compute one request alone and append its ledger line (``record`` False: neither the line nor the
+        requests log: a replay). ``on_ids(ids, prefix)`` sees the ids decoded so far (the text starts with
+        ``prefix``); ``cancelled`` is asked after each token and stops the decode. :meth:`begin`, the decode's steps,
+        :meth:`finish`: what serve.worker does for several requests at once, a step of each together."""
+        with self.pooled():
+            begun = self.begin(req, on_ids, cancelled, queued_s, record)
+            if isinstance(begun, Answer):
+                return begun
+            while not begun.stream.done:
+                step(self.engine, [begun.stream])
+            return self.finish(begun)
 
-    def _answer(
+    def begin(
         self,
         req: Request,
-        on_ids: Callable[[list[int], str], None] | None,
-        cancelled: Callable[[], bool],
-        queued_s: float,
-        record: bool,
-    ) -> Answer:
+        on_ids: Callable[[list[int], str], None] | None = None,
+        cancelled: Callable[[], bool] = lambda: False,
+        queued_s: float = 0.0,
+        record: bool = True,
+    ) -> Decoding | Answer:
+        """A request up to its first token: the library's graft or the prompt cache's prefill, the first token's
+        logits, and its decode (``Decoding.stream``) fed them, to be stepped alone or beside others' and then
+        :meth:`finish`-ed. A request cancelled while it waited is answered (and recorded) here: nothing computed."""
         assert self.store is not None, "Server.open() first"
         engine = self.engine
         t0 = time.perf_counter()
@@ -242,6 +278,7 @@ class Server:
                 grafted = self._graft_library(req, question or "", found)
             except UnsupportedModel:  # a template that renders the turn otherwise in context: ask it plainly
                 grafted = None
+        pre = None
         if grafted is not None:
             ans, ids, budget, cache, last = grafted
         else:
@@ -258,32 +295,38 @@ class Server:
             ans.refused_chunks = pre.refused
         ans.first_logits_sha256 = tensor_sha256(last)
         ans.timings["first_token_s"] = time.perf_counter() - t0
+        ans.prompt_ids = ids
         prefix = engine.prompts.answer_prefix(ans.hit == "exact")
         stop = list(engine.manifest.data["decode"].get("stop") or []) + req.stop
-        was_cancelled = False
+        d = Decoding(req, ans, prefix, pre.chain if pre is not None else [], queued_s, t0, record)
 
-        def step(so_far: list[int]) -> bool:
-            nonlocal was_cancelled
+        def on_token(so_far: list[int]) -> bool:
             if on_ids is not None:
                 on_ids(so_far, prefix)
-            was_cancelled = cancelled()
-            return was_cancelled
+            d.cancelled = cancelled()
+            return d.cancelled
 
-        gen, _ = engine.greedy(cache, last, budget, stop_at_eos=True, stop=stop, on_token=step, keep_logits=False)
-        if grafted is None and pre.chain:  # the next prompt that starts with these chunks continues this cache
-            self.slot = promptcache.Slot(pre.chain, cache)
+        d.stream = engine.stream(cache, budget, stop_at_eos=True, stop=stop, on_token=on_token)
+        d.stream.feed(last)
+        return d
+
+    def finish(self, d: Decoding) -> Answer:
+        """A request whose decode has stopped: its text, why it ended, its ledger line (when ``record``)."""
+        engine, ans, gen = self.engine, d.answer, d.stream.ids
+        if d.chain:  # the next prompt that starts with these chunks continues this cache
+            self.slot = promptcache.Slot(d.chain, d.stream.cache)
         ans.ids = gen
-        text, hit_stop = cut_at_stop(engine.decode_text(gen, skip_special=True), stop)
+        text, hit_stop = cut_at_stop(engine.decode_text(gen, skip_special=True), d.stream.stop)
         eos = bool(gen) and gen[-1] == engine.tokenizer.eos_token_id
-        ans.text = prefix + text
+        ans.text = d.prefix + text
         ans.finish_reason = "stop" if (eos or hit_stop) else "length"
-        ans.prompt_ids = ids
-        ans.cancelled = was_cancelled
-        if not record:
+        ans.cancelled = d.cancelled
+        if not d.record:
+            assert self.store is not None  # (open: begin needed it)
             if ans.deposited_chunks:  # their rows, for the front that records this answer (Answer.index_rows)
                 ans.index_rows = export_rows(self.store, ans.deposited_chunks)
             return ans
-        return self._record(req, ans, queued_s, t0)
+        return self._record(d.request, ans, d.queued_s, d.t0)
 
     def _find(self, question: str) -> Found:
         """The library's answer for a question: exact only, or with ``k`` related hits."""

@@ -64,6 +64,13 @@ def create_app(worker: Worker | Replicas, max_body: int = DEFAULT_MAX_BODY, on_s
                 "prompt_cache_chunk": server.chunk,
                 "prompt_cache_warmed": server.warmed.to_json(),
                 "library": server.library,
+                "batch": {
+                    "max": getattr(server, "batch", 1),
+                    "note": getattr(server, "batch_note", None),
+                    "decoding": getattr(worker, "decoding", None),
+                    "steps": getattr(worker, "steps", None),
+                    "rows": getattr(worker, "rows", None),
+                },
                 **(
                     {"replicas": list(worker.per_replica), "replicas_retired": list(worker.retired)}
                     if isinstance(worker, Replicas)

@@ -57,7 +57,9 @@ def main() -> None:
     def caches(n: int) -> list:
         return [engine.prefill([3 + (i * 7 + j) % 400 for j in range(lengths[i % 8])])[0] for i in range(n)]
 
-    print(f"\n{'B':>3} {'ms/step':>9} {'ms/row':>8} {'tokens/s':>9} {'alone tok/s':>12} {'x alone':>8} {'same bits':>10}")
+    print(
+        f"\n{'B':>3} {'ms/step':>9} {'ms/row':>8} {'tokens/s':>9} {'alone tok/s':>12} {'x alone':>8} {'same bits':>10}"
+    )
     for b in args.sizes:
         together, alone, same = [], [], True
         for _ in range(args.rounds):

@@ -41,7 +41,7 @@ Usage:
     python scripts/bench_serve_peers.py [--concurrency 1 4 8] [--max-tokens 64] [--questions 8]
         [--kvgraft-args "--batch {C}"] [--llama-args "..."] [--servers kvgraft llama-server] [--slot-ctx 2048]
         [--threads 1] [--stagger 0.25] [--dir DIR] [--json OUT]
-    ("--kvgraft-args ''" serves with kvgraft's defaults: one request at a time, before continuous batching.)
+    (--kvgraft-args "--batch 1" serves kvgraft one request at a time, as before continuous batching.)
 """
 
 from __future__ import annotations

@@ -78,9 +78,8 @@ def solve(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     from ..engine.engine import load_engine
-    from ..library.solve import SolveRecord, check_library, check_outputs, check_sharded
+    from ..library.solve import Batcher, SolveRecord, check_library, check_outputs, check_sharded, prepare_solve
     from ..library.solve import compare as ratios
-    from ..library.solve import solve as run_solve
 
     ctx = context(manifest, store, ledger, allow_drift, field_overrides(field, answer_extract))
     # The library run first: its checks (a store with a library) come before any work, and the baseline never
@@ -117,6 +116,10 @@ def solve(
             with engine_start():
                 engine = load_engine(ctx.manifest, ctx.allow_drift)
         progress.remove_task(task)
+        # Both runs of --compare prepared first, sharing one batcher: the baseline's problems decode beside the
+        # library run's, begun after them (the ledger and outputs are still the library run's, then the baseline's).
+        batcher = Batcher(engine, batch) if engine is not None and batch > 1 and not deposit_verified else None
+        finishers = {}
         for mode in modes:
             task = progress.add_task("", total=None, mode=mode)
 
@@ -126,7 +129,7 @@ def solve(
             def on_progress(r: SolveRecord, t: TaskID = task) -> None:
                 progress.update(t, advance=1, description=f"{r.id} ({r.hit})")
 
-            runs[mode] = run_solve(
+            finishers[mode] = prepare_solve(
                 ctx,
                 problems,
                 targets[mode],
@@ -141,7 +144,10 @@ def solve(
                 pool=pool,
                 on_start=on_start,
                 on_progress=on_progress,
+                batcher=batcher,
             )
+        for mode in modes:
+            runs[mode] = finishers[mode]()
     runs = {m: runs[m] for m in ("baseline", "library") if m in runs}
     notes = {r.batch_note for r in runs.values() if r.batch_note}
     if not as_json:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -202,6 +203,32 @@ def solve(
     on_start: Callable[[int], None] | None = None,
     on_progress: Callable[[SolveRecord], None] | None = None,
 ) -> SolveRun:
+    """Solve every problem of a JSONL file: :func:`prepare_solve`, then the run it prepared."""
+    return prepare_solve(
+        ctx, problems_path, outputs_path, k=k, min_score=min_score, use_library=use_library,
+        deposit_verified=deposit_verified, limit=limit, force=force, batch=batch, engine=engine, pool=pool,
+        on_start=on_start, on_progress=on_progress,
+    )()  # fmt: skip
+
+
+def prepare_solve(
+    ctx: RunContext,
+    problems_path: Path,
+    outputs_path: Path,
+    *,
+    k: int = 1,
+    min_score: float | None = None,
+    use_library: bool = True,
+    deposit_verified: bool = False,
+    limit: int | None = None,
+    force: bool = False,
+    batch: int = 1,
+    engine: Engine | None = None,
+    pool: RayPool | None = None,
+    on_start: Callable[[int], None] | None = None,
+    on_progress: Callable[[SolveRecord], None] | None = None,
+    batcher: Batcher | None = None,
+) -> Callable[[], SolveRun]:
     """Solve every problem of a JSONL file (see the module docstring). The whole file, the store and the ledger are
     checked before any work; each problem's ledger entry is written as it finishes.
 
@@ -276,53 +303,55 @@ def solve(
     if on_start:
         on_start(len(problems))
     store = ctx.open_store() if use_library or deposit_verified else None
-    try:
-        # The workers' results come in input order as their shards finish (a worker reads the store: the library).
-        solved = (
-            pool.map_ordered("solve", list(zip(problems, query_ids)), args, codec="auto" if store is not None else None)
-            if pool is not None
-            else None
+    items = list(zip(problems, query_ids))
+    solved: Iterator[Solved] | None = None
+    if pool is not None:  # the workers' results in input order as their shards finish (a worker reads the library)
+        solved = pool.map_ordered("solve", items, args, codec="auto" if store is not None else None)
+    elif batch > 1:
+        assert engine is not None  # (loaded above when there is no pool)
+        run.batch_note = _batch_note(engine, deposit_verified)
+        if run.batch_note is None:
+            run.batch = batch
+            solved = (batcher or Batcher(engine, batch)).submit(items, store, args, facts)
+
+    def finish() -> SolveRun:
+        try:
+            deposits = DepositReport(str(problems_path), input_sha, ctx.store_name, str(ctx.ledger), m.source)
+            for p, ids in items:
+                if solved is not None:
+                    s = next(solved)
+                else:
+                    assert engine is not None  # (loaded above when there is no pool)
+                    s = solve_problem(ctx, engine, store, p, ids, **args)
+                    s.facts = facts
+                rec = record_solve(ctx, store, s)
+                if deposit_verified and rec.correct:
+                    # (deposit_verified: no pool (check_sharded), so the engine is loaded, and the store is open)
+                    assert engine is not None and store is not None
+                    rec.deposited = _deposit_answer(ctx, engine, store, deposits, p, rec)
+                run.records.append(rec)
+                if on_progress:
+                    on_progress(rec)
+        finally:
+            if store is not None:
+                store.close()
+        data = b"".join(canonical_json(r.output_line()) + b"\n" for r in run.records)
+        atomic_write_bytes(Path(outputs_path), data)
+        run.outputs_sha256 = sha256_bytes(data)
+        entry = ctx.entry_base()
+        entry.update(facts)
+        entry.update(
+            inputs={"problems_file": problems_file, "settings": settings},
+            outputs={
+                "outputs": {"path": ctx.rel(Path(outputs_path)), **digest(run.outputs_sha256)},
+                "totals": {k2: v for k2, v in run.totals().items() if k2 != "mode"},
+            },
         )
-        if solved is None and batch > 1:
-            assert engine is not None  # (loaded above when there is no pool)
-            run.batch_note = _batch_note(engine, deposit_verified)
-            if run.batch_note is None:
-                run.batch = batch
-                solved = solve_batched(engine, store, list(zip(problems, query_ids)), batch, args, facts)
-        deposits = DepositReport(str(problems_path), input_sha, ctx.store_name, str(ctx.ledger), m.source)
-        for p, ids in zip(problems, query_ids):
-            if solved is not None:
-                s = next(solved)
-            else:
-                assert engine is not None  # (loaded above when there is no pool)
-                s = solve_problem(ctx, engine, store, p, ids, **args)
-                s.facts = facts
-            rec = record_solve(ctx, store, s)
-            if deposit_verified and rec.correct:
-                # (deposit_verified: no pool (check_sharded), so the engine is loaded, and the store is open)
-                assert engine is not None and store is not None
-                rec.deposited = _deposit_answer(ctx, engine, store, deposits, p, rec)
-            run.records.append(rec)
-            if on_progress:
-                on_progress(rec)
-    finally:
-        if store is not None:
-            store.close()
-    data = b"".join(canonical_json(r.output_line()) + b"\n" for r in run.records)
-    atomic_write_bytes(Path(outputs_path), data)
-    run.outputs_sha256 = sha256_bytes(data)
-    entry = ctx.entry_base()
-    entry.update(facts)
-    entry.update(
-        inputs={"problems_file": problems_file, "settings": settings},
-        outputs={
-            "outputs": {"path": ctx.rel(Path(outputs_path)), **digest(run.outputs_sha256)},
-            "totals": {k2: v for k2, v in run.totals().items() if k2 != "mode"},
-        },
-    )
-    entry["mode"] = run.mode
-    run.ledger_seq = ledger.append(ctx.ledger, "solve-outputs", entry)["seq"]
-    return run
+        entry["mode"] = run.mode
+        run.ledger_seq = ledger.append(ctx.ledger, "solve-outputs", entry)["seq"]
+        return run
+
+    return finish
 
 
 def _batch_note(engine: Engine, deposit_verified: bool) -> str | None:
@@ -335,40 +364,52 @@ def _batch_note(engine: Engine, deposit_verified: bool) -> str | None:
     return engine.batch_refusal
 
 
-def solve_batched(
-    engine: Engine, store: Store | None, items: list[tuple[Problem, list[int]]], batch: int, args: dict, facts: dict
-) -> Iterator[Solved]:
-    """The problems solved with continuous batching, yielded in input order: problems begin (retrieval, graft,
-    question: :func:`begin_problem`) in input order, one at a time, whenever fewer than ``batch`` are decoding, so
-    each sees the store a one-at-a-time run's would; every step decodes one token of each problem decoding
-    (decoding.step), whose bits are the problem's alone; a problem leaves when its decode stops. A step's wall and
-    CPU time are shared equally by the problems it computed (their ``wall_s``/``cpu_s``), so a run's totals are
-    what it took. Not with ``deposit_verified`` (:func:`_batch_note`)."""
-    waiting = list(reversed(items))
-    active: list[tuple[int, Begun]] = []
-    done: dict[int, Solved] = {}
-    begun = yielded = 0
-    while yielded < len(items):
-        while len(active) < batch and waiting:
-            p, ids = waiting.pop()
-            active.append((begun, begin_problem(engine, store, p, ids, **args)))
-            begun += 1
-        live = [b for _, b in active if not b.stream.done]
+class Batcher:
+    """Continuous batching of problems, for one run or several (``solve --compare``): problems begin (retrieval,
+    graft, question: :func:`begin_problem`) in the order they were submitted, one at a time, whenever fewer than
+    ``batch`` are decoding, so each sees the store a one-at-a-time run's would (runs that deposit nothing mid-run:
+    :func:`_batch_note`); every step decodes one token of each problem decoding (decoding.step), whose bits are the
+    problem's alone; a problem leaves when its decode stops. A step's wall and CPU time are shared equally by the
+    problems it computed (their ``wall_s``/``cpu_s``), so a run's totals are what it took."""
+
+    def __init__(self, engine: Engine, batch: int):
+        self.engine, self.batch = engine, batch
+        self.waiting: deque = deque()  # (key, problem, query ids, store, args, facts), in submission order
+        self.active: list[tuple[int, Begun, dict, dict]] = []
+        self.done: dict[int, Solved] = {}
+        self.submitted = 0
+
+    def submit(self, items: list[tuple[Problem, list[int]]], store: Store | None, args: dict, facts: dict):
+        """Queue a run's problems; returns its Solved in input order, computed as they are asked for."""
+        keys = range(self.submitted, self.submitted + len(items))
+        self.submitted += len(items)
+        self.waiting.extend((key, p, ids, store, args, facts) for key, (p, ids) in zip(keys, items))
+        return self._results(keys)
+
+    def _results(self, keys: range) -> Iterator[Solved]:
+        for key in keys:
+            while key not in self.done:
+                self._advance()
+            yield self.done.pop(key)
+
+    def _advance(self) -> None:
+        """Begin waiting problems while there is room, then one step; finish the problems that stopped."""
+        while len(self.active) < self.batch and self.waiting:
+            key, p, ids, store, args, facts = self.waiting.popleft()
+            self.active.append((key, begin_problem(self.engine, store, p, ids, **args), args, facts))
+        live = [b for _, b, _, _ in self.active if not b.stream.done]
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        step(engine, [b.stream for b in live], batch)
+        step(self.engine, [b.stream for b in live], self.batch)
         if live:
             wall, cpu = (time.perf_counter() - wall0) / len(live), (time.process_time() - cpu0) / len(live)
             for b in live:
                 b.wall_s += wall
                 b.cpu_s += cpu
-        finished = [x for x in active if x[1].stream.done]
-        active = [x for x in active if not x[1].stream.done]
-        for i, b in finished:
-            done[i] = finish_problem(engine, b, args["problems_file"], args["settings"])
-            done[i].facts = facts
-        while yielded in done:
-            yield done.pop(yielded)
-            yielded += 1
+        finished = [x for x in self.active if x[1].stream.done]
+        self.active = [x for x in self.active if not x[1].stream.done]
+        for key, b, args, facts in finished:
+            self.done[key] = finish_problem(self.engine, b, args["problems_file"], args["settings"])
+            self.done[key].facts = facts
 
 
 def check_sharded(deposit_verified: bool) -> None:
@@ -634,7 +675,7 @@ def replay_solve(ctx: RunContext, pr, run: dict, get_engine) -> dict:
         deposit_verified=s.get("deposit_verified", False),
         limit=s.get("limit"),
         force=True,
-        batch=DEFAULT_BATCH,  # the outputs are a one-at-a-time run's (solve_batched)
+        batch=DEFAULT_BATCH,  # the outputs are a one-at-a-time run's (Batcher)
         engine=get_engine(),
     )
     got["outputs_sha256"] = result.outputs_sha256

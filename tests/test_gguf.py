@@ -449,8 +449,8 @@ def test_real_model_served_cold_and_after_restart(tmp_path, smol_env):
     """`kvgraft serve` on the real model (manifests/smollm2-serve.yaml: q4 weights, chunks of 16), talked to by the openai
     client: library questions are exact hits answered correctly under the answer budget; chats that share a long
     system prompt restore its chunks from the prompt cache; and every response (text, first-token logits hash,
-    generated ids) is the same cold and after a restart (chunks read from disk; the warm in-memory path is
-    test_serve.py's, on the tiny model)."""
+    generated ids) is the same cold, after a restart (chunks read from disk; the warm in-memory path is
+    test_serve.py's, on the tiny model) and sent all at once (decoded together: continuous batching)."""
     import openai
     from serving import start
 
@@ -473,14 +473,14 @@ def test_real_model_served_cold_and_after_restart(tmp_path, smol_env):
     ]
     requests.append({"messages": [{"role": "user", "content": rows[35]["question"]}], "max_tokens": 6})
 
-    def ask(url: str) -> list[tuple]:
+    def ask_one(url: str, body: dict) -> tuple:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
-        got = []
-        for body in requests:
-            r = client.chat.completions.create(model=model, **body)
-            k = r.model_extra["kvgraft"]
-            got.append((r.choices[0].message.content, k["first_logits_sha256"], k["generated_ids_sha256"], k["hit"]))
-        return got
+        r = client.chat.completions.create(model=model, **body)
+        k = r.model_extra["kvgraft"]
+        return (r.choices[0].message.content, k["first_logits_sha256"], k["generated_ids_sha256"], k["hit"])
+
+    def ask(url: str) -> list[tuple]:
+        return [ask_one(url, body) for body in requests]
 
     s = start(tmp_path, "-m", "serve.yaml", env=smol_env)
     try:
@@ -490,9 +490,18 @@ def test_real_model_served_cold_and_after_restart(tmp_path, smol_env):
     s = start(tmp_path, "-m", "serve.yaml", env=smol_env)
     try:
         restarted = ask(s.url)
+        # the same requests again, all at once: they decode together (exact hits of up to 32 tokens beside plain
+        # prompts of 6), each the bits it has alone
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(requests)) as pool:
+            together = list(pool.map(lambda b: ask_one(s.url, b), requests))
+        status, _, body = s.request("GET", "/health")
     finally:
         s.stop()
-    assert cold == restarted
+    assert cold == restarted == together
+    batch = json.loads(body)["batch"]
+    assert batch["note"] is None and batch["rows"] > batch["steps"]
     assert [x[3] for x in cold] == ["exact", "exact", "plain", "plain", "none"]
     for (text, *_), row in zip(cold[:2], rows[:2]):
         want = answers.extract(row["answer"])
@@ -503,7 +512,7 @@ def test_real_model_served_cold_and_after_restart(tmp_path, smol_env):
         ), text
     entries = [json.loads(x) for x in (tmp_path / "kvgraft-serve-ledger.jsonl").read_text().splitlines()]
     served = [e for e in entries if e["kind"] == "serve"]
-    assert len(served) == 2 * len(requests)
+    assert len(served) == 3 * len(requests)
     costs = [e["outputs"]["costs"] for e in served]
     assert costs[0]["decode_tokens"] <= 32 and costs[0]["grafted_tokens"] > 0
     assert costs[2]["cached_tokens"] == 0 and costs[3]["cached_tokens"] >= 512  # the system prompt's chunks

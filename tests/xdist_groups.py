@@ -20,6 +20,7 @@ SHARED_GROUPS = {
     "test_gguf.py": "smollm2",  # one worker converts the real GGUF once and runs the real model's tests
     "test_main_prereg.py": "smollm2",  # the main job's prereg replayed, on the worker that converted the GGUF
     "test_serve.py": "serve",  # the tiny model's library, deposited once, and the servers started on it
+    "test_serve_bounded.py": "serve-bounded",  # servers on stores of their own: the bound, keys, tenants, metrics
     "test_batching.py": "batching",  # the tiny Llama GGUF's q4 manifest, written once, and the servers on it
     # Not services but costly fixtures, built once per worker that runs one of their tests (about 15-25 s each,
     # twice when their tests were spread over both workers):

@@ -86,6 +86,30 @@ def serve(
         "says why; with none left serving, requests get 503).",
     ),
     batch: int = batch_option("requests"),
+    cache_max: str = typer.Option(
+        "8G",
+        "--cache-max",
+        help="Bytes of prompt-cache chunks the store keeps (K, M, G, T: binary; 'none': unbounded). Past it the "
+        "least recently used chains are evicted after each answer; library entries and deposits never are.",
+    ),
+    api_key: list[str] = typer.Option(
+        [],
+        "--api-key",
+        help="A key clients must send (Authorization: Bearer KEY; repeatable; also KVGRAFT_API_KEY). Each key is a "
+        "tenant with a prompt cache of its own; library answers stay shared.",
+    ),
+    api_key_file: Path | None = typer.Option(
+        None, "--api-key-file", help="A file of keys, one a line (# comments), each a tenant as with --api-key."
+    ),
+    no_api_key: bool = typer.Option(
+        False, "--no-api-key", help="Listen beyond loopback (--host) without a key: only when an open server is meant."
+    ),
+    no_log_bodies: bool = typer.Option(
+        False,
+        "--no-log-bodies",
+        help="Keep only each request body's hash in the requests log (no prompt in clear on disk); `kvgraft replay "
+        "--served` then cannot compute those requests again.",
+    ),
     requests_log: Path | None = typer.Option(
         None,
         "--requests-log",
@@ -102,11 +126,34 @@ def serve(
     from ..serve.answer import Options
     from ..serve.run import ServeSettings
     from ..serve.run import serve as run_serve
+    from ..serve.tenants import load_keys
+    from ..util.limits import parse_size
 
+    keys = load_keys(api_key, api_key_file)
+    bound = None if cache_max.strip().lower() == "none" else parse_size(cache_max, "--cache-max")
     ctx = context(manifest, store, ledger, allow_drift)
-    options = Options(k, min_score, not no_prompt_cache, chunk, requests_log, warm << 20, sync_every, batch)
+    options = Options(
+        k,
+        min_score,
+        not no_prompt_cache,
+        chunk,
+        requests_log,
+        warm << 20,
+        sync_every,
+        batch,
+        cache_max=bound,
+        log_bodies=not no_log_bodies,
+    )
     settings = ServeSettings(
-        host, port, queue, max_body, replicas=replicas, ray_address=ray_address, replica_restarts=replica_restarts
+        host,
+        port,
+        queue,
+        max_body,
+        replicas=replicas,
+        ray_address=ray_address,
+        replica_restarts=replica_restarts,
+        keys=keys,
+        open_to_network=no_api_key,
     )
 
     def ready(server, url: str) -> None:
@@ -120,6 +167,9 @@ def serve(
             "prompt_cache_chunk": server.chunk,
             "prompt_cache_warmed": server.warmed.to_json(),
             "library": server.library,
+            "prompt_cache_max_bytes": bound,
+            "api_keys": len(keys),
+            "requests_log_bodies": not no_log_bodies,
             "batch": getattr(server, "batch", 1),  # requests decoded together at most
             "batch_note": getattr(server, "batch_note", None),  # why one at a time, when batching was asked
             "replicas": getattr(server, "replicas", None),  # None: one engine, in this process
@@ -132,9 +182,12 @@ def serve(
             if server.warmed.chunks:
                 w = server.warmed
                 cache += f", {w.chunks} read into memory ({w.bytes / 1e6:.0f} MB in {w.seconds:.1f} s)"
+            if server.chunk:
+                cache += f", at most {_size(bound)}" if bound is not None else ", unbounded"
+            access = f"{len(keys)} API key{'s' if len(keys) != 1 else ''}" if keys else "no API key"
             err.print(
                 f"kvgraft serve: {server.model_id} on {url}/v1  (ledger {ctx.ledger}; store {ctx.store_name}; "
-                f"prompt cache {cache}; library {'on' if server.library else 'empty'}; "
+                f"prompt cache {cache}; library {'on' if server.library else 'empty'}; {access}; "
                 f"{_batch_text(info['batch'], info['batch_note'])}"
                 f"{'; ' + str(info['replicas']) + ' replicas (Ray)' if info['replicas'] else ''})",
                 highlight=False,
@@ -143,6 +196,13 @@ def serve(
             print(f"listening on {url}", flush=True)
 
     run_serve(ctx, options, settings, on_ready=ready)
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.3g} {unit}"
+    return f"{n} bytes"
 
 
 def _batch_text(batch: int, note: str | None) -> str:

@@ -531,6 +531,12 @@ def _served_run(ledger_path: Path, entries: list[dict]) -> tuple[bytes, dict[str
     for i, e in enumerate(entries, 1):
         ins, outs = e["inputs"], e["outputs"]
         found = bodies.get(ins["request"]["sha256"])
+        if found is not None and found[1] is None:
+            raise InputError(
+                f"{ledger_path}:{e['seq'] + 1}: served request {ins['request']['sha256'][:16]}... was logged as its "
+                "hash only (kvgraft serve --no-log-bodies)",
+                "a prereg needs every request's body: serve without --no-log-bodies",
+            )
         if found is None:
             raise InputError(
                 f"{ledger_path}:{e['seq'] + 1}: the body of served request {ins['request']['sha256'][:16]}... is not "
@@ -549,12 +555,13 @@ def _served_run(ledger_path: Path, entries: list[dict]) -> tuple[bytes, dict[str
     return b"".join(lines), expected
 
 
-def request_bodies(ledger_path: Path, entries: list[dict]) -> dict[str, tuple[str, dict]]:
-    """sha256 -> (endpoint, body) from the requests logs served lines name (paths relative to the ledger's folder).
-    A torn or foreign line is skipped: its request was never answered, so no served line names it."""
+def request_bodies(ledger_path: Path, entries: list[dict]) -> dict[str, tuple[str, dict | None]]:
+    """sha256 -> (endpoint, body) from the requests logs served lines name (paths relative to the ledger's folder);
+    body None: the server kept its hash only (serve --no-log-bodies). A torn or foreign line is skipped: its request
+    was never answered, so no served line names it."""
     from ..util.limits import read_lines
 
-    bodies: dict[str, tuple[str, dict]] = {}
+    bodies: dict[str, tuple[str, dict | None]] = {}
     logs = {e["inputs"]["request"].get("log") for e in entries}
     for name in sorted(x for x in logs if isinstance(x, str)):
         path = Path(ledger_path).parent / name
@@ -565,7 +572,10 @@ def request_bodies(ledger_path: Path, entries: list[dict]) -> dict[str, tuple[st
                 continue
             try:
                 record = json.loads(line)
-                bodies[record["sha256"]] = (record["endpoint"], record["body"])
+                if record.get("body_kept") is False:  # its hash only: a body logged elsewhere wins
+                    bodies.setdefault(record["sha256"], (record["endpoint"], None))
+                else:
+                    bodies[record["sha256"]] = (record["endpoint"], record["body"])
             except (ValueError, KeyError, TypeError, RecursionError):
                 continue
     return bodies

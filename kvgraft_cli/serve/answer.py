@@ -36,10 +36,11 @@ from ..runs.context import RunContext
 from ..store.local import Store, problem_key
 from ..store.remote import adopt_rows, export_rows
 from ..util.hashing import canonical_json, digest, sha256_bytes
-from . import promptcache
+from . import promptcache, tenants
 from .protocol import Request, RequestError
 
 KIND = "serve"
+DEFAULT_CACHE_MAX = 8 << 30  # bytes of prompt-cache chunks a server's store keeps (--cache-max)
 
 
 @dataclass
@@ -57,6 +58,11 @@ class Options:
     sync_every: float = 30.0
     # Continuous batching (serve.worker): at most this many requests decode in one step, each with its bits alone
     batch: int = 1
+    # The bytes of prompt-cache chunks the store may hold (store.eviction: least recently used chains go first); None:
+    # unbounded
+    cache_max: int | None = DEFAULT_CACHE_MAX
+    # The requests log keeps each body (False: its hash only; `kvgraft replay --served` cannot compute those again)
+    log_bodies: bool = True
 
 
 @dataclass
@@ -124,6 +130,25 @@ class Decoding:
     cancelled: bool = False  # the client went away: the decode stopped
 
 
+@dataclass
+class CacheBound:
+    """The prompt cache's bound (``--cache-max``, None: unbounded), its chunks' bytes at the last upkeep, and what
+    this server evicted (shown by /health and /metrics)."""
+
+    max: int | None
+    bytes: int = 0
+    evicted_chunks: int = 0
+    evicted_bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_bytes": self.max,
+            "bytes": self.bytes,
+            "evicted_chunks": self.evicted_chunks,
+            "evicted_bytes": self.evicted_bytes,
+        }
+
+
 class Server:
     """A loaded engine, its store and ledger: answers requests (the caller serializes the calls: one thread)."""
 
@@ -145,6 +170,10 @@ class Server:
         self.pool = BufferPool() if enabled(engine.device) else None  # caches' memory, recycled request to request
         self.batch = 1  # requests decoding together at most (open(): options.batch where the engine's check passes)
         self.batch_note: str | None = None  # why a server asked to batch decodes one request at a time
+        # The prompt cache's bound (store.eviction): chunk entries this server used since its last upkeep (key ->
+        # parent's key, time), written after the answers left; the chunks' bytes and what was evicted
+        self._used: dict[str, tuple[str | None, float]] = {}
+        self.cache = CacheBound(options.cache_max)
 
     def open(self) -> None:
         """Open the store in the thread that will use it (SQLite connections stay in their thread)."""
@@ -154,6 +183,8 @@ class Server:
             self.batch = 1 if self.batch_note else self.options.batch
         if self.pool is not None and self.limit:  # one request's cache at the window's length, faulted in now
             self.pool.reserve(*self.engine.cache_buffers(self.limit))
+        if self.chunk is not None:  # a lowered --cache-max applies before the warm-up reads what it keeps
+            self._bound()
         if self.chunk is not None and self.options.warm_bytes:
             self.warmed = promptcache.warm(self.store, self.engine, self.options.warm_bytes)
         self.library = (
@@ -171,6 +202,23 @@ class Server:
         the rows stay queued, and the store publishes them when it closes."""
         if self.store is not None:
             sync(self.store.publish_due, self.options.sync_every, "publish the prompt cache's index rows")
+            if self.chunk is not None and (self._used or self.cache.max is not None):
+                sync(lambda _: self._bound(), 0, "bound the prompt cache")
+
+    def _bound(self) -> None:
+        """Note the chunks used since the last upkeep, then evict down to ``--cache-max`` (store.eviction)."""
+        from ..store import eviction
+
+        assert self.store is not None
+        used, self._used = self._used, {}
+        eviction.touch(self.store, used)
+        if self.cache.max is None:
+            self.cache.bytes = eviction.cache_bytes(self.store)
+            return
+        gone = eviction.evict(self.store, self.cache.max)
+        self.cache.bytes = gone.remaining
+        self.cache.evicted_chunks += gone.chunks
+        self.cache.evicted_bytes += gone.bytes
 
     def close(self) -> None:
         if self.store is not None:
@@ -289,8 +337,12 @@ class Server:
             if cancelled():  # cancelled while queued: nothing computed
                 ans.cancelled = True
                 return self._record(req, ans, queued_s, t0) if record else ans
-            pre = promptcache.prefill(engine, self.store, ids, self.chunk, self._take_slot())
+            scope = tenants.scope(req.tenant, req.cache_salt)
+            pre = promptcache.prefill(engine, self.store, ids, self.chunk, self._take_slot(), scope)
             cache, last = pre.cache, pre.last_logits
+            now = time.time()
+            for i, key in enumerate(pre.keys):  # noted in memory; written after the answer leaves (upkeep)
+                self._used[key] = (pre.keys[i - 1] if i else None, now)
             ans.cached_tokens, ans.cache_chunks, ans.deposited_chunks = pre.restored_tokens, pre.restored, pre.deposited
             ans.refused_chunks = pre.refused
         ans.first_logits_sha256 = tensor_sha256(last)
@@ -381,7 +433,7 @@ class Recorder:
             ans.finish_reason = "cancelled"
         ans.timings["wall_s"] = time.perf_counter() - t0
         ans.timings["queue_s"] = queued_s
-        log_request(self.requests_log, req)
+        log_request(self.requests_log, req, self.options.log_bodies)
         if ans.index_rows:  # a replica's deposits, indexed here unrecorded: the line below records them
             # (a failure only leaves them unindexed here, to be computed again elsewhere: the answer stands)
             sync(lambda _: adopt_rows(store, ans.index_rows), 0, "index a replica's prompt chunks")
@@ -390,7 +442,12 @@ class Recorder:
         entry.update(self.facts)
         entry.update(
             inputs={
-                "request": {**digest(req.sha256), "endpoint": req.endpoint, "log": self.ctx.rel(self.requests_log)},
+                "request": {
+                    **digest(req.sha256),
+                    "endpoint": req.endpoint,
+                    "log": self.ctx.rel(self.requests_log),
+                    **({"tenant": req.tenant} if req.tenant is not None else {}),
+                },
                 "prompt_ids": {**digest(token_ids_sha256(ids)), "count": len(ids)},
                 "library": {"hit": ans.hit, "artifacts": ans.artifacts, "chain": ans.chain},
                 "prompt_cache": {
@@ -459,11 +516,16 @@ def default_requests_log(ledger_path: Path) -> Path:
     return p.with_name(p.name.removesuffix(".jsonl") + ".requests.jsonl")
 
 
-def log_request(path: Path, req: Request) -> None:
-    """Append a request's canonical body (one line, fsynced): `kvgraft replay --served` computes it again."""
-    line = canonical_json({"sha256": req.sha256, "endpoint": req.endpoint, "body": req.body}) + b"\n"
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+def log_request(path: Path, req: Request, body: bool = True) -> None:
+    """Append a request's canonical body (one line, fsynced): `kvgraft replay --served` computes it again. ``body``
+    False keeps its hash and endpoint only (a prompt is then in no file: the replay cannot compute it). The log is
+    the owner's alone (0600): it holds every prompt in clear."""
+    row = {"sha256": req.sha256, "endpoint": req.endpoint, **({"body": req.body} if body else {"body_kept": False})}
+    line = canonical_json(row) + b"\n"
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
     try:
+        if os.fstat(fd).st_mode & 0o077:  # a log made before (0644): made the owner's now
+            os.fchmod(fd, 0o600)
         end = os.lseek(fd, 0, os.SEEK_END)
         if end and os.pread(fd, 1, end - 1) != b"\n":  # a line torn by kill -9 (its request never answered)
             line = b"\n" + line

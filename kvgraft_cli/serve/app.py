@@ -18,27 +18,45 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .answer import Answer, cut_at_stop
+from .metrics import Metrics
 from .protocol import Request, RequestError, parse
 from .replicas import Replicas
+from .tenants import Keys
 from .worker import Job, Worker
 
 DEFAULT_MAX_BODY = 1 << 20  # bytes; a prompt longer than any context fits in far less
 
 
-def create_app(worker: Worker | Replicas, max_body: int = DEFAULT_MAX_BODY, on_shutdown=None):
+def create_app(worker: Worker | Replicas, max_body: int = DEFAULT_MAX_BODY, on_shutdown=None, keys: Keys | None = None):
     """The Starlette app over a started worker (one engine in this process, or replicas: serve.replicas).
-    ``on_shutdown`` runs after the server stops taking requests."""
+    ``on_shutdown`` runs after the server stops taking requests. ``keys``: the API keys ``/v1/...`` takes
+    (serve.tenants; none: open); ``/health`` and ``/metrics`` are open, as vLLM's are, and say no prompt."""
     from starlette.applications import Starlette
     from starlette.requests import Request as HttpRequest
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
     server = worker.server
     assert server is not None  # (started)
     created = int(time.time())
+    keys = keys or Keys([])
+    metrics = Metrics(worker)
 
     def error(e: RequestError) -> JSONResponse:
+        metrics.failed(e.status)
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    def tenant(request: HttpRequest) -> str | None:
+        """The request's tenant; RequestError 401 (OpenAI's shape) without a key this server takes."""
+        try:
+            return keys.tenant(request.headers.get("authorization"))
+        except PermissionError as e:
+            raise RequestError(
+                f"{e} (kvgraft serve --api-key)",
+                status=401,
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            ) from None
 
     async def read_body(request: HttpRequest) -> bytes:
         length = request.headers.get("content-length")
@@ -64,6 +82,8 @@ def create_app(worker: Worker | Replicas, max_body: int = DEFAULT_MAX_BODY, on_s
                 "prompt_cache_chunk": server.chunk,
                 "prompt_cache_warmed": server.warmed.to_json(),
                 "library": server.library,
+                "prompt_cache": getattr(getattr(server, "cache", None), "to_json", lambda: None)(),
+                "api_keys": len(keys),
                 "batch": {
                     "max": getattr(server, "batch", 1),
                     "note": getattr(server, "batch_note", None),
@@ -79,10 +99,22 @@ def create_app(worker: Worker | Replicas, max_body: int = DEFAULT_MAX_BODY, on_s
             }
         )
 
-    async def models(_: HttpRequest) -> JSONResponse:
+    async def metrics_text(_: HttpRequest) -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=None, headers={"content-type": content_type})
+
+    async def models(request: HttpRequest) -> JSONResponse:
+        try:
+            tenant(request)
+        except RequestError as e:
+            return error(e)
         return JSONResponse({"object": "list", "data": [_model_card(server.model_id, created)]})
 
     async def model(request: HttpRequest) -> JSONResponse:
+        try:
+            tenant(request)
+        except RequestError as refused:
+            return error(refused)
         name = request.path_params["model"]
         if name != server.model_id:
             e = RequestError(f"the model {name!r} does not exist here", "model", status=404, code="model_not_found")
@@ -91,7 +123,9 @@ def create_app(worker: Worker | Replicas, max_body: int = DEFAULT_MAX_BODY, on_s
 
     async def complete(request: HttpRequest, endpoint: str):
         try:
+            who = tenant(request)  # before the body is read: a stranger's upload is not taken
             req = parse(await read_body(request), endpoint)
+            req.tenant = who
             if req.model != server.model_id:
                 raise RequestError(
                     f"the model {req.model!r} does not exist here; this server serves {server.model_id!r}",
@@ -99,7 +133,7 @@ def create_app(worker: Worker | Replicas, max_body: int = DEFAULT_MAX_BODY, on_s
                     status=404,
                     code="model_not_found",
                 )
-            job = Job(req, asyncio.get_running_loop())
+            job = Job(req, asyncio.get_running_loop(), answered=metrics.answered)
             worker.submit(job)
         except RequestError as e:
             return error(e)
@@ -107,7 +141,7 @@ def create_app(worker: Worker | Replicas, max_body: int = DEFAULT_MAX_BODY, on_s
         if req.stream:
             if kind == "error":
                 return error(_as_request_error(value))
-            return _EventStream(job, _stream(job, server.model_id, (kind, value)))
+            return _EventStream(job, _stream(job, server.model_id, (kind, value), metrics))
         if kind == "error":
             return error(_as_request_error(value))
         return JSONResponse(_response(req, value, server.model_id))
@@ -124,6 +158,7 @@ def create_app(worker: Worker | Replicas, max_body: int = DEFAULT_MAX_BODY, on_s
 
     routes = [
         Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics_text, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -204,7 +239,7 @@ def _sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def _stream(job: Job, model_id: str, first: tuple[str, Any]) -> AsyncIterator[bytes]:
+async def _stream(job: Job, model_id: str, first: tuple[str, Any], metrics: Metrics) -> AsyncIterator[bytes]:
     """The events of a streaming request, from its ``first`` (already received: a request refused before any
     computation is answered as an HTTP error instead). Text is held back while it could still be the start of a
     stop string, so the pieces joined are the non-streaming response's text."""
@@ -237,6 +272,7 @@ async def _stream(job: Job, model_id: str, first: tuple[str, Any]) -> AsyncItera
             continue
         if kind == "error":
             e = _as_request_error(value)
+            metrics.failed(e.status)
             yield _sse(e.body())
             yield b"data: [DONE]\n\n"
             return

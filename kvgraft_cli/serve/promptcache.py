@@ -53,6 +53,7 @@ class Prefilled:
     deposited: list[str] = field(default_factory=list)  # chunk artifacts this prompt added to the store
     refused: list[str] = field(default_factory=list)  # a cached chunk that failed its check (not used)
     chain: list[str] = field(default_factory=list)  # the chunks the cache's first positions hold, root first
+    keys: list[str] = field(default_factory=list)  # the index key of each chunk of ``chain`` (the bound's use rows)
     from_slot: bool = False  # the restored chunks were the slot's own positions (no copy)
 
 
@@ -104,19 +105,27 @@ def spans(engine: Engine, ids: list[int], chunk: int) -> list[tuple[int, int]]:
 
 
 def lookup(
-    store: Store, engine: Engine, ids: list[int], chunk: int, split: list[tuple[int, int]] | None = None
+    store: Store,
+    engine: Engine,
+    ids: list[int],
+    chunk: int,
+    split: list[tuple[int, int]] | None = None,
+    scope: str | None = None,
+    keys: list[str] | None = None,
 ) -> tuple[list[tuple[str, kvg.Artifact]], list[str]]:
     """The longest run of cached chunks ``ids`` starts with, root first, each re-hashed, leaving at least one token
     to compute (its logits are the first token's): every chunk but the last may be cached (each ends where a full
     chunk or a cut does, the same in every prompt that goes on past it). ``split``: :func:`spans` of ``ids``, when the
-    caller has them. Returns (links, refused identities)."""
+    caller has them; ``scope``: a tenant's (prompt_key); ``keys``, when given, gets each link's index key. A chunk
+    whose file is gone (evicted: store.eviction) is a miss. Returns (links, refused identities)."""
     manifest_sha = engine.manifest.machine_compute_sha256
     want = engine.compatibility()  # computed once: only the start position changes from chunk to chunk
     links: list[tuple[str, kvg.Artifact]] = []
     parent: str | None = None
     for start, end in (split if split is not None else spans(engine, ids, chunk))[:-1]:
         segment = ids[start:end]
-        entry = store.lookup_key(prompt_key(manifest_sha, parent, token_ids_sha256(segment)))
+        key = prompt_key(manifest_sha, parent, token_ids_sha256(segment), scope)
+        entry = store.lookup_key(key)
         # A chunk this process holds verified needs no look at the disk (a stat a chunk, 3 ms of a 2,000-token
         # prompt's lookup): its bytes are the ones its identity names, whatever became of its file since.
         if entry is None or (VERIFIED.get(entry.artifact) is None and not store.has_object(entry.artifact)):
@@ -128,24 +137,35 @@ def lookup(
                 raise IntegrityError(f"prompt chunk {entry.artifact[:16]}... holds other tokens than its key")
             kvg.check_compatible(art.meta, {**want, "start_position": str(start)}, entry.artifact)
         except KvgraftError:
+            if VERIFIED.get(entry.artifact) is None and not store.has_object(entry.artifact):
+                break  # evicted between the look and the read (another server's eviction): a miss, not damage
             return links, [entry.artifact]
         links.append((entry.artifact, art))
+        if keys is not None:
+            keys.append(key)
         parent = entry.artifact
     return links, []
 
 
 def prefill(
-    engine: Engine, store: Store | None, ids: list[int], chunk: int | None, slot: Slot | None = None
+    engine: Engine,
+    store: Store | None,
+    ids: list[int],
+    chunk: int | None,
+    slot: Slot | None = None,
+    scope: str | None = None,
 ) -> Prefilled:
     """Compute ``ids`` from position 0 by the cache's chunks, restoring the cached ones and depositing each new full
     chunk (``store`` None or ``chunk`` None: nothing cached, the prompt computed whole by the manifest's schedule).
     With ``slot`` (the last request's, which this call may cut back and extend: the caller gives it up), cached
-    chunks its cache already holds are continued there instead of joined again."""
+    chunks its cache already holds are continued there instead of joined again. ``scope``: the tenant's
+    (prompt_key): its chunks are found and deposited under its own keys only."""
     if store is None or chunk is None:
         cache, last = engine.prefill(ids)
         return Prefilled(cache, last)
     split = spans(engine, ids, chunk)  # once: the lookup walks them, the forwards below compute the rest
-    links, refused = lookup(store, engine, ids, chunk, split)
+    keys: list[str] = []
+    links, refused = lookup(store, engine, ids, chunk, split, scope, keys)
     done = sum(len(art.token_ids) for _, art in links)
     shas = [s for s, _ in links]
     cache = _continue_slot(engine, slot, links)
@@ -153,7 +173,7 @@ def prefill(
     from_slot = cache is not None
     if cache is None:
         cache = engine.restore_chain([a for _, a in links]) if links else engine.new_cache()
-    out = Prefilled(cache, None, shas, done, refused=refused, chain=list(shas), from_slot=from_slot)
+    out = Prefilled(cache, None, shas, done, refused=refused, chain=list(shas), keys=keys, from_slot=from_slot)
     parent = links[-1][0] if links else None
     manifest_sha = engine.manifest.machine_compute_sha256
     deposit = not refused  # past a refused chunk the chain is not this store's to extend
@@ -167,11 +187,12 @@ def prefill(
         logits = engine.forward(cache, segment, last_only=True)
         if not deposit or not closed_span(ids, span, chunk, cuts):
             continue
-        key = prompt_key(manifest_sha, parent, token_ids_sha256(segment))
+        key = prompt_key(manifest_sha, parent, token_ids_sha256(segment), scope)
         entry = store.lookup_key(key)
         if entry is not None and store.has_object(entry.artifact):
             parent = entry.artifact  # another request (or server) deposited it since the lookup
             out.chain.append(parent)
+            out.keys.append(key)
             continue
         meta = engine.artifact_meta(tensor_sha256(logits[-1]), start, parent)
         payload = kvg.encode(segment, engine.capture(cache, start), meta)
@@ -188,6 +209,7 @@ def prefill(
         )
         out.deposited.append(sha)
         out.chain.append(sha)
+        out.keys.append(key)
         parent = sha
     assert logits is not None  # (lookup leaves at least one token to compute)
     out.last_logits = logits[-1]

@@ -57,6 +57,8 @@ class Request:
     include_usage: bool = False
     sha256: str = ""  # SHA-256 of the body's RFC 8785 form: what the ledger line names
     body: dict[str, Any] = field(default_factory=dict)
+    cache_salt: str | None = None  # vLLM's field: the prompt cache this request shares (serve.tenants)
+    tenant: str | None = None  # the API key's tenant (serve.tenants.tenant_id), set by the app; None without keys
 
     @property
     def question(self) -> str | None:
@@ -69,7 +71,8 @@ class Request:
 # Fields each endpoint takes: accepted as they are (honoured exactly), or accepted only at values greedy decoding
 # honours (checked below). Anything else is refused by name.
 _COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", "temperature", "top_p", "n", "seed", "user",
-           "presence_penalty", "frequency_penalty", "logit_bias", "logprobs"}  # fmt: skip
+           "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "cache_salt"}  # fmt: skip
+MAX_SALT = 1024  # characters of a cache_salt
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "functions",
                    "function_call", "parallel_tool_calls", "response_format"}  # fmt: skip
 _COMPLETION = _COMMON | {"prompt", "echo", "best_of", "suffix"}
@@ -99,6 +102,11 @@ def parse(raw: bytes, endpoint: str) -> Request:
     req.max_tokens = _max_tokens(body, endpoint)
     req.stop = _stop(body.get("stop"))
     req.stream = _bool(body, "stream")
+    salt = body.get("cache_salt")
+    if salt is not None:
+        if not isinstance(salt, str) or not salt or len(salt) > MAX_SALT:
+            raise RequestError(f"cache_salt must be a non-empty string of at most {MAX_SALT} characters", "cache_salt")
+        req.cache_salt = salt
     options = body.get("stream_options")
     if options is not None:
         if not isinstance(options, dict) or set(options) - {"include_usage"}:

@@ -150,7 +150,7 @@ def replay_served(
     return report
 
 
-def _compare(server: Server, e: dict, bodies: dict[str, tuple[str, dict]]) -> Compared:
+def _compare(server: Server, e: dict, bodies: dict[str, tuple[str, dict | None]]) -> Compared:
     ins, outs = e["inputs"], e["outputs"]
     row = Compared(e["seq"], ins["request"].get("endpoint", "?"), ins["library"]["hit"], outs["finish_reason"])
     found = bodies.get(ins["request"]["sha256"])
@@ -158,6 +158,9 @@ def _compare(server: Server, e: dict, bodies: dict[str, tuple[str, dict]]) -> Co
         row.mismatches.append("request body not in the requests log")
         return row
     endpoint, body = found
+    if body is None:
+        row.mismatches.append("request body not kept (the server ran with --no-log-bodies): not computed again")
+        return row
     try:
         req = parse(canonical_json(body), endpoint)
     except RequestError as err:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import signal
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from ..runs.context import RunContext
 from .answer import Options, Server
 from .app import DEFAULT_MAX_BODY
+from .tenants import Keys, is_loopback
 
 if TYPE_CHECKING:
     from .replicas import Front, Replicas
@@ -33,15 +34,32 @@ class ServeSettings:
     replicas: int | None = None  # engines in Ray actors behind this front (serve.replicas); None: one, in process
     ray_address: str | None = None  # with replicas: a Ray cluster to join (None: a local instance on loopback)
     replica_restarts: int = 3  # with replicas: Ray's restarts of a dead replica before the front retires it
+    keys: Keys = field(default_factory=lambda: Keys([]))  # the API keys /v1 takes (serve.tenants); none: open
+    open_to_network: bool = False  # listening beyond loopback without a key is meant (--no-api-key)
 
 
 def check_installed() -> None:
     """Refuse, before any model loads, when the ``serve`` extra is missing."""
     try:
+        import prometheus_client  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        raise InputError("kvgraft serve needs Starlette and uvicorn", "pip install 'kvgraft[serve]'") from None
+        raise InputError(
+            "kvgraft serve needs Starlette, uvicorn and prometheus_client", "pip install 'kvgraft[serve]'"
+        ) from None
+
+
+def check_exposure(settings: ServeSettings) -> None:
+    """Refuse, before any model loads, to listen beyond loopback without an API key unless that is meant: anyone
+    who reaches the port could make the server compute, and fill its disk and ledger."""
+    if settings.keys or settings.open_to_network or is_loopback(settings.host):
+        return
+    raise InputError(
+        f"--host {settings.host} listens beyond this machine, and no API key is set: anyone who reaches it could "
+        "make the server compute, and fill its store and ledger",
+        "give keys (--api-key, --api-key-file or KVGRAFT_API_KEY), or pass --no-api-key if an open server is meant",
+    )
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -69,6 +87,7 @@ def serve(
 ) -> None:
     """Load the engine, open the store, bind, and serve until stopped (see the module docstring)."""
     check_installed()
+    check_exposure(settings)
     from ..engine.engine import load_engine
     from ..ledger import log as ledger
 
@@ -99,7 +118,7 @@ def serve(
 
         from .app import create_app
 
-        app = create_app(worker, settings.max_body)
+        app = create_app(worker, settings.max_body, keys=settings.keys)
         host, port = sock.getsockname()[:2]
         url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         config = uvicorn.Config(

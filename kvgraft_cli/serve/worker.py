@@ -37,8 +37,11 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     queued: float = field(default_factory=time.perf_counter)
+    answered: Callable[[Any], None] | None = None  # sees the Answer when it is done (serve.metrics), client gone or not
 
     def send(self, kind: str, value: Any) -> None:
+        if kind == "done" and self.answered is not None:
+            self.answered(value)
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
 
 

@@ -117,15 +117,20 @@ def link_key(manifest_sha256: str, parent_sha256: str, token_ids_sha256: str) ->
     )
 
 
-def prompt_key(manifest_sha256: str, parent_sha256: str | None, token_ids_sha256: str) -> str:
+def prompt_key(manifest_sha256: str, parent_sha256: str | None, token_ids_sha256: str, scope: str | None = None) -> str:
     """The index key of a prompt-cache chunk (`kvgraft serve`, serve/promptcache.py): its token ids after one
     parent chunk (None: the prompt's first chunk, at position 0), under one compute pin. A namespace of its own, so a
-    chunk is never mistaken for a deposit or a library chain link with the same tokens."""
+    chunk is never mistaken for a deposit or a library chain link with the same tokens. ``scope`` (64 hex: a
+    tenant's, serve.tenants) makes every key of a chain that tenant's own: another tenant's lookup never meets it,
+    although identical chunks share one object file (content-addressed). None: the keys of a server without tenants,
+    as they always were."""
     key = {
         "manifest_sha256": manifest_sha256,
         "prompt_parent_sha256": parent_sha256,
         "token_ids_sha256": token_ids_sha256,
     }
+    if scope is not None:
+        key["prompt_scope"] = scope
     if all(v is None or HEX64.fullmatch(v) for v in key.values()):
         # Hex strings and null: the standard library's sorted compact JSON is the RFC 8785 form (the ledger
         # verifier's fast path, audit.verify.canonical_line, is the same construction). A server derives a key per
@@ -263,9 +268,7 @@ class Store:
 
         ``library`` (problem_key, problem, solution, answer) adds a verified root to the library and its full-text
         index, in the same transaction as the index rows."""
-        created = self.put_object(sha256, payload, level)
-        return self.index(
-            sha256,
+        rows = dict(
             payload_bytes=len(payload),
             key=key,
             problem_id=problem_id,
@@ -274,7 +277,13 @@ class Store:
             manifest_sha256=manifest_sha256,
             verified=verified,
             library=library,
-        ), created
+        )
+        created = self.put_object(sha256, payload, level)
+        try:
+            return self.index(sha256, **rows), created  # type: ignore[arg-type]
+        except ObjectGone:  # evicted (store.eviction) between the look for its file and the index: written again
+            created = self.put_object(sha256, payload, level)
+            return self.index(sha256, **rows), created  # type: ignore[arg-type]
 
     def put_object(self, sha256: str, payload: bytes, level: int = 3) -> bool:
         """Write an artifact's object file (atomically) unless the store has it; returns whether it was written.
@@ -306,10 +315,16 @@ class Store:
             now = datetime.now(UTC).isoformat(timespec="seconds")
             with self._db:  # one transaction: both rows or neither
                 self._db.execute("BEGIN IMMEDIATE")
+                # Looked at under the write lock: an eviction (store.eviction) unlinks only while it holds it, so a
+                # file here now is still here when the rows naming it land.
+                try:
+                    file_bytes = path.stat().st_size
+                except FileNotFoundError:
+                    raise ObjectGone(sha256) from None
                 self._db.execute(
                     "INSERT OR IGNORE INTO artifacts (sha256, file_bytes, payload_bytes, num_tokens, model_sha256, "
                     "manifest_sha256, created, recorded) VALUES (?,?,?,?,?,?,?,0)",
-                    (sha256, path.stat().st_size, payload_bytes, num_tokens, model_sha256, manifest_sha256, now),
+                    (sha256, file_bytes, payload_bytes, num_tokens, model_sha256, manifest_sha256, now),
                 )
                 self._db.execute(
                     "INSERT INTO entries VALUES (?,?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET problem_id="
@@ -740,6 +755,13 @@ class Garbage:
     @property
     def bytes(self) -> int:
         return sum(n for _, n in self.temporary) + sum(n for _, n in self.unindexed)
+
+
+class ObjectGone(StoreError):
+    """An object file to be indexed is not there (evicted since it was looked for: Store.put writes it again)."""
+
+    def __init__(self, sha256: str):
+        super().__init__(f"artifact {sha256[:16]}... is not in the store's objects (removed while it was indexed)")
 
 
 class _store_errors:

@@ -22,12 +22,17 @@ def size_setting(name: str, default: int, allow_zero: bool = True) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
-    m = re.fullmatch(r"([0-9]{1,20})\s*([kmgt]?)(?:i?b)?", raw, re.IGNORECASE)
+    return parse_size(raw, name, f"set {name}", allow_zero)
+
+
+def parse_size(raw: str, where: str, how: str = "give", allow_zero: bool = True) -> int:
+    """Bytes from ``64G``-style text (a number, optionally with K, M, G or T: binary); InputError naming ``where``."""
+    m = re.fullmatch(r"([0-9]{1,20})\s*([kmgt]?)(?:i?b)?", raw.strip(), re.IGNORECASE)
     if not m or (int(m.group(1)) == 0 and not allow_zero):
         shown = raw if len(raw) <= 40 else raw[:40] + f"...({len(raw)} chars)"
         raise InputError(
-            f"{name}={shown!r} is not a size",
-            f"set {name} to a number of bytes, optionally with K, M, G or T (binary), e.g. 64G",
+            f"{where}={shown!r} is not a size",
+            f"{how} {where} a number of bytes, optionally with K, M, G or T (binary), e.g. 64G",
         )
     return int(m.group(1)) << (10 * "_kmgt".index(m.group(2).lower() or "_"))
 

@@ -35,6 +35,19 @@ flags		: sse sse2 ssse3 sse4_1 sse4_2 popcnt
 """
 
 
+def stand_in() -> tuple[str, str]:
+    """Another CPU whose kernels this machine runs, for a test's second machine: (its /proc/cpuinfo text, its model
+    name). The libraries read the real CPU, so the stand-in must dispatch as this one does (ATen's capability):
+    a Haswell desktop on an AVX2 machine, a Sapphire Rapids Xeon on an AVX-512 one. Its model differs from this
+    machine's, so its kernel identity does (the identity names the model)."""
+    here = kernels.this_cpu()
+    for text in (HASWELL, SAPPHIRE_RAPIDS):
+        cpu = kernels.read_cpu(text)
+        if cpu.aten_capability() == here.aten_capability() and cpu.model != here.model:
+            return text, cpu.model
+    pytest.skip(f"no stand-in CPU here dispatches as this one ({here.model}, {here.aten_capability()})")
+
+
 def _runtime(profile: str) -> dict:
     return {"device": "cpu", "env": profile_env(profile)}
 
@@ -85,21 +98,22 @@ def native_manifest(tmp_path):
 
 
 def test_native_artifacts_of_another_cpu_are_refused_and_missed(tmp_path, native_manifest):
-    other = tmp_path / "haswell.cpuinfo"
-    other.write_text(HASWELL)
+    text, model = stand_in()
+    other = tmp_path / "other.cpuinfo"
+    other.write_text(text)
     there = {"KVGRAFT_CPUINFO": str(other)}
     m = ["-m", str(native_manifest)]
     dep = run_cli("deposit", str(EXAMPLES), "--limit", "1", *m, "--json", cwd=tmp_path, env=there, check_rc=0)
     sha = json.loads(dep.stdout)["results"][0]["artifact"]
     entry = json.loads((tmp_path / "kvgraft-ledger.jsonl").read_text().splitlines()[-1])
-    assert "i7-4770" in entry["environment"]["kernels"]["identity"]
+    assert model in entry["environment"]["kernels"]["identity"]
     assert (
         entry["environment"]["kernels"]["cpuinfo"] == str(other) and len(entry["environment"]["kernels"]["probe"]) == 64
     )
 
     # This machine's own CPU: refused, naming both machines' kernels and what to do (exit 2).
     refused = run_cli("graft", sha, *m, "--query", "2+2", cwd=tmp_path, check_rc=2)
-    assert "computed on other kernels" in refused.stderr and "i7-4770" in refused.stderr
+    assert "computed on other kernels" in refused.stderr and model in refused.stderr
     assert "--profile avx2" in refused.stderr
     # ... and solve does not find it: this machine's library holds nothing of the other's, then only its own.
     first, second = (tmp_path / "first.jsonl"), (tmp_path / "second.jsonl")

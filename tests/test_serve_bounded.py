@@ -143,7 +143,17 @@ def test_a_bounded_cache_under_a_long_run_of_distinct_prompts(tmp_path):
     assert again == {i: first[i] for i in range(12)}  # evicted long ago: computed cold again, the same bits
     assert len(lines) == 12 + n + 12  # nothing answered is missing
     assert sum(len(e["inputs"]["prompt_cache"]["deposited"]) for e in lines) > 1000
-    run_cli("verify", "kvgraft-ledger.jsonl", cwd=tmp_path, check_rc=0)
+    verified = json.loads(run_cli("verify", "kvgraft-ledger.jsonl", "--json", cwd=tmp_path, check_rc=0).stdout)
+    assert verified["passed"] and verified["files"]["missing"] == []  # an evicted chunk is no missing record
+    named = {s for e in lines for s in e["inputs"]["prompt_cache"]["chunks"] + e["inputs"]["prompt_cache"]["deposited"]}
+    kept = set(_chunk_files(tmp_path / "kvgraft-store"))
+    assert verified["prompt_cache"] == {
+        "named": len(named),
+        "in_store": len(named & kept),
+        "not_in_store": len(named - kept),
+        "not_checked": 0,
+    }
+    assert len(named - kept) > 1000
     p = run_cli("replay", "--served", "kvgraft-ledger.jsonl", "--json", cwd=tmp_path, check_rc=0)
     replay = json.loads(p.stdout)
     assert replay["matched"] == len(lines) and replay["mismatched"] == 0

@@ -70,6 +70,9 @@ class VerifyReport:
     # from the records file (counted in scores_checked too); not recomputable: nothing was.
     scores_from_records: list[dict[str, Any]] = field(default_factory=list)
     scores_not_recomputable: list[dict[str, Any]] = field(default_factory=list)
+    # The prompt-cache chunks served lines name (inputs.prompt_cache): cache, not records, so one that is not in its
+    # store is counted here (evicted by a bounded cache, or never copied here), never as a missing file
+    prompt_cache: dict[str, int] | None = None
 
     @property
     def mismatched(self) -> list[FileCheck]:
@@ -144,6 +147,7 @@ class VerifyReport:
             "checkpoint": self.checkpoint,
             "since": self.since,
             "scores_checked": self.scores_checked,
+            "prompt_cache": self.prompt_cache,
             "scores_from_records": self.scores_from_records,
             "scores_not_recomputable": self.scores_not_recomputable,
         }
@@ -335,6 +339,7 @@ def verify_ledger(
         report.since = _check_since(report, Path(since), tree)
     if rehash:
         _rehash(report, entries, path.parent, full, _open_cache(path, cache, full))
+        report.prompt_cache = _count_prompt_chunks(entries, path.parent)
         verified = {(f.line, f.path) for f in report.files if f.status == "ok"}
         with_rules = None  # the first score line that records its rules: no rules-1 kvgraft wrote after it
         for i, entry in enumerate(entries):
@@ -654,6 +659,44 @@ def _rehash(report: VerifyReport, entries: list[dict | None], base_dir: Path, fu
             status = "ok" if actual == d["sha256"] else "mismatch"
             report.files.append(FileCheck(i + 1, fld, d["path"], status, d["sha256"], actual))
     cache.save()
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def _count_prompt_chunks(entries: list[dict | None], base_dir: Path) -> dict[str, int] | None:
+    """How many distinct prompt-cache chunks served lines name, and how many of them are in the store a line names
+    (``inputs.prompt_cache.store``; its objects are ``objects/<first 2 hex>/<sha256>.kvg``, docs/STORE.md). A chunk
+    is cache by the field that names it (a record is a ``{path, sha256}`` digest, re-hashed above): one not there was
+    evicted by a bounded cache (kvgraft serve --cache-max) or never copied here, and `replay --served` needs none.
+    None when no served line names a chunk."""
+    named: set[tuple[str | None, str]] = set()
+    for entry in entries:
+        if entry is None or entry.get("kind") != "serve" or not isinstance(entry.get("inputs"), dict):
+            continue
+        pc = entry["inputs"].get("prompt_cache")
+        if not isinstance(pc, dict):
+            continue
+        store = pc.get("store") if isinstance(pc.get("store"), str) else None
+        for name in ("chunks", "deposited"):
+            shas = pc.get(name)
+            if isinstance(shas, list):
+                named.update((store, s) for s in shas if isinstance(s, str) and _HEX64.fullmatch(s))
+    if not named:
+        return None
+    here = unchecked = 0
+    for store, sha in named:
+        if store is None or store.startswith("s3://"):  # an older line, or a remote store: verify reads no network
+            unchecked += 1
+            continue
+        root = Path(store) if Path(store).is_absolute() else base_dir / store
+        here += (root / "objects" / sha[:2] / f"{sha}.kvg").is_file()
+    return {
+        "named": len(named),
+        "in_store": here,
+        "not_in_store": len(named) - here - unchecked,
+        "not_checked": unchecked,
+    }
 
 
 def _referenced_files(entry: dict) -> list[tuple[str, dict]]:

@@ -113,6 +113,14 @@ def _render_verify(r) -> None:
         t.add_row(
             "scores recomputed", status(("score", "score-settings")) + f" ({r.scores_checked} checked{partial}{none})"
         )
+    if r.prompt_cache:
+        pc = r.prompt_cache
+        unchecked = f", {pc['not_checked']} not checked (remote or unnamed store)" if pc["not_checked"] else ""
+        t.add_row(
+            "prompt-cache chunks (cache, not records)",
+            f"{pc['named']} named by served lines: {pc['in_store']} in their store, {pc['not_in_store']} evicted "
+            f"or not here{unchecked}",
+        )
     out.print(t)
     for f in r.mismatched[:20]:
         out.print(

@@ -451,6 +451,8 @@ class Recorder:
                 "prompt_ids": {**digest(token_ids_sha256(ids)), "count": len(ids)},
                 "library": {"hit": ans.hit, "artifacts": ans.artifacts, "chain": ans.chain},
                 "prompt_cache": {
+                    # where the chunks are (verify counts them there: cache, evicted or not, never records)
+                    "store": self.ctx.remote or self.ctx.rel(self.ctx.store),
                     "chunk": self.chunk,
                     "chunks": ans.cache_chunks,
                     "deposited": ans.deposited_chunks,

@@ -333,7 +333,8 @@ class Store:
                 )
                 if library is not None and verified:
                     self._add_library(sha256, problem_id, manifest_sha256, num_tokens, library)
-        entry = self.lookup_key(key)
+                # Read in the transaction: once it ends, another server's eviction may take the row at once
+                entry = self.lookup_key(key)
         assert entry is not None  # (its row was just written)
         return entry
 

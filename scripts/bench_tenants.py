@@ -62,7 +62,7 @@ def post(url: str, body: dict, key: str | None) -> dict:
 def first_token(folder: Path, seq: int) -> float:
     """The server's own first-token seconds of its ledger line ``seq``."""
     lines = (folder / "kvgraft-serve-ledger.jsonl").read_text().splitlines()
-    return json.loads(lines[seq])["outputs"]["costs"]["first_token_s"]
+    return float(json.loads(lines[seq])["outputs"]["costs"]["first_token_s"])  # (a ledger writes no floats: a string)
 
 
 def main() -> None:
@@ -91,7 +91,7 @@ def main() -> None:
     seqs = {"here": 0, "there": 0}
     try:
         for i in range(a.rounds):
-            question = rows[300 + i]["problem"]
+            question = rows[300 + i]["question"]
             # A system prompt of its own a round: the first request of a round is cold on both servers
             body = {
                 "model": "smollm2-135m-instruct-serve",

@@ -119,5 +119,7 @@ def test_a_scope_keys_every_chunk_of_its_chain(engine, tmp_path, scope):
         other = _prefill(engine, store, text, "cd" * 32)
         same = _prefill(engine, store, text, scope)
         assert other.restored == [] and len(same.restored) == 2
-        assert other.chain == first.chain  # one object file for the bytes both computed
         assert not set(other.keys) & set(first.keys)
+        # Objects of its own: no file or verified memory shared (a warm request's time says nothing of another's)
+        assert not set(other.chain) & set(first.chain)
+        assert other.last_logits.numpy().tobytes() == first.last_logits.numpy().tobytes()

@@ -277,6 +277,8 @@ def test_one_tenants_prompt_cache_is_never_anothers(keyed):
     salted_again = _complete(keyed, prompt, "key-of-alice", cache_salt="project-2")
     assert alice[0]["kvgraft"]["cached_tokens"] == 0 and alice[1]["kvgraft"]["cached_tokens"] > 0
     assert bob["kvgraft"]["cached_tokens"] == 0 and bob["kvgraft"]["prompt_cache"]["chunks"] == []
+    # objects of their own: no file or verified memory shared, so bob's warm time says nothing of alice's prompts
+    assert not set(bob["kvgraft"]["prompt_cache"]["deposited"]) & set(alice[0]["kvgraft"]["prompt_cache"]["deposited"])
     assert salted["kvgraft"]["cached_tokens"] == 0 and salted_again["kvgraft"]["cached_tokens"] > 0
     answers = {_answer_of(d) for d in [*alice, bob, salted, salted_again]}
     assert len(answers) == 1  # cold or warm, whoever asks: the same bits

@@ -133,7 +133,7 @@ def lookup(
         try:
             _, art = store.load(entry.artifact)  # re-hashed unless this process verified it already
             # The index row is only a label: the bytes must be this chunk, after this parent, at this position.
-            if art.token_ids != segment or art.parent != parent:
+            if art.token_ids != segment or art.parent != parent or art.meta.get("prompt_scope") != scope:
                 raise IntegrityError(f"prompt chunk {entry.artifact[:16]}... holds other tokens than its key")
             kvg.check_compatible(art.meta, {**want, "start_position": str(start)}, entry.artifact)
         except KvgraftError:
@@ -195,6 +195,10 @@ def prefill(
             out.keys.append(key)
             continue
         meta = engine.artifact_meta(tensor_sha256(logits[-1]), start, parent)
+        if scope is not None:
+            # A scope's chunks are objects of its own: two tenants' identical chunks share no file and no place in
+            # the verified memory, so a tenant's warm request is never faster for another's having read the chunk
+            meta["prompt_scope"] = scope
         payload = kvg.encode(segment, engine.capture(cache, start), meta)
         sha = kvg.payload_identity(payload)
         store.put(

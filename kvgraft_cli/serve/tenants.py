@@ -11,9 +11,10 @@ A request's prompt-cache chunks are found and deposited under a *scope*: its ten
 ``cache_salt`` (vLLM's field, for clients that share a key but not a cache). The scope is part of every chunk key of
 the chain (store.local.prompt_key), so a chunk one scope deposited is never a hit for another: a second tenant's
 first request on a prompt takes a cold request's time, and timing its first token says nothing about what another
-tenant sent (the prompt-cache timing side channel). Identical chunks of two scopes share one object file (the
-store is content-addressed): the bytes are the same, only the index rows differ. Library answers are verified
-solutions, public by nature, and stay shared. A server without keys and a request without a salt have no scope:
+tenant sent (the prompt-cache timing side channel). A scope's chunks also name it in their metadata, so they are
+objects of its own: two tenants' identical chunks share no file and no place in the process's verified memory (a
+warm request restored from memory another tenant filled would be faster, and say that the other sent it). Library
+answers are verified solutions, public by nature, and stay shared. A server without keys and a request without a salt have no scope:
 the keys a server always used.
 """
 

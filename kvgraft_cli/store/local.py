@@ -121,9 +121,9 @@ def prompt_key(manifest_sha256: str, parent_sha256: str | None, token_ids_sha256
     """The index key of a prompt-cache chunk (`kvgraft serve`, serve/promptcache.py): its token ids after one
     parent chunk (None: the prompt's first chunk, at position 0), under one compute pin. A namespace of its own, so a
     chunk is never mistaken for a deposit or a library chain link with the same tokens. ``scope`` (64 hex: a
-    tenant's, serve.tenants) makes every key of a chain that tenant's own: another tenant's lookup never meets it,
-    although identical chunks share one object file (content-addressed). None: the keys of a server without tenants,
-    as they always were."""
+    tenant's, serve.tenants) makes every key of a chain that tenant's own: another tenant's lookup never meets it
+    (and its chunks name the scope, so they are objects of its own). None: the keys of a server without tenants, as
+    they always were."""
     key = {
         "manifest_sha256": manifest_sha256,
         "prompt_parent_sha256": parent_sha256,

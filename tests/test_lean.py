@@ -94,7 +94,9 @@ def test_attention_over_the_cache_views_is_attention_over_a_copy(threads, keys):
         torch.set_num_threads(before)
 
 
-def _q4_tiny_llama(tmp_path, threads: int, kv_dtype: str | None = None, schedule: str = "invariant"):
+def _q4_tiny_llama(
+    tmp_path, threads: int, kv_dtype: str | None = None, schedule: str = "invariant", products: str = "blas"
+):
     """The zoo's tiny Llama under grouped attention and the invariant schedule, its projections and head swapped for
     int4 layers of random codes (what model.weights q4 makes of a GGUF's), with the lean forward attached (its
     check passed: logits and cache bytes equal to transformers' forward)."""
@@ -102,11 +104,11 @@ def _q4_tiny_llama(tmp_path, threads: int, kv_dtype: str | None = None, schedule
     from kvgraft_cli.engine.engine import load_engine
     from kvgraft_cli.engine.zoo import tiny_manifest
 
-    eng = load_engine(
-        tiny_manifest(
-            "llama", tmp_path, attn_implementation="grouped", schedule=schedule, threads=threads, kv_dtype=kv_dtype
-        )
+    m = tiny_manifest(
+        "llama", tmp_path, attn_implementation="grouped", schedule=schedule, threads=threads, kv_dtype=kv_dtype
     )
+    m.data["model"]["attn_products"] = products  # (engine.attention.scores and mix)
+    eng = load_engine(m)
     assert eng.lean is None  # dequantized weights: transformers' forward
     seed = 100
     for layer in eng.model.model.layers:
@@ -228,15 +230,16 @@ def _same_cache(a, b) -> bool:
     return all(torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values) for x, y in zip(a.layers, b.layers))
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_a_batched_decode_gives_each_sequence_its_bits_alone(tmp_path, threads):
+@pytest.mark.parametrize("threads, products", [(1, "blas"), (2, "blas"), (2, "aten")])
+def test_a_batched_decode_gives_each_sequence_its_bits_alone(tmp_path, threads, products):
     """Seven sequences of 1 to 61 prompt tokens and budgets of 1 to 24 decode in steps of at most 4 rows
     (engine.decoding.step), joining at different steps and leaving when their budget ends: every sequence's ids,
-    every step's logits and its whole cache are the bytes of the same sequence decoded alone."""
+    every step's logits and its whole cache are the bytes of the same sequence decoded alone (attention's products
+    by MKL or by ATen's own kernels, model.attn_products)."""
     from kvgraft_cli.engine.decoding import step
 
     before = torch.get_num_threads()
-    eng = _q4_tiny_llama(tmp_path, threads)
+    eng = _q4_tiny_llama(tmp_path, threads, products=products)
     try:
         assert eng.batch_refusal is None
         rng = np.random.default_rng(threads)

@@ -304,6 +304,8 @@ def _model_problems(data: dict) -> list[tuple[str, str]]:
             return [("model.weights", f"weights {clip(weights, 40)} runs on torch's CPU kernels: device must be cpu")]
     elif "weights_sha256" in model:
         return [("model.weights_sha256", "only for model.weights q4: remove it")]
+    if model.get("attn_products", "blas") != "blas" and model.get("attn_implementation") != "grouped":
+        return [("model.attn_products", "attention's products are chosen by attn_implementation grouped only")]
     if "kv_dtype" in model:
         runtime = r if isinstance(r := data.get("runtime"), dict) else {}
         if model.get("dtype") != "float32":
@@ -531,6 +533,9 @@ def make_manifest(
             "attn_implementation": attn_implementation,
             **({"weights": "q4", "weights_sha256": weights_sha256} if weights_sha256 else {}),
             **({"kv_dtype": kv_dtype} if kv_dtype else {}),
+            # The avx2 profile's bits are every AVX2 machine's only where no MKL product remains: attention's are
+            # ATen's under grouped (engine.attention.PRODUCTS)
+            **({"attn_products": "aten"} if profile == "avx2" and attn_implementation == "grouped" else {}),
         },
         "runtime": {
             "device": device,

@@ -18,9 +18,86 @@ softmax is in float32 for every architecture (GPT-2's eager one runs in the mode
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 NAME = "grouped"
+# model.attn_products: which code computes attention's two products (Q·Kᵀ and weights·V). ``blas`` (absent): torch's
+# matmul, which hands float32 products to MKL, whose blocking and kernels follow the CPU it runs on (cache sizes,
+# vendor) even in its reproducible modes. Measured 2026-12-06: the main job's prereg, made on an AMD EPYC under the
+# avx2 profile, replayed on an Intel Xeon with 55 of 129 hashes (1 of its 20 deposits' logits); with MKL_CBWR
+# AVX2,STRICT, 71 (14 of 20). ``aten``: an elementwise product and a sum, both ATen's own kernels (the instructions
+# ATEN_CPU_CAPABILITY pins, in an order fixed by the shapes and the thread count alone), so every x86-64 CPU with
+# AVX2 computes the same bits. Its own bits, part of the compute pin. docs/EXACTNESS.md, "The avx2 profile".
+PRODUCTS = ("blas", "aten")
+ATEN_TEMP = 1 << 22  # floats in one product's temporary at most: the query rows are taken this many at a time
+
+
+def scores(q, key, aten: bool):
+    """Q·Kᵀ: ``q`` [b, kv, m, d], ``key`` [b, kv, n, d] -> [b, kv, m, n] (``aten``: ATen's mul and sum over d)."""
+    import torch
+
+    if not aten:
+        return torch.matmul(q, key.transpose(2, 3))
+    rows = _rows(key)
+    # Each output's sum is over its own d products, in an order that does not depend on how many rows share the call
+    parts = [_product(q[:, :, i : i + rows].unsqueeze(3), key.unsqueeze(2)).sum(-1) for i in range(0, q.shape[2], rows)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
+
+def mix(weights, value, aten: bool):
+    """weights·V: ``weights`` [b, kv, m, n], ``value`` [b, kv, n, d] -> [b, kv, m, d] (``aten``: ATen's mul and sum
+    over n)."""
+    import torch
+
+    if not aten:
+        return torch.matmul(weights, value)
+    rows = _rows(value)
+    w = weights
+    parts = [
+        _product(w[:, :, i : i + rows].unsqueeze(-1), value.unsqueeze(2)).sum(-2) for i in range(0, w.shape[2], rows)
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
+
+_SCRATCH = threading.local()
+
+
+def _product(a, b):
+    """``a * b`` (broadcast) written into a scratch buffer this thread keeps: under deterministic algorithms torch
+    fills every new tensor before it is written, a third pass over the largest temporary of a decode step. The
+    values are the product's, wherever they are written."""
+    import torch
+
+    shape = torch.broadcast_shapes(a.shape, b.shape)
+    n = 1
+    for x in shape:
+        n *= x
+    buf = getattr(_SCRATCH, "buf", None)
+    # (a buffer made in inference mode cannot be written outside it, nor the other way: one a mode)
+    if (
+        buf is None
+        or buf.numel() < n
+        or buf.dtype != a.dtype
+        or buf.is_inference() != torch.is_inference_mode_enabled()
+    ):
+        buf = _SCRATCH.buf = torch.empty(max(n, 1 << 16), dtype=a.dtype)
+    return torch.mul(a, b, out=buf[:n].view(shape))
+
+
+def _rows(t) -> int:
+    """How many query rows a product takes at a time: its temporary (rows x keys x dim per KV head) within
+    ATEN_TEMP."""
+    b, kv, n, d = t.shape
+    return max(1, ATEN_TEMP // max(1, b * kv * n * d))
+
+
+def aten_products(config) -> bool:
+    """Whether a model loaded under a manifest with ``model.attn_products: aten`` (engine.load_engine marks its
+    config) computes attention's products with ATen's own kernels."""
+    return getattr(config, "kvgraft_attn_products", "blas") == "aten"
+
+
 # Keyword arguments some architectures pass that change the arithmetic and that this kernel does not implement.
 _UNSUPPORTED = ("sinks", "s_aux", "position_bias", "head_mask")
 # Model types whose own eager attention is the arithmetic above (read in transformers 5.24's modeling files; the
@@ -81,14 +158,15 @@ def grouped_attention(
     # A 16-bit cache (model.kv_dtype) is widened to the query's dtype here, exactly (every float16 and bfloat16 value
     # is a float32 one), into the same contiguous layout: attention's arithmetic stays float32.
     key, value = key.to(query.dtype).contiguous(), value.to(query.dtype).contiguous()
-    weights = torch.matmul(q, key.transpose(2, 3)).view(b, heads, q_len, -1) * scaling
+    aten = aten_products(getattr(module, "config", None))
+    weights = scores(q, key, aten).view(b, heads, q_len, -1) * scaling
     if softcap is not None:
         weights = torch.tanh(weights / softcap) * softcap
     if attention_mask is not None:
         weights = weights + attention_mask
     weights = torch.nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
-    out = torch.matmul(weights.view(b, kv_heads, group * q_len, -1), value).view(b, heads, q_len, value.shape[-1])
+    out = mix(weights.view(b, kv_heads, group * q_len, -1), value, aten).view(b, heads, q_len, value.shape[-1])
     return out.transpose(1, 2).contiguous(), weights
 
 

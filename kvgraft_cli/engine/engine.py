@@ -585,6 +585,8 @@ def engine_from_model(
     here, and so does a model built in memory rather than read from a checkpoint directory."""
     if manifest.data["model"]["attn_implementation"] == GROUPED:
         check_grouped(model.config)
+    # Read by engine.attention and engine.lean: which code computes attention's products (model.attn_products)
+    model.config.kvgraft_attn_products = manifest.data["model"].get("attn_products", "blas")
     model.eval()
     engine = Engine(manifest, model, tokenizer, device, hashes, drift, {})
     engine.environment = determinism.effective_environment(manifest.data["runtime"], device)

@@ -39,6 +39,8 @@ import os
 import threading
 from typing import Any
 
+from .attention import aten_products, mix, scores
+
 SUPPORTED_MODEL_TYPES = ("llama",)
 
 
@@ -47,6 +49,8 @@ class LeanLlama:
     [len(ids) or 1, vocab] of ``ids`` at the positions after the cache's, extending ``cache`` in place, as
     ``model(input_ids=..., cache=...)`` does; with ``rows`` True, the bits of one such call per token (the invariant
     schedule's)."""
+
+    aten = False  # attention's products by ATen's own kernels (model.attn_products: aten); set from the config
 
     def __init__(self, model: Any):
         from .quantized import fuse
@@ -74,6 +78,7 @@ class LeanLlama:
             )
         self.norm = inner.norm
         self.head = model.lm_head
+        self.aten = aten_products(cfg)  # model.attn_products: aten (engine.attention.scores and mix)
         # a 16-bit cache's keys and values widened (:meth:`_widened`), per thread: an engine computes one forward at a
         # time in kvgraft's own commands and server, and a library user's second thread gets buffers of its own
         self._local = threading.local()
@@ -111,11 +116,11 @@ class LeanLlama:
         if key.dtype != query.dtype:  # a 16-bit cache (model.kv_dtype): widened exactly, contiguous, as grouped does
             key, value = self._widened(key, 0, query.dtype), self._widened(value, 1, query.dtype)
         q = query.reshape(b, self.kv_heads, group * q_len, dim)
-        weights = torch.matmul(q, key.transpose(2, 3)).view(b, heads, q_len, -1) * scaling
+        weights = scores(q, key, self.aten).view(b, heads, q_len, -1) * scaling
         if mask is not None:
             weights = weights + mask
         weights = torch.nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
-        out = torch.matmul(weights.view(b, self.kv_heads, group * q_len, -1), value)
+        out = mix(weights.view(b, self.kv_heads, group * q_len, -1), value, self.aten)
         return out.view(b, heads, q_len, value.shape[-1]).transpose(1, 2).contiguous()
 
     def _widened(self, t, slot: int, dtype):

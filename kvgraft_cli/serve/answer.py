@@ -184,7 +184,7 @@ class Server:
         if self.pool is not None and self.limit:  # one request's cache at the window's length, faulted in now
             self.pool.reserve(*self.engine.cache_buffers(self.limit))
         if self.chunk is not None:  # a lowered --cache-max applies before the warm-up reads what it keeps
-            self._bound()
+            sync(lambda _: self._bound(), 0, "bound the prompt cache")
         if self.chunk is not None and self.options.warm_bytes:
             self.warmed = promptcache.warm(self.store, self.engine, self.options.warm_bytes)
         self.library = (

@@ -48,6 +48,23 @@ def test_least_recently_used_first_with_every_chunk_that_continues_it(engine, tm
         assert eviction.evict(store, 10 * total).chunks == 0  # under the bound: nothing goes
 
 
+def test_an_eviction_is_one_transaction(engine, tmp_path, monkeypatch):
+    """Every row deleted and file unlinked while the eviction's write transaction is open (a kill -9 rolls the rows
+    back; a writer cannot index an object being unlinked)."""
+    with Store(tmp_path / "store") as store:
+        pre = _prefill(engine, store, "G" * 60)
+        eviction.touch(store, _use(pre, 1.0))
+        drop, seen = eviction._drop, []
+
+        def watched(s, key, artifact):
+            seen.append(s._db.in_transaction)
+            return drop(s, key, artifact)
+
+        monkeypatch.setattr(eviction, "_drop", watched)
+        assert eviction.evict(store, 0).chunks == 3
+        assert seen == [True, True, True]
+
+
 def test_nothing_but_prompt_chunks_is_evicted(engine, tmp_path):
     """An object a deposit's entry also names keeps its file when the chunk entry naming it goes."""
     with Store(tmp_path / "store") as store:

@@ -204,7 +204,15 @@ def test_kill_9_in_the_middle_of_an_eviction_then_a_restart_serves_the_same(tmp_
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(30)
     gone = set(files) - set(_chunk_files(store))
-    assert len(gone) == 3  # unlinked, and their rows still there (rolled back)
+    assert len(gone) == 3  # unlinked...
+    import sqlite3
+
+    db = sqlite3.connect(store / "index.sqlite")
+    try:
+        rows = {r[0] for r in db.execute("SELECT artifact FROM entries WHERE problem_id = 'serve-prompt-chunk'")}
+    finally:
+        db.close()
+    assert gone <= rows  # ...and their rows still there: the eviction's transaction rolled back
     s = start(tmp_path, "-m", "serve.yaml", "--cache-max", "none")
     try:
         after = {i: _complete(s, _prompt(i)) for i in range(6)}

@@ -4,7 +4,7 @@
 :data:`~.local.PROMPT_CHUNK_ID`) a store holds. Only those are ever evicted: library entries, deposits, chain links
 and checks are other rows, and an object any other row (or the library) names stays on disk.
 
-**Use.** ``prompt_use`` has a row per chunk entry a server used (restored or deposited): its parent chunk's entry
+**Use.** ``prompt_use`` (made with the store's other tables, store.local.SCHEMA) has a row per chunk entry a server used (restored or deposited): its parent chunk's entry
 key and when it was last used. A server notes its requests' chunks in memory and writes them after the response
 has left (:func:`touch`, from serve's upkeep), so the bound costs a first token nothing. A chunk with no use row
 (deposited by a process killed before it noted it) counts as the oldest.
@@ -29,16 +29,6 @@ from dataclasses import dataclass, field
 
 from .local import PROMPT_CHUNK_ID, Store, _store_errors
 
-USE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS prompt_use (
-    key TEXT PRIMARY KEY,
-    parent TEXT,
-    used REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS prompt_use_by_parent ON prompt_use(parent);
-"""
-
-
 @dataclass
 class Evicted:
     """What one :func:`evict` did: chunk entries dropped, object files deleted, their bytes, the chunks' bytes after."""
@@ -48,10 +38,6 @@ class Evicted:
     bytes: int = 0
     remaining: int = 0
     keys: list[str] = field(default_factory=list)
-
-
-def _ensure(store: Store) -> None:
-    store._db.executescript(USE_SCHEMA)
 
 
 def cache_bytes(store: Store) -> int:
@@ -71,7 +57,6 @@ def touch(store: Store, used: dict[str, tuple[str | None, float]]) -> None:
         return
     with _store_errors(store.root, "write to"), store._db:
         store._db.execute("BEGIN IMMEDIATE")
-        _ensure(store)
         store._db.executemany(
             "INSERT INTO prompt_use (key, parent, used) SELECT ?, ?, ? WHERE EXISTS "
             "(SELECT 1 FROM entries WHERE key = ? AND problem_id = ?) "
@@ -87,7 +72,6 @@ def evict(store: Store, budget: int) -> Evicted:
     db = store._db
     with _store_errors(store.root, "evict prompt chunks from"), db:
         db.execute("BEGIN IMMEDIATE")
-        _ensure(store)
         total = cache_bytes(store)
         out.remaining = total
         if total <= budget:

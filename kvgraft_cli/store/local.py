@@ -66,6 +66,12 @@ CREATE TABLE IF NOT EXISTS library (
 CREATE INDEX IF NOT EXISTS library_by_key ON library(problem_key);
 CREATE VIRTUAL TABLE IF NOT EXISTS library_fts USING fts5(problem, solution, content='library',
     content_rowid='rowid', tokenize='unicode61');
+CREATE TABLE IF NOT EXISTS prompt_use (
+    key TEXT PRIMARY KEY,
+    parent TEXT,
+    used REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS prompt_use_by_parent ON prompt_use(parent);
 """
 GRAMS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS library_grams (
@@ -82,6 +88,9 @@ CREATE TABLE IF NOT EXISTS library_grams (
 # with its problem and solution text. library_fts is an external-content FTS5 index over those rows, written in the
 # same transaction as the row itself (no triggers: a reader never sees one without the other).
 # artifacts.recorded: 1 once a ledger line has recorded the artifact (0: stored by a run whose append failed).
+# prompt_use: each prompt-cache chunk entry's parent entry key and last use (store/eviction.py, kvgraft serve
+# --cache-max). Made here, at open, not in an eviction's transaction: sqlite3's executescript commits the transaction
+# it runs in.
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 MIN_PREFIX = 6  # the shortest artifact hash prefix resolve() accepts
 # The problem id a chain link is indexed under (library/chain.py): the id of the hit whose solution it holds, "@",

@@ -27,27 +27,18 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))  # serve_exactness.start
 MANIFEST = REPO / "manifests" / "smollm2-serve.yaml"
 MATH = REPO / "data" / "math500" / "math500.jsonl"
 KEYS = ("bench-key-a", "bench-key-b")
 
 
 def start(folder: Path, args: list[str], root: Path | None) -> tuple[subprocess.Popen, str]:
-    env = dict(os.environ)
-    if root is not None:
-        env["PYTHONPATH"] = str(root)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kvgraft_cli", "serve", "-m", "serve.yaml", "--port", "0", *args],
-        cwd=folder,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("listening on "):
-            return proc, line.split()[-1]
-    raise SystemExit(f"kvgraft serve did not start (rc={proc.wait()})")
+    """A server in ``folder`` (serve_exactness.start), run from the checkout ``root`` when given."""
+    from serve_exactness import start as start_server
+
+    env = dict(os.environ, PYTHONPATH=str(root)) if root is not None else None
+    return start_server(folder, *args, env=env)
 
 
 def post(url: str, body: dict, key: str | None) -> dict:

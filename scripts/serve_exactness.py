@@ -30,12 +30,14 @@ MANIFEST = REPO / "manifests" / "smollm2-serve.yaml"
 MATH = REPO / "data" / "math500" / "math500.jsonl"
 
 
-def start(folder: Path, *args: str) -> tuple[subprocess.Popen, str]:
+def start(folder: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """`kvgraft serve -m serve.yaml --port 0 ARGS` in ``folder`` (``env``: its environment); (process, its URL)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvgraft_cli", "serve", "-m", "serve.yaml", "--port", "0", *args],
         cwd=folder,
         stdout=subprocess.PIPE,
         text=True,
+        env=env,
     )
     assert proc.stdout is not None
     for line in proc.stdout:

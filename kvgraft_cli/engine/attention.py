@@ -31,8 +31,7 @@ NAME = "grouped"
 # AVX2 computes the same bits. Its own bits, part of the compute pin. docs/EXACTNESS.md, "The avx2 profile".
 PRODUCTS = ("blas", "aten")
 # Floats in one product's temporary at most (the query rows are taken as many at a time as fit): 1 MiB, within a
-# core's L2. Any size gives the same bits (tests/test_attention_products.py); on an Intel Xeon (2026-12-06) a
-# 1,000-token prefill of the serve manifest took 14.3 s at this size, 16.5 s at 16 MiB and 15.8 s at 256 KiB.
+# core's L2. Any size gives the same bits (tests/test_attention_products.py); the timing that chose it: docs/SERVE.md.
 ATEN_TEMP = 1 << 18
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from .local import PROMPT_CHUNK_ID, Store, _store_errors
 
+
 @dataclass
 class Evicted:
     """What one :func:`evict` did: chunk entries dropped, object files deleted, their bytes, the chunks' bytes after."""

@@ -46,7 +46,7 @@ def main() -> None:
 
     refusal = engine.batch_refusal
     print(
-        f"{manifest.data.get('name')} ({args.manifest}): {cpu_name()}, {torch.get_num_threads()} threads, "
+        f"{manifest.name} ({args.manifest}): {cpu_name()}, {torch.get_num_threads()} threads, "
         f"ATen {torch.backends.cpu.get_cpu_capability()}, forward {engine.environment.get('forward')}"
     )
     if refusal:

@@ -85,10 +85,10 @@ def _run(manifest, args, tmp: Path) -> None:
 
     eng = load_engine(manifest)
     path = _problems(args.math500, args.problems, tmp / "problems.jsonl")
-    problems = [p for p in read_problems(path, manifest.data["input"]) if verify_solution(p).status == "verified"]
+    problems = [p for p in read_problems(path, manifest.input.as_written()) if verify_solution(p).status == "verified"]
     ctx = RunContext.make(manifest, tmp / "store", tmp / "ledger.jsonl")
     report = DepositReport(str(path), sha256_file(path), ctx.store_name, str(ctx.ledger), manifest.source)
-    settings = {"mapping": manifest.data["input"], "limit": None, "allow_unverified": False}
+    settings = {"mapping": manifest.input.as_written(), "limit": None, "allow_unverified": False}
     print(
         f"## {args.dtype}, {type(eng.model).__name__} "
         f"{sum(p.numel() for p in eng.model.parameters()) / 1e6:.0f}M, profile {args.profile}, "

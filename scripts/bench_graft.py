@@ -190,7 +190,7 @@ def _run(eng, args, tmp) -> None:
 
     n_params = sum(p.numel() for p in eng.model.parameters())
     print(
-        f"model: {type(eng.model).__name__}, {n_params / 1e6:.0f}M parameters, {manifest.data['model']['dtype']}, "
+        f"model: {type(eng.model).__name__}, {n_params / 1e6:.0f}M parameters, {manifest.model.dtype}, "
         f"profile {args.profile}, threads {torch.get_num_threads()}, device {eng.device}, torch {torch.__version__}"
     )
     print(

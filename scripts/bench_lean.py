@@ -40,7 +40,7 @@ def main() -> None:
         sys.exit("the lean forward is not in force for this manifest (engine.environment['forward'])")
     import torch
 
-    print(f"{eng.manifest.data['name']}: torch {torch.__version__}, threads {torch.get_num_threads()}")
+    print(f"{eng.manifest.name}: torch {torch.__version__}, threads {torch.get_num_threads()}")
     for n in args.lengths:
         ids = _real_ids(eng, n)
         times: dict[str, dict[str, list[float]]] = {k: {"prefill": [], "decode": []} for k in ("transformers", "lean")}

@@ -109,7 +109,7 @@ def _run(manifest, args, tmp: Path) -> None:
     from kvgraft_cli.engine.growcache import SLACK_TOKENS
 
     eng = load_engine(manifest)
-    dtype = manifest.data["model"]["dtype"]
+    dtype = manifest.model.dtype
     from kvgraft_cli.artifacts import container, identity
 
     variants = [(codec, scheme) for scheme in args.identities for codec in (args.codecs or list(container.CODECS))]

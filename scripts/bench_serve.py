@@ -152,7 +152,7 @@ def _gguf(manifest: Path) -> str:
     from kvgraft_cli.config.gguf import resolve_gguf
     from kvgraft_cli.config.manifest import load_manifest
 
-    return str(resolve_gguf(load_manifest(manifest).data["model"]["path"], manifest.parent))
+    return str(resolve_gguf(load_manifest(manifest).model.path, manifest.parent))
 
 
 def _system_prompt(manifest: Path, rows: list[dict], target: int, used: int) -> tuple[str, int, int]:
@@ -704,10 +704,10 @@ def _manifest_facts(manifest: Path) -> dict:
     from kvgraft_cli.config.manifest import load_manifest
 
     m = load_manifest(manifest)
-    prefill = m.data["prefill"]
-    chunk = f" of {prefill['chunk_size']}" if prefill.get("chunk_size") else ""
+    prefill = m.prefill
+    chunk = f" of {prefill.chunk_size}" if prefill.chunk_size else ""
     return {
-        "kvgraft_prefill": f"{prefill['schedule']}{chunk}",
+        "kvgraft_prefill": f"{prefill.schedule}{chunk}",
         "kvgraft_manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest(),
         "kvgraft_compute_sha256": m.compute_sha256,
     }

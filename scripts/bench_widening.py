@@ -202,7 +202,7 @@ def fill(root: Path, sizes: list[int], problems: Problems, chunk: int) -> dict:
 
     manifest = load_manifest(None)
     engine = None
-    template = manifest.data["prompt"]["prefix"]
+    template = manifest.prompt.prefix
     inputs = root / "inputs"
     inputs.mkdir(parents=True, exist_ok=True)
     done_info, projected = {}, False

@@ -72,7 +72,7 @@ def main() -> None:
 
     print(
         f"{eng.manifest.source}: single forward over {len(ids)} tokens vs prefill({len(prefix)}) + forward({n}) "
-        f"by the manifest's schedule ({eng.manifest.data['prefill']})"
+        f"by the manifest's schedule ({eng.manifest.prefill.as_written()})"
     )
     if [a for a, _ in single] != [b for b, _ in two_step]:
         print("the two runs called different modules; comparing by position anyway")

@@ -9,6 +9,7 @@ import copy
 import pytest
 
 from kvgraft_cli.config.manifest import CHAT_PROMPT, compute_pin, load_manifest, validate_data
+from kvgraft_cli.config.sections import PromptSection
 from kvgraft_cli.engine.prompts import Prompts
 from kvgraft_cli.errors import UnsupportedModel
 
@@ -47,7 +48,7 @@ def _ids(tok, text):
 
 
 def test_pieces_join_to_the_whole_conversation(tokenizer):
-    p = Prompts(dict(CHAT_PROMPT), tokenizer)
+    p = Prompts(PromptSection.from_dict(CHAT_PROMPT), tokenizer)
     for n in (1, 2, 3):
         grafted = _ids(tokenizer, p.root_text(ENTRIES[0])) + [
             t for e in ENTRIES[1:n] for t in _ids(tokenizer, p.link_text(e))
@@ -63,14 +64,14 @@ def test_pieces_join_to_the_whole_conversation(tokenizer):
 
 
 def test_a_system_turn_is_rendered_once(tokenizer):
-    p = Prompts({**CHAT_PROMPT, "system": "Be brief."}, tokenizer)
+    p = Prompts(PromptSection.from_dict({**CHAT_PROMPT, "system": "Be brief."}), tokenizer)
     assert p.root_text(ENTRIES[0]).startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")
     assert "Be brief." not in p.link_text(ENTRIES[1])
 
 
 def test_refuses_a_template_that_rerenders_earlier_turns(tokenizer):
     tokenizer.chat_template = STRIPS_EARLIER
-    p = Prompts(dict(CHAT_PROMPT), tokenizer, "strip-model")
+    p = Prompts(PromptSection.from_dict(CHAT_PROMPT), tokenizer, "strip-model")
     p.root_text(ENTRIES[0])  # a single exchange renders
     with pytest.raises(UnsupportedModel, match="strip-model's chat template re-renders earlier turns"):
         p.link_text(ENTRIES[1])
@@ -79,7 +80,7 @@ def test_refuses_a_template_that_rerenders_earlier_turns(tokenizer):
 
 
 def test_check_conversation_names_the_first_difference(tokenizer):
-    p = Prompts(dict(CHAT_PROMPT), tokenizer, "m")
+    p = Prompts(PromptSection.from_dict(CHAT_PROMPT), tokenizer, "m")
     p.check_conversation([1, 2], [3], [1, 2, 3])
     with pytest.raises(UnsupportedModel, match="differ from token 1"):
         p.check_conversation([1, 5], [3], [1, 2, 3])
@@ -88,7 +89,7 @@ def test_check_conversation_names_the_first_difference(tokenizer):
 def test_chat_format_needs_a_tokenizer_template(tokenizer):
     tokenizer.chat_template = None
     with pytest.raises(UnsupportedModel, match="no chat template"):
-        Prompts(dict(CHAT_PROMPT), tokenizer, "plain")
+        Prompts(PromptSection.from_dict(CHAT_PROMPT), tokenizer, "plain")
 
 
 def test_manifest_chat_fields_are_validated():

@@ -611,5 +611,5 @@ def test_a_graft_hands_the_artifact_to_its_cache_alone(deposited, engine):
     first = graft_generate(ctx, engine, loaded, "What is 2 + 2?", 4)
     assert loaded.token_ids == tokens and loaded.artifact.layers == []
     assert sys.getrefcount(keys) == before - 1  # the Loaded's reference is gone; ours and `kept`'s remain
-    logits = engine.forward(kept, engine.encode(ctx.manifest.data["prompt"]["query"].format(query="What is 2 + 2?")))
+    logits = engine.forward(kept, engine.encode(ctx.manifest.prompt.query.format(query="What is 2 + 2?")))
     assert engine.greedy(kept, logits[-1], 4, stop_at_eos=True)[0] == first.generated_ids

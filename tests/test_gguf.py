@@ -373,11 +373,12 @@ def test_chat_pieces_are_the_whole_conversation(smol_cache):
     tokenize, joined, to exactly the whole conversation rendered at once; the default system turn comes once."""
     from transformers import AutoTokenizer
 
+    from kvgraft_cli.config.sections import PromptSection
     from kvgraft_cli.engine.prompts import Prompts
 
     folder = smol_cache[0] / "models" / f"gguf-{PINNED['gguf_sha256']}-float32"
     tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    prompts = Prompts(yaml.safe_load(SMOL.read_text())["prompt"], tok, "SmolLM2")
+    prompts = Prompts(PromptSection.from_dict(yaml.safe_load(SMOL.read_text())["prompt"]), tok, "SmolLM2")
     enc = lambda t: tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
     rows = [json.loads(x) for x in (REPO / "examples" / "smollm2" / "recurring.jsonl").read_text().splitlines()]
     entries = [

@@ -393,7 +393,7 @@ def test_long_problem_is_refused_by_its_length_naming_the_line(tmp_path):
     from kvgraft_cli.eval.problems import check_lengths, read_problems
 
     path = _big_problems(tmp_path / "p.jsonl", 2_000_000, line=2)
-    problems = read_problems(path, load_manifest(None).data["input"])
+    problems = read_problems(path, load_manifest(None).input.as_written())
     with pytest.raises(
         ProblemFileError,
         match=r"p\.jsonl:2: problem 'p1': 2,000,014 characters of problem and solution .* 32,768 positions",
@@ -448,7 +448,7 @@ def test_deeply_nested_json_problem_is_an_input_error(tmp_path):
         + "\n"
     )
     with pytest.raises(ProblemFileError, match=r"deep\.jsonl:2: JSON nested too deeply"):
-        read_problems(path, load_manifest(None).data["input"])
+        read_problems(path, load_manifest(None).input.as_written())
     rc, err, _, _ = measured_cli("deposit", str(path), "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path)
     assert rc == 2 and len(err) == 1 and "deep.jsonl:2" in err[0], err
 

@@ -48,8 +48,8 @@ def stand_in() -> tuple[str, str]:
     pytest.skip(f"no stand-in CPU here dispatches as this one ({here.model}, {here.aten_capability()})")
 
 
-def _runtime(profile: str) -> dict:
-    return {"device": "cpu", "env": profile_env(profile)}
+def _env(profile: str) -> dict:
+    return profile_env(profile)
 
 
 def test_cpuinfo_is_read_and_capabilities_follow_atens_rule():
@@ -62,27 +62,27 @@ def test_cpuinfo_is_read_and_capabilities_follow_atens_rule():
 def test_pinned_profiles_name_their_kernels_and_native_names_the_cpu():
     hw, spr = kernels.read_cpu(HASWELL), kernels.read_cpu(SAPPHIRE_RAPIDS)
     for profile in ("portable", "avx2"):
-        assert kernels.left_to_machine(_runtime(profile)) == []
-        assert kernels.kernel_identity(_runtime(profile), hw) is None
-        assert kernels.machine_compute_sha256("ab" * 32, _runtime(profile), spr) == "ab" * 32
-    native = _runtime("native")
+        assert kernels.left_to_machine(_env(profile)) == []
+        assert kernels.kernel_identity(_env(profile), cpu=hw) is None
+        assert kernels.machine_compute_sha256("ab" * 32, _env(profile), cpu=spr) == "ab" * 32
+    native = _env("native")
     assert kernels.left_to_machine(native) == ["aten", "mkl", "onednn"]
-    a, b = kernels.kernel_identity(native, hw), kernels.kernel_identity(native, spr)
+    a, b = kernels.kernel_identity(native, cpu=hw), kernels.kernel_identity(native, cpu=spr)
     assert a and b and a != b and "i7-4770" in a and "amx_bf16" in b
-    pins = {kernels.machine_compute_sha256("ab" * 32, native, cpu) for cpu in (hw, spr)}
+    pins = {kernels.machine_compute_sha256("ab" * 32, native, cpu=cpu) for cpu in (hw, spr)}
     assert len(pins) == 2 and "ab" * 32 not in pins
     # one library left to the machine is enough to need a name
-    partly = {"device": "cpu", "env": {**profile_env("avx2"), "MKL_CBWR": None}}
-    assert kernels.left_to_machine(partly) == ["mkl"] and kernels.kernel_identity(partly, hw)
-    assert kernels.kernel_identity({"device": "cuda", "env": {}}, hw) is None  # gpu_name pins a GPU run
+    partly = {**profile_env("avx2"), "MKL_CBWR": None}
+    assert kernels.left_to_machine(partly) == ["mkl"] and kernels.kernel_identity(partly, cpu=hw)
+    assert kernels.kernel_identity({}, "cuda", hw) is None  # gpu_name pins a GPU run
 
 
 def test_the_avx2_profile_pins_every_library_and_needs_avx2():
     assert PROFILES["avx2"]["env"] == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    kernels.check_capability(_runtime("avx2"), kernels.read_cpu(HASWELL))
-    kernels.check_capability(_runtime("portable"), kernels.read_cpu(NEHALEM))
+    kernels.check_capability(_env("avx2"), cpu=kernels.read_cpu(HASWELL))
+    kernels.check_capability(_env("portable"), cpu=kernels.read_cpu(NEHALEM))
     with pytest.raises(DeviceError, match="lacks fma, avx2|lacks avx2, fma"):
-        kernels.check_capability(_runtime("avx2"), kernels.read_cpu(NEHALEM))
+        kernels.check_capability(_env("avx2"), cpu=kernels.read_cpu(NEHALEM))
 
 
 @pytest.fixture

@@ -100,6 +100,7 @@ def _q4_tiny_llama(
     """The zoo's tiny Llama under grouped attention and the invariant schedule, its projections and head swapped for
     int4 layers of random codes (what model.weights q4 makes of a GGUF's), with the lean forward attached (its
     check passed: logits and cache bytes equal to transformers' forward)."""
+    from kvgraft_cli.config.manifest import Manifest, with_overrides
     from kvgraft_cli.engine import lean
     from kvgraft_cli.engine.engine import load_engine
     from kvgraft_cli.engine.zoo import tiny_manifest
@@ -107,7 +108,7 @@ def _q4_tiny_llama(
     m = tiny_manifest(
         "llama", tmp_path, attn_implementation="grouped", schedule=schedule, threads=threads, kv_dtype=kv_dtype
     )
-    m.data["model"]["attn_products"] = products  # (engine.attention.scores and mix)
+    m = with_overrides(m, {"model.attn_products": products})  # (engine.attention.scores and mix)
     eng = load_engine(m)
     assert eng.lean is None  # dequantized weights: transformers' forward
     seed = 100
@@ -121,7 +122,10 @@ def _q4_tiny_llama(
                 seed += 1
                 setattr(mod, name, _layer(old.out_features, old.in_features, seed))
     # (the head stays float32: the zoo's vocabulary is no multiple of the kernel's 16 rows)
-    eng.manifest.data["model"]["weights"] = "q4"  # what attach requires of the manifest
+    # What attach requires of the manifest (a q4 manifest proper also names its GGUF: not validated here)
+    data = eng.manifest.to_dict()
+    data["model"]["weights"] = "q4"
+    eng.manifest = Manifest(data, eng.manifest.source, eng.manifest.file_sha256, eng.manifest.base_dir)
     assert lean.attach(eng)  # its own check: the lean rows against transformers one token a call
     return eng
 

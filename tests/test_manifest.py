@@ -21,11 +21,11 @@ def _write(tmp_path, data) -> str:
 
 def test_default_manifest_is_valid_and_pins_the_embedded_model():
     m = load_manifest(None)
-    assert m.data["model"]["path"] == "builtin:tiny-gemma4"
+    assert m.model.path == "builtin:tiny-gemma4"
     assert (m.model_dir / "model.safetensors").is_file()
     from kvgraft_cli.config.modelhash import hash_model_dir
 
-    assert hash_model_dir(m.model_dir).model_sha256 == m.data["model"]["sha256"]
+    assert hash_model_dir(m.model_dir).model_sha256 == m.model.sha256
 
 
 def test_every_problem_is_reported_with_path_and_line(tmp_path):
@@ -104,16 +104,14 @@ def saved_environ():
 
 
 def test_drift_in_unpinned_or_late_env_is_reported(saved_environ):
-    rt = load_manifest(None).data["runtime"]
+    rt = load_manifest(None).runtime
     os.environ["DNNL_MAX_CPU_ISA"] = "AVX2"
-    rt2 = dict(rt, env={k: v for k, v in rt["env"].items() if k != "DNNL_MAX_CPU_ISA"})
-    drift = determinism.apply_environment(rt2)
+    drift = determinism.apply_environment({k: v for k, v in rt.env.items() if k != "DNNL_MAX_CPU_ISA"})
     assert any(d["field"] == "env.DNNL_MAX_CPU_ISA" for d in drift.items)
     # torch is imported in this process: changing a pinned variable now cannot take effect, and says so.
     import torch  # noqa: F401
 
-    rt3 = dict(rt, env={**rt["env"], "MKL_CBWR": "AVX2"})
-    drift = determinism.apply_environment(rt3)
+    drift = determinism.apply_environment({**rt.env, "MKL_CBWR": "AVX2"})
     assert any(d["field"] == "env.MKL_CBWR" and "already imported" in d["effective"] for d in drift.items)
     with pytest.raises(DriftError, match="env.MKL_CBWR: pinned 'AVX2'") as e:
         drift.enforce(False, "m.yaml")
@@ -122,10 +120,10 @@ def test_drift_in_unpinned_or_late_env_is_reported(saved_environ):
 
 
 def test_version_drift_is_detected():
-    rt = load_manifest(None).data["runtime"]
+    rt = load_manifest(None).runtime
     drift = determinism.Drift()
     determinism.configure_torch(
-        dict(rt, versions={"torch": "2.0.0", "transformers": rt["versions"]["transformers"]}), drift
+        rt.replace(versions={"torch": "2.0.0", "transformers": rt.versions["transformers"]}), drift
     )
     assert [d["field"] for d in drift.items] == ["runtime.versions.torch"]
     determinism.configure_torch(rt, determinism.Drift())  # restore the pinned flags for later tests
@@ -138,10 +136,10 @@ def test_cuda_manifest_refuses_clearly_without_a_gpu():
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    rt = dict(load_manifest(None).data["runtime"], device="cuda", gpu_name="NVIDIA H200")
+    rt = load_manifest(None).runtime.replace(device="cuda", gpu_name="NVIDIA H200")
     with pytest.raises(DeviceError, match="no CUDA GPU is visible"):
         determinism.configure_torch(rt, determinism.Drift())
-    determinism.configure_torch(load_manifest(None).data["runtime"], determinism.Drift())
+    determinism.configure_torch(load_manifest(None).runtime, determinism.Drift())
 
 
 def test_cli_choices_match_the_schema():

@@ -112,7 +112,7 @@ def test_random_engine_names_its_draw(tmp_path):
     assert a.hashes.model_sha256 == b.hashes.model_sha256 != c.hashes.model_sha256
     assert a.hashes.tokenizer_sha256 == c.hashes.tokenizer_sha256
     assert la == lb != lc
-    assert a.manifest.data["model"]["sha256"] == a.hashes.model_sha256 and a.manifest.data["runtime"]["device"] == "cpu"
+    assert a.manifest.model.sha256 == a.hashes.model_sha256 and a.manifest.runtime.device == "cpu"
     assert "(weights)" in a.hashes.files and a.model.config._attn_implementation == "eager"
 
 

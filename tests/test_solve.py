@@ -49,9 +49,7 @@ def test_hits_budgets_and_ledger(lib_ctx, engine, tmp_path):
     assert all(r.grafted_tokens > 0 for r in run.records)
     assert by["sum-1"].prefill_tokens == len(
         engine.encode(
-            lib_ctx.manifest.data["prompt"]["query"].format(
-                query=json.loads(EXAMPLES.read_text().splitlines()[0])["problem"]
-            )
+            lib_ctx.manifest.prompt.query.format(query=json.loads(EXAMPLES.read_text().splitlines()[0])["problem"])
         )
     )  # the query alone
     solves = _entries(lib_ctx, "solve")
@@ -70,7 +68,7 @@ def test_hits_budgets_and_ledger(lib_ctx, engine, tmp_path):
     assert [x["id"] for x in lines] == [r.id for r in run.records]
     scored = tmp_path / "scored.jsonl"
     scored.write_text("".join(json.dumps(x) + "\n" for x in lines if x["id"] != "noref-1"))
-    result = score(scored, EXAMPLES, lib_ctx.manifest.data["input"])
+    result = score(scored, EXAMPLES, lib_ctx.manifest.input.as_written())
     assert result.n == 8
 
 

@@ -189,7 +189,7 @@ def ledger_path(ledger: Path | None, manifest: Path | None) -> Path:
         return ledger
     from ..config.manifest import load_manifest
 
-    return Path(load_manifest(manifest).data["paths"]["ledger"])
+    return Path(load_manifest(manifest).paths.ledger)
 
 
 def engine_options(fn):

@@ -49,7 +49,7 @@ def graft(
     if max_new_tokens is not None:
         n_new = max_new_tokens
     else:
-        n_new = CHECK_MAX_NEW_TOKENS if check else ctx.manifest.data["decode"]["max_new_tokens"]
+        n_new = CHECK_MAX_NEW_TOKENS if check else ctx.manifest.decode.max_new_tokens
     if not check:
         r = graft_generate(ctx, engine, loaded, query, n_new)
         if as_json:

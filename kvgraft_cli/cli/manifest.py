@@ -173,9 +173,9 @@ def show(
                 "sha256": m.file_sha256,
                 "compute_sha256": m.compute_sha256,
                 "model_dir": str(m.model_dir),
-                "manifest": m.data,
+                "manifest": m.to_dict(),
             }
         )
         return
     sys.stdout.write(f"# source: {m.source}\n# sha256: {m.file_sha256}\n# compute pin: {m.compute_sha256}\n")
-    sys.stdout.write(dump_yaml(m.data))
+    sys.stdout.write(dump_yaml(m.to_dict()))

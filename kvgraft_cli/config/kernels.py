@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 from ..errors import DeviceError
 
@@ -132,20 +132,19 @@ def this_cpu() -> Cpu:
     return read_cpu()
 
 
-def left_to_machine(runtime: dict[str, Any]) -> list[str]:
-    """The libraries whose code path ``runtime`` (a manifest's runtime section) does not pin, so that the CPU picks
-    it: empty for ``portable`` and ``avx2``, all three for ``native``; empty on a GPU (gpu_name pins the device)."""
-    if runtime.get("device", "cpu") != "cpu":
+def left_to_machine(env: Mapping[str, str | None], device: str = "cpu") -> list[str]:
+    """The libraries whose code path a manifest's ``runtime.env`` does not pin, so that the CPU picks it: empty for
+    ``portable`` and ``avx2``, all three for ``native``; empty on a GPU (runtime.gpu_name pins the device)."""
+    if device != "cpu":
         return []
-    env = runtime.get("env") or {}
     return [lib for lib, names in LIBRARIES.items() if not any(env.get(n) for n in names)]
 
 
-def kernel_identity(runtime: dict[str, Any], cpu: Cpu | None = None) -> str | None:
-    """The name of the kernels that compute under ``runtime`` here, or None where the manifest's pins name them
+def kernel_identity(env: Mapping[str, str | None], device: str = "cpu", cpu: Cpu | None = None) -> str | None:
+    """The name of the kernels that compute under a manifest's ``runtime.env`` here, or None where the manifest's pins name them
     (nothing is left to the machine). One line: ``<arch> <vendor> <model> | <instruction sets> | <libraries left to
     the CPU>``; what the manifest does pin is in its compute pin already."""
-    libs = left_to_machine(runtime)
+    libs = left_to_machine(env, device)
     if not libs:
         return None
     cpu = cpu or this_cpu()
@@ -164,11 +163,13 @@ def short_identity(identity: str | None) -> str:
     return f"{parts[0]} ({', '.join(isa) or 'no AVX2'})"
 
 
-def machine_compute_sha256(compute_sha256: str, runtime: dict[str, Any], cpu: Cpu | None = None) -> str:
+def machine_compute_sha256(
+    compute_sha256: str, env: Mapping[str, str | None], device: str = "cpu", cpu: Cpu | None = None
+) -> str:
     """The compute identity of what a manifest computes on this machine: its compute pin's hash where the pins name
     the kernels; else the hash of that pin with this machine's kernel identity, so that nothing computed under other
     kernels is ever found, restored or grafted as if it were this machine's."""
-    identity = kernel_identity(runtime, cpu)
+    identity = kernel_identity(env, device, cpu)
     if identity is None:
         return compute_sha256
     from ..util.hashing import sha256_json
@@ -176,12 +177,12 @@ def machine_compute_sha256(compute_sha256: str, runtime: dict[str, Any], cpu: Cp
     return sha256_json({"compute_pin": compute_sha256, "kernels": identity})
 
 
-def check_capability(runtime: dict[str, Any], cpu: Cpu | None = None) -> None:
+def check_capability(env: Mapping[str, str | None], device: str = "cpu", cpu: Cpu | None = None) -> None:
     """Refuse, before torch is imported, a pinned ATen capability this CPU cannot run (DeviceError naming what is
     missing): ATen would run it anyway and die on an illegal instruction."""
-    if runtime.get("device", "cpu") != "cpu":
+    if device != "cpu":
         return
-    cap = ((runtime.get("env") or {}).get("ATEN_CPU_CAPABILITY") or "").lower()
+    cap = (env.get("ATEN_CPU_CAPABILITY") or "").lower()
     cpu = cpu or this_cpu()
     missing = cpu.missing(cap)
     if missing:

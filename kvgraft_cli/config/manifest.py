@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -19,6 +19,16 @@ import yaml
 from ..errors import ManifestError
 from ..util.hashing import sha256_bytes, sha256_json
 from .gguf import dequantized_dir, is_gguf_path, resolve_gguf
+from .sections import (
+    ArtifactSection,
+    DecodeSection,
+    InputSection,
+    ModelSection,
+    PathsSection,
+    PrefillSection,
+    PromptSection,
+    RuntimeSection,
+)
 
 if TYPE_CHECKING:
     from .modelhash import ModelHashes
@@ -31,28 +41,69 @@ PLACEHOLDERS_QUERY = {"query"}
 
 @dataclass(frozen=True)
 class Manifest:
-    """A validated manifest and where it came from."""
+    """A validated manifest and where it came from, read through its typed sections (config.sections).
+
+    ``data`` is the validated document, kept for what config/ computes from it as written (the compute pin, a copy
+    with overrides, the YAML written back); code elsewhere reads the sections, which are made once here.
+    """
 
     data: dict[str, Any]
     source: str  # file path, or "builtin:default.yaml"
     file_sha256: str  # SHA-256 of the manifest file's bytes
     base_dir: Path  # folder that relative model paths resolve against
+    model: ModelSection = field(init=False, repr=False, compare=False)
+    runtime: RuntimeSection = field(init=False, repr=False, compare=False)
+    prefill: PrefillSection = field(init=False, repr=False, compare=False)
+    prompt: PromptSection = field(init=False, repr=False, compare=False)
+    input: InputSection = field(init=False, repr=False, compare=False)
+    decode: DecodeSection = field(init=False, repr=False, compare=False)
+    paths: PathsSection = field(init=False, repr=False, compare=False)
+    artifact: ArtifactSection = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        d = self.data
+        sections = {
+            "model": ModelSection.from_dict(d["model"]),
+            "runtime": RuntimeSection.from_dict(d["runtime"]),
+            "prefill": PrefillSection.from_dict(d["prefill"]),
+            "prompt": PromptSection.from_dict(d["prompt"]),
+            "input": InputSection.from_dict(d["input"]),
+            "decode": DecodeSection.from_dict(d["decode"]),
+            "paths": PathsSection.from_dict(d["paths"]),
+            "artifact": ArtifactSection.from_dict(d.get("artifact") or {}),
+        }
+        for name, section in sections.items():
+            object.__setattr__(self, name, section)
+
+    @property
+    def name(self) -> str | None:
+        """The manifest's ``name`` (None where it gives none)."""
+        return self.data.get("name")
 
     @property
     def model_dir(self) -> Path:
         """The model directory, resolved (builtin:NAME -> the package's data folder; a GGUF -> its dequantized
         checkpoint in the user's cache, which engine.gguf writes when it is missing)."""
-        model = self.data["model"]
-        if is_gguf_path(model["path"]):
-            return dequantized_dir(model["gguf_sha256"], model["dtype"])
-        return resolve_model_path(model["path"], self.base_dir)
+        model = self.model
+        if is_gguf_path(model.path):
+            return dequantized_dir(model.gguf_sha256, model.dtype)
+        return resolve_model_path(model.path, self.base_dir)
 
     @property
     def gguf_path(self) -> Path | None:
         """The GGUF file model.path names (``package:DIST`` found without importing it), or None for a checkpoint
         directory. InputError when it names one that is not there."""
-        path = self.data["model"]["path"]
+        path = self.model.path
         return resolve_gguf(path, self.base_dir) if is_gguf_path(path) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The validated document (a copy), as written: what `manifest show` prints and a YAML dump writes back."""
+        return copy.deepcopy(self.data)
+
+    @property
+    def prefill_pin(self) -> dict[str, Any]:
+        """The prefill schedule as it decides cache bits (:func:`pinned_prefill`), as artifacts name it."""
+        return pinned_prefill(self.data["prefill"])
 
     @property
     def compute_sha256(self) -> str:
@@ -65,7 +116,7 @@ class Manifest:
         kernels (``portable``, ``avx2``), else the CPU whose kernels compute its bits (``native``)."""
         from .kernels import kernel_identity
 
-        return kernel_identity(self.data["runtime"])
+        return kernel_identity(self.runtime.env, self.runtime.device)
 
     @property
     def machine_compute_sha256(self) -> str:
@@ -74,14 +125,7 @@ class Manifest:
         prompt-cache keys and library keys are made and looked up under it."""
         from .kernels import machine_compute_sha256
 
-        return machine_compute_sha256(self.compute_sha256, self.data["runtime"])
-
-    def get(self, dotted: str) -> Any:
-        """A value by dotted path, e.g. ``runtime.threads``."""
-        node: Any = self.data
-        for part in dotted.split("."):
-            node = node[part]
-        return node
+        return machine_compute_sha256(self.compute_sha256, self.runtime.env, self.runtime.device)
 
 
 def data_dir() -> Path:

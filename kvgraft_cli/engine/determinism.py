@@ -10,11 +10,15 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.profiles import KNOWN_BIT_ENV, profile_env
 from ..errors import DeviceError, DriftError, engine_not_installed
+
+if TYPE_CHECKING:
+    from ..config.sections import RuntimeSection
 
 
 @dataclass
@@ -48,15 +52,14 @@ class Drift:
             )
 
 
-def apply_environment(runtime: dict[str, Any]) -> Drift:
-    """Set the manifest's environment variables (before torch is imported) and report what cannot take effect.
+def apply_environment(pinned_env: Mapping[str, str | None], device: str = "cpu") -> Drift:
+    """Set a manifest's ``runtime.env`` (before torch is imported) and report what cannot take effect.
     DeviceError for a pinned ATen capability this CPU cannot run (config.kernels.check_capability)."""
     from ..config.kernels import check_capability
 
-    check_capability(runtime)
+    check_capability(pinned_env, device)
     drift = Drift()
     torch_loaded = "torch" in sys.modules
-    pinned_env: dict[str, str | None] = runtime.get("env") or {}
     for name, value in pinned_env.items():
         current = os.environ.get(name)
         if current == value:
@@ -89,10 +92,10 @@ def cpu_name() -> str:
 def pin_profile(profile: str, device: str = "cpu") -> None:
     """Apply a kernel-flag profile's environment before torch is imported (for code that builds its own models: the
     matrix, the benchmarks, the check at scale); DriftError if torch was already imported with other values."""
-    apply_environment({"env": profile_env(profile, device)}).enforce(False, f"profile {profile}")
+    apply_environment(profile_env(profile, device), device).enforce(False, f"profile {profile}")
 
 
-def configure_torch(runtime: dict[str, Any], drift: Drift) -> Any:
+def configure_torch(runtime: RuntimeSection, drift: Drift) -> Any:
     """Import torch and apply threads, seed, determinism and TF32 flags; check versions and device. Returns the device."""
     try:
         import torch
@@ -101,40 +104,40 @@ def configure_torch(runtime: dict[str, Any], drift: Drift) -> Any:
         raise engine_not_installed(e) from None
 
     for lib, have in (("torch", torch.__version__), ("transformers", transformers.__version__)):
-        want = runtime["versions"][lib]
+        want = runtime.versions[lib]
         if have != want:
             drift.add(f"runtime.versions.{lib}", want, have)
 
-    torch.set_num_threads(runtime["threads"])
-    if torch.get_num_threads() != runtime["threads"]:
-        drift.add("runtime.threads", runtime["threads"], torch.get_num_threads())
-    torch.manual_seed(runtime["seed"])
-    torch.use_deterministic_algorithms(runtime["deterministic_algorithms"])
-    allow_tf32 = runtime["allow_tf32"]
+    torch.set_num_threads(runtime.threads)
+    if torch.get_num_threads() != runtime.threads:
+        drift.add("runtime.threads", runtime.threads, torch.get_num_threads())
+    torch.manual_seed(runtime.seed)
+    torch.use_deterministic_algorithms(runtime.deterministic_algorithms)
+    allow_tf32 = runtime.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     torch.backends.cudnn.allow_tf32 = allow_tf32
     torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
 
     # The capability ATen dispatches to, read back: a pin set after torch was imported does not take effect.
     # Left to the machine, it must be the one the kernel identity names (config.kernels: the CPU's own).
-    if runtime["device"] == "cpu":
+    if runtime.device == "cpu":
         from ..config.kernels import this_cpu
 
-        want_cap = (runtime.get("env") or {}).get("ATEN_CPU_CAPABILITY") or this_cpu().aten_capability()
+        want_cap = runtime.env.get("ATEN_CPU_CAPABILITY") or this_cpu().aten_capability()
         have_cap = aten_capability()
         if have_cap.lower() != want_cap.lower():
             drift.add("effective ATen capability", want_cap, have_cap)
 
-    want_cpu = runtime.get("cpu_name")
+    want_cpu = runtime.cpu_name
     if want_cpu and want_cpu != cpu_name():
         drift.add("runtime.cpu_name", want_cpu, cpu_name())
 
-    if runtime["device"] == "cuda":
+    if runtime.device == "cuda":
         return _configure_cuda(torch, runtime, drift)
     return torch.device("cpu")
 
 
-def _configure_cuda(torch, runtime: dict[str, Any], drift: Drift):
+def _configure_cuda(torch, runtime: RuntimeSection, drift: Drift):
     if not torch.cuda.is_available():
         raise DeviceError(
             "the manifest asks for device cuda, but no CUDA GPU is visible to torch "
@@ -142,15 +145,15 @@ def _configure_cuda(torch, runtime: dict[str, Any], drift: Drift):
             "run on a machine with a GPU and a CUDA build of torch, or use a manifest with runtime.device: cpu",
         )
     name = torch.cuda.get_device_name(0)
-    if runtime.get("gpu_name") and name != runtime["gpu_name"]:
-        drift.add("runtime.gpu_name", runtime["gpu_name"], name)
-    if runtime["deterministic_algorithms"] and os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"):
+    if runtime.gpu_name and name != runtime.gpu_name:
+        drift.add("runtime.gpu_name", runtime.gpu_name, name)
+    if runtime.deterministic_algorithms and os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"):
         drift.add(
             "env.CUBLAS_WORKSPACE_CONFIG",
             ":4096:8 or :16:8 (needed for deterministic cuBLAS)",
             os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
         )
-    torch.backends.cudnn.deterministic = runtime["deterministic_algorithms"]
+    torch.backends.cudnn.deterministic = runtime.deterministic_algorithms
     torch.backends.cudnn.benchmark = False
     return torch.device("cuda:0")
 
@@ -174,11 +177,10 @@ def visible_gpu_name() -> str:
     return torch.cuda.get_device_name(0)
 
 
-def sdpa_context(runtime: dict[str, Any]):
-    """A context manager that pins the SDPA backend when the manifest names one (else a no-op)."""
+def sdpa_context(backend: str | None):
+    """A context manager that pins the SDPA backend a manifest's ``runtime.sdpa_backend`` names (None: a no-op)."""
     import contextlib
 
-    backend = runtime.get("sdpa_backend")
     if not backend:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -187,11 +189,11 @@ def sdpa_context(runtime: dict[str, Any]):
     return sdpa_kernel([getattr(SDPBackend, names[backend])])
 
 
-def effective_environment(runtime: dict[str, Any], device: Any = None) -> dict[str, Any]:
+def effective_environment(runtime: RuntimeSection, device: Any = None) -> dict[str, Any]:
     """What is in force now, for the ledger: versions, machine, device, threads, kernel flags, env variables."""
     from .. import __version__
 
-    env_names = sorted(set(KNOWN_BIT_ENV) | set(runtime.get("env") or {}))
+    env_names = sorted(set(KNOWN_BIT_ENV) | set(runtime.env))
     out: dict[str, Any] = {
         "kvgraft": __version__,
         "python": platform.python_version(),
@@ -210,7 +212,7 @@ def effective_environment(runtime: dict[str, Any], device: Any = None) -> dict[s
             threads=torch.get_num_threads(),
             deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
             allow_tf32=bool(torch.backends.cuda.matmul.allow_tf32),
-            device=str(device) if device is not None else runtime["device"],
+            device=str(device) if device is not None else runtime.device,
             gpu=torch.cuda.get_device_name(0) if device is not None and str(device).startswith("cuda") else None,
         )
     return out

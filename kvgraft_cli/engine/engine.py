@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..artifacts.format import LayerState
-from ..config.manifest import Manifest, clip, pinned_prefill
+from ..config.manifest import Manifest, clip
 from ..config.modelhash import CHARS_PER_TOKEN, ModelHashes, hash_model_dir
 from ..errors import InputError, UnsupportedModel
 from ..util.memory import keep_freed_memory
@@ -95,15 +95,13 @@ class Engine:
         if self._prompts is None:
             from .prompts import Prompts
 
-            self._prompts = Prompts(
-                self.manifest.data["prompt"], self.tokenizer, self.manifest.data.get("name") or "the model"
-            )
+            self._prompts = Prompts(self.manifest.prompt, self.tokenizer, self.manifest.name or "the model")
         return self._prompts
 
     @property
     def kv_dtype(self):
         """The cache's torch dtype when model.kv_dtype narrows it (a 16-bit cache of a float32 model), else None."""
-        name = self.manifest.data["model"].get("kv_dtype")
+        name = self.manifest.model.kv_dtype
         if name is None:
             return None
         import torch
@@ -113,9 +111,9 @@ class Engine:
     @property
     def prefill_cuts(self) -> frozenset[int]:
         """The token ids of prefill.cut_before (a chunked schedule's chunk also ends before each); empty without."""
-        prefill = self.manifest.data["prefill"]
-        names = prefill.get("cut_before") or []
-        if not names or prefill["schedule"] != "chunked":  # (validation refuses cuts under another schedule)
+        prefill = self.manifest.prefill
+        names = prefill.cut_before
+        if not names or prefill.schedule != "chunked":  # (validation refuses cuts under another schedule)
             return frozenset()
         if self._cuts is None:
             self._cuts = frozenset(cut_token_ids(self.tokenizer, names))
@@ -136,9 +134,7 @@ class Engine:
         """Token ids of a rendered prefix, with BOS when the manifest asks for it; InputError (naming ``where``, e.g.
         ``problems.jsonl:7``) for a prefix longer than the model's positions, before any forward."""
         ids = self.encode(text, where or "prefix")
-        bos = self.tokenizer.bos_token_id
-        if self.manifest.data["prompt"]["add_bos"] and bos is not None:
-            ids = [bos] + ids
+        ids = self.manifest.prompt.with_bos(ids, self.tokenizer.bos_token_id)
         limit = self.max_positions
         if limit and len(ids) > limit:
             raise InputError(
@@ -169,7 +165,7 @@ class Engine:
     def _infer(self):
         import torch
 
-        with torch.inference_mode(), determinism.sdpa_context(self.manifest.data["runtime"]):
+        with torch.inference_mode(), determinism.sdpa_context(self.manifest.runtime.sdpa_backend):
             yield
 
     def new_cache(self, grow: bool = True):
@@ -235,7 +231,7 @@ class Engine:
     @property
     def invariant(self) -> bool:
         """Whether the manifest's schedule is ``invariant``: every forward computes one token at a time."""
-        return self.manifest.data["prefill"]["schedule"] == "invariant"
+        return self.manifest.prefill.invariant
 
     def _forward_token_by_token(self, cache, ids: list[int], last_only: bool, start: int | None):
         """The invariant schedule's forward: one model call per token, in order, on ``cache``.
@@ -296,8 +292,8 @@ class Engine:
             raise InputError(f"prefix of {len(ids)} tokens at position {before} exceeds the model's {limit} positions")
         if cache is None:
             cache = self.new_cache()
-        sched = self.manifest.data["prefill"]
-        step = len(ids) if sched["schedule"] == "single" else (sched.get("chunk_size") or len(ids))
+        sched = self.manifest.prefill
+        step = len(ids) if sched.schedule == "single" else (sched.chunk_size or len(ids))
         logits = None
         for start, end in chunk_spans(ids, step, self.prefill_cuts):  # (cuts: the chunked schedule's only)
             logits = self.forward(cache, ids[start:end], last_only=True, start=offset + start if offset else None)
@@ -461,10 +457,10 @@ class Engine:
         a chain link also names its parent and starts at the parent chain's length."""
         import json
 
-        m = self.manifest.data
+        m = self.manifest
         link = {"parent_sha256": parent} if parent is not None else {}
         # Named only when not the default, so a manifest without the key deposits the bytes it always did.
-        scheme = m.get("artifact", {}).get("identity", "sha256")
+        scheme = m.artifact.identity
         named = {"identity": scheme} if scheme != "sha256" else {}
         return {
             **link,
@@ -472,13 +468,13 @@ class Engine:
             "model_sha256": self.hashes.model_sha256,
             "tokenizer_sha256": self.hashes.tokenizer_sha256,
             "manifest_sha256": self.manifest.machine_compute_sha256,
-            "dtype": m["model"]["dtype"],
-            "device": m["runtime"]["device"],
-            "prefill": json.dumps(pinned_prefill(m["prefill"]), sort_keys=True, separators=(",", ":")),
+            "dtype": m.model.dtype,
+            "device": m.runtime.device,
+            "prefill": json.dumps(m.prefill_pin, sort_keys=True, separators=(",", ":")),
             "start_position": str(start),
             "logits_sha256": logits_sha256,
-            "logits_dtype": m["model"]["dtype"],
-            **({"kv_dtype": m["model"]["kv_dtype"]} if "kv_dtype" in m["model"] else {}),
+            "logits_dtype": m.model.dtype,
+            **({"kv_dtype": m.model.kv_dtype} if m.model.kv_dtype is not None else {}),
             # The CPU whose kernels computed the bits, where the manifest leaves them to the machine (native):
             # named so that a graft elsewhere is refused naming it (config.kernels). Absent under pinned kernels.
             **({"kernels": kernels} if (kernels := self.manifest.kernels) else {}),
@@ -492,12 +488,12 @@ class Engine:
             "model_sha256": self.hashes.model_sha256,
             "tokenizer_sha256": self.hashes.tokenizer_sha256,
             "manifest_sha256": self.manifest.machine_compute_sha256,
-            "dtype": self.manifest.data["model"]["dtype"],
+            "dtype": self.manifest.model.dtype,
             "layer_types": json.dumps([k for k, _ in self.layout], separators=(",", ":"), sort_keys=True),
             "sliding_windows": json.dumps([w for _, w in self.layout], separators=(",", ":"), sort_keys=True),
             "start_position": str(start),
             # The tensors' width: absent on an artifact of a cache at the model's dtype (every one before the key)
-            "kv_dtype": self.manifest.data["model"].get("kv_dtype"),
+            "kv_dtype": self.manifest.model.kv_dtype,
             # This machine's kernel identity (None under pinned kernels: an artifact made under them names none),
             # and the bare compute pin an artifact made before kernel identities were recorded carries
             "kernels": self.manifest.kernels,
@@ -532,12 +528,12 @@ def _capture_layer(i: int, layer) -> LayerState:
 def pin_environment(manifest: Manifest) -> Drift:
     """Apply the manifest's environment variables. Call before anything imports torch (load_engine does it first
     unless given the Drift this returned, so a command may read artifacts between the two)."""
-    return determinism.apply_environment(manifest.data["runtime"])
+    return determinism.apply_environment(manifest.runtime.env, manifest.runtime.device)
 
 
 def load_engine(manifest: Manifest, allow_drift: bool = False, drift: Drift | None = None) -> Engine:
     """Apply the manifest's pins, check the environment and model hash, load model and tokenizer from local files."""
-    runtime = manifest.data["runtime"]
+    runtime = manifest.runtime
     if drift is None:
         drift = pin_environment(manifest)  # before torch is imported
     device = determinism.configure_torch(runtime, drift)
@@ -547,7 +543,7 @@ def load_engine(manifest: Manifest, allow_drift: bool = False, drift: Drift | No
     model_dir = manifest.model_dir
     hashes = hash_model_dir(model_dir)
     for key, have in (("sha256", hashes.model_sha256), ("tokenizer_sha256", hashes.tokenizer_sha256)):
-        want = manifest.data["model"][key]
+        want = getattr(manifest.model, key)
         if have != want:
             drift.add(f"model.{key}", want, have)
     drift.enforce(allow_drift, manifest.source)
@@ -560,17 +556,17 @@ def load_engine(manifest: Manifest, allow_drift: bool = False, drift: Drift | No
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    if manifest.data["model"]["attn_implementation"] == GROUPED:
+    if manifest.model.attn_implementation == GROUPED:
         register_grouped()  # kvgraft's own kernel (engine.attention), known to transformers only once registered
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
         str(model_dir),
         local_files_only=True,
-        dtype=getattr(torch, manifest.data["model"]["dtype"]),
-        attn_implementation=manifest.data["model"]["attn_implementation"],
+        dtype=getattr(torch, manifest.model.dtype),
+        attn_implementation=manifest.model.attn_implementation,
     )
     model = model.to(device)
-    if manifest.data["model"].get("weights", "dequantized") == "q4":
+    if manifest.model.weights == "q4":
         from .quantized import quantize_for_manifest
 
         quantize_for_manifest(model, manifest, drift, allow_drift)
@@ -583,13 +579,13 @@ def engine_from_model(
     """An Engine around a model already on ``device`` (pins applied, torch configured by
     determinism.configure_torch): records the environment in force and probes the cache layout. load_engine ends
     here, and so does a model built in memory rather than read from a checkpoint directory."""
-    if manifest.data["model"]["attn_implementation"] == GROUPED:
+    if manifest.model.attn_implementation == GROUPED:
         check_grouped(model.config)
     # Read by engine.attention and engine.lean: which code computes attention's products (model.attn_products)
-    model.config.kvgraft_attn_products = manifest.data["model"].get("attn_products", "blas")
+    model.config.kvgraft_attn_products = manifest.model.attn_products
     model.eval()
     engine = Engine(manifest, model, tokenizer, device, hashes, drift, {})
-    engine.environment = determinism.effective_environment(manifest.data["runtime"], device)
+    engine.environment = determinism.effective_environment(manifest.runtime, device)
     engine.layout = _probe_layout(engine)
     _check_kv_dtype(engine)
     engine.prefill_cuts  # noqa: B018  (prefill.cut_before checked against the tokenizer at load, not mid-run)
@@ -626,7 +622,7 @@ def _check_kv_dtype(engine: Engine) -> None:
     kinds = sorted({kind for kind, _ in engine.layout if kind not in ("full", "empty")})
     if kinds or not enabled(engine.device):
         raise UnsupportedModel(
-            f"model.kv_dtype {engine.manifest.data['model']['kv_dtype']}: "
+            f"model.kv_dtype {engine.manifest.model.kv_dtype}: "
             + (
                 f"this model's cache has {', '.join(kinds)} layers, kept at the model's width"
                 if kinds

@@ -117,21 +117,21 @@ def materialize(manifest) -> None:
     from ..errors import IntegrityError
     from ..util.hashing import sha256_file
 
-    model = manifest.data["model"]
-    if not gguf_config.is_gguf_path(model["path"]):
+    model = manifest.model
+    if not gguf_config.is_gguf_path(model.path):
         return
-    out = gguf_config.dequantized_dir(model["gguf_sha256"], model["dtype"])
+    out = gguf_config.dequantized_dir(model.gguf_sha256, model.dtype)
     if (out / "model.safetensors").is_file():
         return
     path = manifest.gguf_path
     got = sha256_file(path)
-    gguf_config.check_known(model["path"], got)
-    if got != model["gguf_sha256"]:
+    gguf_config.check_known(model.path, got)
+    if got != model.gguf_sha256:
         raise IntegrityError(
-            f"{path}: the GGUF's SHA-256 is {got}, the manifest {manifest.source} pins {model['gguf_sha256']}",
+            f"{path}: the GGUF's SHA-256 is {got}, the manifest {manifest.source} pins {model.gguf_sha256}",
             "use the GGUF the manifest was written for, or write a new manifest for this one (`kvgraft manifest init`)",
         )
-    dequantize(path, out, model["dtype"])
+    dequantize(path, out, model.dtype)
 
 
 def manifest_for_gguf(source: str, output: Path | None, **settings) -> tuple[str, ModelHashes]:

@@ -258,10 +258,10 @@ def attach(engine) -> bool:
     if os.environ.get("KVGRAFT_LEAN", "1") == "0":
         return False
     model = engine.model
-    m = engine.manifest.data["model"]
+    m = engine.manifest.model
     if (
-        m.get("weights", "dequantized") != "q4"
-        or m["attn_implementation"] != "grouped"
+        m.weights != "q4"
+        or m.attn_implementation != "grouped"
         or getattr(model.config, "model_type", None) not in SUPPORTED_MODEL_TYPES
         or str(engine.device) != "cpu"
     ):

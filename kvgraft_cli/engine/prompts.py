@@ -16,10 +16,13 @@ refuses it when the rendering of a conversation is not a prefix of the rendering
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.manifest import clip
 from ..errors import UnsupportedModel
+
+if TYPE_CHECKING:
+    from ..config.sections import PromptSection
 
 # A stand-in exchange: the text of a turn that follows another is the whole rendering minus the rendering before it.
 # Its assistant turn has reasoning markup, which templates of reasoning models strip from turns that later ones
@@ -33,11 +36,11 @@ _EARLIER = (
 class Prompts:
     """The manifest's prompt settings bound to a tokenizer (the chat template comes from the tokenizer)."""
 
-    def __init__(self, prompt: dict[str, Any], tokenizer: Any, model_name: str = "the model"):
+    def __init__(self, prompt: PromptSection, tokenizer: Any, model_name: str = "the model"):
         self.prompt = prompt
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self.chat = prompt.get("format", "text") == "chat"
+        self.chat = prompt.chat
         if self.chat and not getattr(tokenizer, "chat_template", None):
             raise UnsupportedModel(
                 f"prompt.format is chat, but {model_name}'s tokenizer has no chat template",
@@ -47,7 +50,7 @@ class Prompts:
 
     # -- chat rendering -----------------------------------------------------------------------------------------
     def _system(self) -> list[dict[str, str]]:
-        system = self.prompt.get("system")
+        system = self.prompt.system
         return [{"role": "system", "content": system}] if system is not None else []
 
     def render(self, messages: list[dict[str, str]], generation: bool = False) -> str:
@@ -77,30 +80,30 @@ class Prompts:
 
     def _exchange(self, fields: dict[str, str]) -> list[dict[str, str]]:
         return [
-            {"role": "user", "content": self._fill(self.prompt["user"], fields)},
-            {"role": "assistant", "content": self._fill(self.prompt["assistant"], fields)},
+            {"role": "user", "content": self._fill(self.prompt.user, fields)},
+            {"role": "assistant", "content": self._fill(self.prompt.assistant, fields)},
         ]
 
     # -- the texts ----------------------------------------------------------------------------------------------
     def root_text(self, fields: dict[str, str]) -> str:
         """A library entry deposited on its own (a chain's root): text mode's prefix; chat: the first exchange."""
         if not self.chat:
-            return self._fill(self.prompt["prefix"], fields)
+            return self._fill(self.prompt.prefix, fields)
         return self.render(self._system() + self._exchange(fields))
 
     def link_text(self, fields: dict[str, str]) -> str:
         """A library entry after others (a chain link): text mode's prefix; chat: the exchange as a later turn."""
         if not self.chat:
-            return self._fill(self.prompt["prefix"], fields)
+            return self._fill(self.prompt.prefix, fields)
         return self._continued(self._exchange(fields), False)
 
     def question_template(self, exact: bool) -> str:
         """The question's template: ``query_exact`` on an exact hit when the manifest has one, else ``query``."""
-        return self.prompt.get("query_exact", self.prompt["query"]) if exact else self.prompt["query"]
+        return (self.prompt.query_exact or self.prompt.query) if exact else self.prompt.query
 
     def answer_prefix(self, exact: bool) -> str:
         """What the answer starts with (part of the prompt and of the output): on an exact hit, ``answer_prefix``."""
-        return self.prompt.get("answer_prefix", "") if exact else ""
+        return (self.prompt.answer_prefix or "") if exact else ""
 
     def question_text(self, query: str, *, exact: bool = False, first: bool = False) -> str:
         """The question after the context (``first``: nothing before it). Text mode: the template (BOS is the

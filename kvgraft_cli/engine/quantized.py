@@ -484,11 +484,11 @@ def quantize_for_manifest(model, manifest, drift, allow_drift: bool) -> None:
     its canonical hash checked against ``model.weights_sha256`` (drift, refused unless ``allow_drift``)."""
     from ..config.gguf import quantized_path
 
-    pinned = manifest.data["model"]
+    pinned = manifest.model
     gguf_path = manifest.gguf_path
     assert gguf_path is not None  # model.weights q4 validates only with a GGUF model.path
-    want = pinned["weights_sha256"]
-    have = quantize_from_gguf(model, gguf_path, quantized_path(pinned["gguf_sha256"]), want)
+    want = pinned.weights_sha256
+    have = quantize_from_gguf(model, gguf_path, quantized_path(pinned.gguf_sha256), want)
     if have != want:
         drift.add("model.weights_sha256", want, have)
         drift.enforce(allow_drift, manifest.source)

@@ -39,6 +39,7 @@ from .chain import build_chain, hit_fields
 from .retrieval import Found, find
 
 if TYPE_CHECKING:
+    from ..config.sections import PromptSection
     from ..runs.workers.ray import RayPool
 
 
@@ -240,16 +241,14 @@ def prepare_solve(
     if pool is not None:
         check_sharded(deposit_verified)
     m = ctx.manifest
-    problems = read_problems(problems_path, m.data["input"], require_solution=False)
+    problems = read_problems(problems_path, m.input.as_written(), require_solution=False)
     if limit is not None:
         problems = problems[:limit]
     # A text no position limit could fit is refused by its length, before anything is tokenized or loaded.
     check_lengths(problems, problems_path, context_window(m.model_dir), fields=("problem",))
     check_outputs(problems_path, outputs_path, force, ctx)
-    decode = m.data["decode"]
-    full_budget = decode["max_new_tokens"]
-    answer_budget = decode.get("answer_tokens", full_budget)
-    stop = decode.get("stop") or []
+    full_budget, answer_budget = m.decode.budget(exact=False), m.decode.budget(exact=True)
+    stop = list(m.decode.stop)
     ledger.check_appendable(ctx.ledger)
     if use_library:
         check_library(ctx)
@@ -276,7 +275,7 @@ def prepare_solve(
     input_sha = sha256_file(problems_path)
     problems_file = {"path": ctx.rel(Path(problems_path)), **digest(input_sha)}
     settings = {
-        "mapping": m.data["input"],
+        "mapping": m.input.as_written(),
         "k": k,
         "min_score": repr(min_score) if min_score is not None else None,
         "library": use_library,
@@ -286,7 +285,7 @@ def prepare_solve(
         "deposit_verified": deposit_verified,
         "limit": limit,
     }
-    prompts = prompt_settings(m.data["prompt"])
+    prompts = prompt_settings(m.prompt)
     if prompts is not None:
         settings["prompts"] = prompts
     args = {
@@ -443,14 +442,15 @@ def query_job(ctx: RunContext, engine: Engine, p: Problem, *, where: str) -> lis
     return engine.encode(engine.prompts.question_text(p.problem, first=True), where=f"{where}:{p.line}")
 
 
-def prompt_settings(prompt: dict) -> dict | None:
+def prompt_settings(prompt: PromptSection) -> dict | None:
     """The question prompts a manifest pins beyond the plain ``query`` (chat format, the exact hit's question and
     answer prefix), as recorded in each solve entry's settings; None for a manifest with none of them (its entries
     stay as they were)."""
     keys = ("format", "system", "user", "assistant", "query", "query_exact", "answer_prefix")
-    if not any(k in prompt for k in ("format", "query_exact", "answer_prefix")):
+    if not any(prompt.has(k) for k in ("format", "query_exact", "answer_prefix")):
         return None
-    return {k: prompt[k] for k in keys if k in prompt}
+    written = prompt.as_written()
+    return {k: written[k] for k in keys if k in written}
 
 
 def record_solve(ctx: RunContext, store: Store | None, s: Solved) -> SolveRecord:
@@ -543,9 +543,7 @@ def begin_problem(
         chain, query, cache, logits = graft_question(engine, store, hits, p.problem, kind == "exact")
     else:  # nothing grafted: the context starts here, with BOS as every deposited prefix does
         query = engine.encode(engine.prompts.question_text(p.problem, first=True))
-        bos = engine.tokenizer.bos_token_id
-        if engine.manifest.data["prompt"]["add_bos"] and bos is not None:
-            query = [bos] + query
+        query = engine.manifest.prompt.with_bos(query, engine.tokenizer.bos_token_id)
         cache = engine.new_cache()
         logits = engine.forward(cache, query)
     stream = engine.stream(cache, budget, stop_at_eos=True, stop=stop)
@@ -644,7 +642,7 @@ def _deposit_answer(
     if verdict.status != "verified":
         return None
     settings = {
-        "mapping": ctx.manifest.data["input"],
+        "mapping": ctx.manifest.input.as_written(),
         "from": "solve --deposit-verified",
         "solve_ledger_seq": rec.ledger_seq,
     }

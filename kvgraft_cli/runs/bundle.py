@@ -565,7 +565,7 @@ def _prefix_tokenizer(manifest):
 
     materialize(manifest)
     model_dir = manifest.model_dir
-    want = manifest.data["model"]["tokenizer_sha256"]
+    want = manifest.model.tokenizer_sha256
     try:
         got, why = tokenizer_sha256(model_dir), "no tokenizer files"
     except OSError as e:

@@ -34,14 +34,14 @@ class RunContext:
     def make(
         cls, manifest: Manifest, store: Path | str | None = None, ledger: Path | None = None, allow_drift: bool = False
     ) -> RunContext:
-        paths = manifest.data["paths"]
-        ref = str(store if store is not None else paths["store"])
+        paths = manifest.paths
+        ref = str(store if store is not None else paths.store)
         if ref.startswith(REMOTE_SCHEME):
             from ..store.remote import cache_dir, normalize
 
             url = normalize(ref)
-            return cls(manifest, cache_dir(url), Path(ledger or paths["ledger"]), allow_drift, url)
-        return cls(manifest, Path(ref), Path(ledger or paths["ledger"]), allow_drift)
+            return cls(manifest, cache_dir(url), Path(ledger or paths.ledger), allow_drift, url)
+        return cls(manifest, Path(ref), Path(ledger or paths.ledger), allow_drift)
 
     @property
     def store_name(self) -> str:

@@ -95,7 +95,7 @@ def deposit(
     ``codec``: how new artifact files are written (``auto``, ``raw`` or ``zstd``; the identity is the same).
     ``pool`` (runs.workers.ray): compute the artifacts on Ray workers, in shards; this process alone indexes them
     and appends the ledger, in input order, so the ledger records what a single-process run records."""
-    problems = read_problems(problems_path, ctx.manifest.data["input"])
+    problems = read_problems(problems_path, ctx.manifest.input.as_written())
     if limit is not None:
         problems = problems[:limit]
     # A text no position limit could fit is refused by its length, before anything is tokenized or loaded.
@@ -114,7 +114,7 @@ def deposit(
         return report
     ledger.check_appendable(ctx.ledger)  # refuse before any work, so nothing lands in the store unrecorded
     # How the file was read: enough for `kvgraft prereg make` to replay the same deposit elsewhere.
-    settings = {"mapping": ctx.manifest.data["input"], "limit": limit, "allow_unverified": allow_unverified}
+    settings = {"mapping": ctx.manifest.input.as_written(), "limit": limit, "allow_unverified": allow_unverified}
     where = str(problems_path)
     if pool is not None:
         pool.start()  # engines load in the workers (each checks the pins and refuses drift)
@@ -283,7 +283,7 @@ def record_deposit(
         },
         outputs={
             "artifact": {**digest(sha), "path": ctx.rel(store.object_path(sha))},
-            "logits": {**digest(c.logits_sha256), "dtype": m.data["model"]["dtype"], "position": c.num_tokens - 1},
+            "logits": {**digest(c.logits_sha256), "dtype": m.model.dtype, "position": c.num_tokens - 1},
         },
         verification={
             "status": verdict.status,

@@ -87,7 +87,7 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
         if art.parent is None:
             return Loaded(sha, art, ref, identity=identity)
         with ctx.open_store(create=False) as store:  # a link's parents come from the store
-            parents = store.load_chain(art.parent, remember=False, device=ctx.manifest.data["runtime"]["device"])
+            parents = store.load_chain(art.parent, remember=False, device=ctx.manifest.runtime.device)
         chain = parents + [(sha, art)]
         check_chain(chain, ref)
         return Loaded(sha, art, ref, chain, identity=identity)
@@ -95,7 +95,7 @@ def open_artifact(ctx: RunContext, ref: str | None) -> Loaded:
         sha = store.resolve(ref, ctx.manifest.machine_compute_sha256)
         # Not remembered: graft, probe and replay hold the Loaded artifact as long as they need it; a graft then
         # hands its tensors to the cache alone (Loaded.release), which grows into the room they were read with.
-        device = ctx.manifest.data["runtime"]["device"]
+        device = ctx.manifest.runtime.device
         chain = store.load_chain(sha, remember=False, device=device, room=room_for(device))
         return Loaded(sha, chain[-1][1], str(store.object_path(sha)), chain)
 
@@ -126,7 +126,7 @@ def _refuse_past_positions(ctx: RunContext, path: Path, expected: str | None) ->
 def _open_file(ctx: RunContext, path: Path, expected: str | None) -> tuple[str, kvg.Artifact]:
     """A .kvg file read for this run's device: on a GPU straight into device memory through pinned staging,
     verified on the way (artifacts.device_restore); on the CPU by kvg.open_file."""
-    device = ctx.manifest.data["runtime"]["device"]
+    device = ctx.manifest.runtime.device
     if device == "cpu":
         return kvg.open_file(path, expected, room_for(device))
     from ..artifacts.device_restore import open_file_on_device
@@ -358,7 +358,7 @@ def graft_check(
     report = CheckReport(
         loaded.sha256,
         len(prefix),
-        ctx.manifest.data["prefill"],
+        ctx.manifest.prefill.as_written(),
         deposit_reproduced=kvg.same_cache(reproduced_payload, loaded.sha256),
         logits_reproduced=tensor_sha256(last) == art.meta["logits_sha256"],
         single_pass_max_abs_diff=0.0,
@@ -366,7 +366,7 @@ def graft_check(
     )
     del fresh_cache, reproduced_payload
     fresh_hashes, suffix_hashes = [], []
-    for i, text in enumerate(check_suffixes(ctx.manifest.data["runtime"]["seed"], samples)):
+    for i, text in enumerate(check_suffixes(ctx.manifest.runtime.seed, samples)):
         suffix = engine.encode(engine.prompts.question_text(text))
         # Fresh: prefill the prefix from scratch by the manifest's schedule (a chain: link by link, each on the
         # cache of the ones before, as it was deposited), then the suffix, then decode.

@@ -211,8 +211,7 @@ def probe(
         raise InputError(f"{loaded.source}: the probe needs a prefix of at least 2 tokens, this one has {len(prefix)}")
     kind = positions_kind(engine)
     suffixes = [
-        engine.encode(engine.prompts.question_text(t))
-        for t in check_suffixes(ctx.manifest.data["runtime"]["seed"], samples)
+        engine.encode(engine.prompts.question_text(t)) for t in check_suffixes(ctx.manifest.runtime.seed, samples)
     ]
     limit = engine.max_positions
     longest = len(prefix) + max(len(s) for s in suffixes)

@@ -31,7 +31,7 @@ def score_and_record(
     """Score, write the records file, append a ``score`` ledger entry. ``records_path`` None: the default
     (:func:`default_records_path`). ``settings`` None: the current rules, extractor and exact grader; a replay
     passes the recorded ones. Returns (result, records sha256, entry)."""
-    mapping = ctx.manifest.data["input"]
+    mapping = ctx.manifest.input.as_written()
     settings = settings or ScoreSettings()
     if records_path is not None:  # never over an input, the ledger or the store's own files (runs.owned)
         check_output(
@@ -45,7 +45,7 @@ def score_and_record(
     rec_sha = write_records(records_path, result)
     entry = ctx.entry_base()
     entry.update(
-        environment=effective_environment(ctx.manifest.data["runtime"]),
+        environment=effective_environment(ctx.manifest.runtime),
         inputs={
             "outputs": {"path": ctx.rel(outputs), **digest(in_hashes[0])},
             "answers": {"path": ctx.rel(answers_path), **digest(in_hashes[1])},

@@ -157,7 +157,7 @@ class Server:
         self.engine = engine
         self.options = options
         m = ctx.manifest
-        self.model_id: str = m.data.get("name") or "kvgraft"
+        self.model_id: str = m.name or "kvgraft"
         self.chunk = promptcache.chunk_of(engine, options.chunk) if options.prompt_cache else None
         self.store: Store | None = None
         self.library = False
@@ -230,13 +230,12 @@ class Server:
         """Whether a chat is exactly the manifest's conversation for one question (what the library was built on)."""
         if req.endpoint != "chat":
             return False
-        system = self.engine.manifest.data["prompt"].get("system")
+        system = self.engine.manifest.prompt.system
         head = [{"role": "system", "content": system}] if system is not None else []
         return req.messages[:-1] == head and len(req.messages) == len(head) + 1
 
     def _with_bos(self, ids: list[int]) -> list[int]:
-        bos = self.engine.tokenizer.bos_token_id
-        return [bos] + ids if self.engine.manifest.data["prompt"]["add_bos"] and bos is not None else ids
+        return self.engine.manifest.prompt.with_bos(ids, self.engine.tokenizer.bos_token_id)
 
     def plain_ids(self, req: Request) -> list[int]:
         """The token ids of a prompt run plainly (nothing grafted from the library)."""
@@ -262,8 +261,7 @@ class Server:
             raise RequestError(e.message, "messages", code="context_length_exceeded") from None
 
     def _budget(self, req: Request, prompt_tokens: int, exact: bool) -> int:
-        decode = self.engine.manifest.data["decode"]
-        default = decode.get("answer_tokens", decode["max_new_tokens"]) if exact else decode["max_new_tokens"]
+        default = self.engine.manifest.decode.budget(exact)
         budget = min(req.max_tokens, default) if exact and req.max_tokens else (req.max_tokens or default)
         room = (self.limit or 0) - prompt_tokens
         if self.limit and (room < 1 or (req.max_tokens and budget > room)):
@@ -349,7 +347,7 @@ class Server:
         ans.timings["first_token_s"] = time.perf_counter() - t0
         ans.prompt_ids = ids
         prefix = engine.prompts.answer_prefix(ans.hit == "exact")
-        stop = list(engine.manifest.data["decode"].get("stop") or []) + req.stop
+        stop = list(engine.manifest.decode.stop) + req.stop
         d = Decoding(req, ans, prefix, pre.chain if pre is not None else [], queued_s, t0, record)
 
         def on_token(so_far: list[int]) -> bool:
@@ -396,8 +394,7 @@ class Server:
         exact = found.kind == "exact"
         query = engine.encode(prompts.question_text(question, exact=exact, first=False))
         hits = list(reversed(found.hits))
-        decode = engine.manifest.data["decode"]
-        want = decode.get("answer_tokens", decode["max_new_tokens"]) if exact else decode["max_new_tokens"]
+        want = engine.manifest.decode.budget(exact)
         while hits and self.limit and sum(h.num_tokens for h in hits) + len(query) + want > self.limit:
             hits.pop(0)
         if not hits:

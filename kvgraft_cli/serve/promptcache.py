@@ -34,10 +34,10 @@ DEFAULT_CHUNK = 256  # under the invariant schedule (a chunked manifest pins its
 
 def chunk_of(engine: Engine, invariant_chunk: int = DEFAULT_CHUNK) -> int | None:
     """The cache's chunk under the manifest's schedule; None under ``single`` (no exact split: nothing cached)."""
-    prefill = engine.manifest.data["prefill"]
-    if prefill["schedule"] == "chunked":
-        return int(prefill["chunk_size"])
-    if prefill["schedule"] == "invariant":
+    prefill = engine.manifest.prefill
+    if prefill.schedule == "chunked":
+        return int(prefill.chunk_size or 0)
+    if prefill.schedule == "invariant":
         return invariant_chunk
     return None
 

@@ -204,7 +204,7 @@ class Replicas:
         self.started_ray = init_ray(self.address)
         import ray
 
-        runtime = self.ctx.manifest.data["runtime"]
+        runtime = self.ctx.manifest.runtime
         n, per_replica = fit_workers(runtime, self.count, "--replicas", "replica")
         # Restarted when it dies (the request it held fails; the next one finds the engine loaded again), up to
         # --replica-restarts times, then retired; a request is never retried by Ray: the front has already relayed

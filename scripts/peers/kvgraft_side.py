@@ -77,18 +77,18 @@ class KvgraftSide:
         import torch
         import transformers
 
-        m = self.eng.manifest.data
+        m = self.eng.manifest
         return {
             "torch": torch.__version__,
             "transformers": transformers.__version__,
-            "model_sha256": m["model"]["sha256"],
+            "model_sha256": m.model.sha256,
             "threads": torch.get_num_threads(),
-            "env": {k: v for k, v in m["runtime"]["env"].items() if v},
-            "schedule": m["prefill"],
-            "attn": m["model"]["attn_implementation"],
-            "weights": m["model"].get("weights", "dequantized"),
-            "kv_dtype": m["model"].get("kv_dtype", m["model"]["dtype"]),
-            "identity": m["artifact"]["identity"],
+            "env": {k: v for k, v in m.runtime.env.items() if v},
+            "schedule": m.prefill.as_written(),
+            "attn": m.model.attn_implementation,
+            "weights": m.model.weights,
+            "kv_dtype": m.model.kv_dtype or m.model.dtype,
+            "identity": m.artifact.identity,
         }
 
     def ids(self, n: int) -> dict:

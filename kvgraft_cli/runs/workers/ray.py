@@ -30,10 +30,13 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, KvgraftError
 from .local import error_from_record, error_record
+
+if TYPE_CHECKING:
+    from ...config.sections import RuntimeSection
 
 # Jobs a worker may run: name -> "module:function". The function takes the worker (``.ctx``, ``.engine``,
 # ``.store``, ``.facts``) and one item, with the call's arguments as keywords, and returns plain (picklable) data.
@@ -105,7 +108,7 @@ class RayPool:
         self.started_ray = init_ray(self.address) or self.started_ray
         import ray
 
-        runtime = self.ctx.manifest.data["runtime"]
+        runtime = self.ctx.manifest.runtime
         n, per_worker = fit_workers(runtime, self.workers)
         env = worker_env(runtime)
         actor = ray.remote(max_restarts=MAX_RETRIES, max_task_retries=MAX_RETRIES, **per_worker)(Worker)
@@ -206,11 +209,11 @@ def stop_actors(actors: list, started_ray: bool) -> None:
         ray.shutdown()
 
 
-def worker_env(runtime: dict[str, Any]) -> dict[str, str]:
+def worker_env(runtime: RuntimeSection) -> dict[str, str]:
     """The environment a worker process starts with: the manifest's kernel flags (set before it imports torch; a
     null pin, "must be unset", cannot be expressed there: the engine's pin_environment unsets it before torch
     loads), and this process's debug and test switches."""
-    env = {k: v for k, v in (runtime.get("env") or {}).items() if v is not None}
+    env = {k: v for k, v in runtime.env.items() if v is not None}
     for name in (EXIT_ONCE_ENV, "KVGRAFT_DEBUG"):
         if os.environ.get(name):
             env[name] = os.environ[name]
@@ -218,14 +221,14 @@ def worker_env(runtime: dict[str, Any]) -> dict[str, str]:
 
 
 def fit_workers(
-    runtime: dict[str, Any], wanted: int | None, flag: str = "--workers", noun: str = "worker"
+    runtime: RuntimeSection, wanted: int | None, flag: str = "--workers", noun: str = "worker"
 ) -> tuple[int, dict[str, int]]:
     """How many engines the connected Ray cluster holds for a manifest's ``runtime`` (each: its threads' CPUs, or one
     GPU), and the resources each asks for: ``wanted`` (None: as many as fit), InputError naming ``flag`` past that."""
     import ray
 
-    gpu = runtime["device"] == "cuda"
-    per_worker = {"num_gpus": 1, "num_cpus": 1} if gpu else {"num_cpus": max(1, int(runtime.get("threads") or 1))}
+    gpu = runtime.device == "cuda"
+    per_worker = {"num_gpus": 1, "num_cpus": 1} if gpu else {"num_cpus": runtime.threads}
     total = ray.cluster_resources()
     unit, need = ("GPU", 1) if gpu else ("CPU", per_worker["num_cpus"])
     fits = int(total.get(unit, 0) // need)

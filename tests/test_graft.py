@@ -45,8 +45,8 @@ def test_check_fails_when_restore_loses_sliding_state(deposited, engine, monkeyp
     ctx, _ = deposited
     real_restore = engine.restore
 
-    def broken_restore(layers):
-        cache = real_restore(layers)
+    def broken_restore(layers, grow=True):
+        cache = real_restore(layers, grow)
         for layer in cache.layers:
             if hasattr(layer, "cumulative_length"):
                 layer.cumulative_length = layer.keys.shape[-2]
@@ -63,8 +63,8 @@ def test_check_fails_when_a_kv_value_is_perturbed(deposited, engine, monkeypatch
     ctx, _ = deposited
     real_restore = engine.restore
 
-    def nudged(layers):
-        cache = real_restore(layers)
+    def nudged(layers, grow=True):
+        cache = real_restore(layers, grow)
         v = cache.layers[3].values
         v[0, 0, -1, 0] += 1e-4
         return cache

@@ -26,7 +26,9 @@ ALLOWED["runs"] = ALLOWED["artifacts"] | {"artifacts", "engine", "store", "ledge
 ALLOWED["library"] = ALLOWED["runs"] | {"runs"}
 ALLOWED["report"] = ALLOWED["audit"] | {"audit"}  # the HTML report: reads what the verifier reads, and its verdict
 ALLOWED["serve"] = ALLOWED["library"] | {"library"}  # `kvgraft serve`: the library behind an HTTP endpoint
-ALLOWED["cli"] = ALLOWED["serve"] | {"serve", "audit", "report"}
+# The public API (api.py): what a program imports, over the runs and the verifier; the CLI is one of its callers
+ALLOWED["api"] = ALLOWED["library"] | {"library", "audit"}
+ALLOWED["cli"] = ALLOWED["serve"] | {"serve", "audit", "report", "api"}
 ALLOWED["__main__"] = {"cli"}
 HEAVY = ("torch", "transformers", "safetensors", "tokenizers", "boto3", "ray", "matplotlib")
 

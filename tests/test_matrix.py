@@ -32,10 +32,11 @@ def test_cells_are_exact_and_fingerprinted(tmp_path):
 def test_a_broken_graft_is_caught(tmp_path, monkeypatch):
     real = Engine.restore
 
-    def nudged(self, layers):  # layer 0's keys one ulp off: what a slightly lossy artifact round trip would do
+    # layer 0's keys one ulp off: what a slightly lossy artifact round trip would do
+    def nudged(self, layers, grow=True):
         import torch
 
-        cache = real(self, layers)
+        cache = real(self, layers, grow)
         k = cache.layers[0].keys
         k.copy_(torch.nextafter(k, torch.full_like(k, 1.0)))
         return cache

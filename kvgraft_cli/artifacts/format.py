@@ -368,7 +368,7 @@ def _open_raw(path: Path, expected_sha256: str | None, room: int) -> tuple[str, 
     return digest, art
 
 
-def check_compatible(meta: dict[str, str], want: dict[str, str], source: str) -> None:
+def check_compatible(meta: dict[str, str], want: dict[str, str | None], source: str) -> None:
     """Refuse an artifact whose model, tokenizer, dtype, layer layout or compute pin differs from the engine's."""
     labels = {
         "model_sha256": "model",

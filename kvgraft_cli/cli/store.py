@@ -82,7 +82,7 @@ def stats(
     t.add_row("objects", str(st["objects"]))
     if st["unrecorded"]:
         t.add_row(
-            "unrecorded (a failed ledger append; not served by solve until a deposit records them)",
+            "unrecorded (no ledger line names them: a failed append, or a prompt the API deposited)",
             str(st["unrecorded"]),
         )
     t.add_row("stored tokens", f"{st['tokens']:,}")

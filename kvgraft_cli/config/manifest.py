@@ -86,6 +86,7 @@ class Manifest:
         checkpoint in the user's cache, which engine.gguf writes when it is missing)."""
         model = self.model
         if is_gguf_path(model.path):
+            assert model.gguf_sha256 is not None  # (validation requires it of a GGUF model.path)
             return dequantized_dir(model.gguf_sha256, model.dtype)
         return resolve_model_path(model.path, self.base_dir)
 

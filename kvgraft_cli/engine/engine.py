@@ -116,7 +116,7 @@ class Engine:
         if not names or prefill.schedule != "chunked":  # (validation refuses cuts under another schedule)
             return frozenset()
         if self._cuts is None:
-            self._cuts = frozenset(cut_token_ids(self.tokenizer, names))
+            self._cuts = frozenset(cut_token_ids(self.tokenizer, list(names)))
         return self._cuts
 
     # -- tokens -------------------------------------------------------------------------------------------------
@@ -381,38 +381,40 @@ class Engine:
                     st.keys, st.values = st.keys[:, :, start:], st.values[:, :, start:]
         return layers
 
-    def restore_chain(self, chain: list) -> Any:
+    def restore_chain(self, chain: list, grow: bool = True) -> Any:
         """A fresh cache holding a chain of artifacts (root first): each full layer is the links' segments one
         after another, each sliding layer the last link's window state. The links must already be checked to
-        follow each other (library.chain does)."""
+        follow each other (library.chain does). ``grow``: as :meth:`restore`."""
         import torch
 
         from .growcache import enabled, with_room
 
         if len(chain) == 1:
-            return self.restore(chain[0].layers)
+            return self.restore(chain[0].layers, grow)
         merged = []
         for i, last in enumerate(chain[-1].layers):
             if last.kind == "full":
                 keys = [a.layers[i].keys for a in chain]
                 values = [a.layers[i].values for a in chain]
-                if enabled(self.device):  # joined into buffers the cache then grows into (no second copy)
+                if grow and enabled(self.device):  # joined into buffers the cache then grows into (no second copy)
                     kb, vb, n = with_room(keys), with_room(values), sum(k.shape[-2] for k in keys)
                     merged.append(LayerState("full", kb[..., :n, :], vb[..., :n, :], room=(kb, vb)))
                 else:
                     merged.append(LayerState("full", torch.cat(keys, dim=2), torch.cat(values, dim=2)))
             else:
                 merged.append(last)
-        return self.restore(merged)
+        return self.restore(merged, grow)
 
-    def restore(self, layers: list[LayerState]):
+    def restore(self, layers: list[LayerState], grow: bool = True):
         """A fresh cache holding exactly ``layers``, on the engine's device. On the CPU the cache holds the artifact's
         own (verified, read-only by convention) tensors without a copy, and its full layers grow in place
         (growcache.GrowingLayer: the first update copies a layer into a buffer of its own, never writing into the
         artifact's tensors; tests/test_codecs.py checks that grafting leaves them unchanged), so many caches can
         start from one artifact held once in memory. A layer read with room (``LayerState.room``: a graft's own
         read) is taken instead: the cache writes its next tokens into that room, and the state gives it up (set to
-        None), so a second cache restored from the same state copies as above and never shares the room."""
+        None), so a second cache restored from the same state copies as above and never shares the room.
+        ``grow`` False keeps transformers' own layers (each update a new tensor): a cache for code outside kvgraft's
+        inference mode, such as a user's own ``model.generate`` (api.Session.graft)."""
         from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
         from .growcache import enabled, layer_class, take_room
@@ -420,7 +422,7 @@ class Engine:
         cache = self.new_cache(grow=False)
         if len(cache.layers) != len(layers):
             raise UnsupportedModel(f"cache has {len(cache.layers)} layers, artifact {len(layers)}")
-        grow = enabled(self.device)
+        grow = grow and enabled(self.device)
         for i, (layer, st) in enumerate(zip(cache.layers, layers)):
             want = DynamicSlidingWindowLayer if st.kind == "sliding" else DynamicLayer
             if st.kind == "empty":
@@ -480,7 +482,7 @@ class Engine:
             **({"kernels": kernels} if (kernels := self.manifest.kernels) else {}),
         }
 
-    def compatibility(self, start: int = 0) -> dict[str, str]:
+    def compatibility(self, start: int = 0) -> dict[str, str | None]:
         """What an artifact's metadata must equal to be grafted here (at ``start``: a chain link's position)."""
         import json
 

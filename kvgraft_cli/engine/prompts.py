@@ -75,7 +75,8 @@ class Prompts:
         return whole[len(self._before) :]
 
     @staticmethod
-    def _fill(template: str, fields: dict[str, str]) -> str:
+    def _fill(template: str | None, fields: dict[str, str]) -> str:
+        assert template is not None  # (validation requires the templates of the manifest's prompt.format)
         return template.format(**fields)
 
     def _exchange(self, fields: dict[str, str]) -> list[dict[str, str]]:

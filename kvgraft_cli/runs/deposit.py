@@ -173,6 +173,17 @@ def compute_deposit(
 ) -> Computed:
     """The compute step: prefill the prefix, encode and hash the artifact, write its object file (not indexed).
     When the store already holds the prefix (and not ``recompute``), its stored object is re-hashed instead."""
+    key, sha, logits_sha, payload_bytes = prefix_artifact(m, engine, store, ids, p.id, recompute, level)
+    return Computed(
+        key, token_ids_sha256(ids), len(ids), sha, logits_sha, payload_bytes, engine.hashes.model_sha256, facts
+    )
+
+
+def prefix_artifact(
+    m, engine: Engine, store: Store, ids: list[int], label: str, recompute: bool = False, level: int = 3
+) -> tuple[str, str, str, int | None]:
+    """A prefix's artifact in the store (its object written, not indexed): (index key, identity, last logits'
+    hash, payload bytes or None where the store held it already and it was re-hashed instead of computed)."""
     ids_sha = token_ids_sha256(ids)
     key = prefix_key(m.machine_compute_sha256, ids_sha)
     existing = store.lookup_key(key)
@@ -187,34 +198,44 @@ def compute_deposit(
             or art.meta.get("manifest_sha256") != m.machine_compute_sha256
         ):
             raise IntegrityError(
-                f"{p.id}: the store's index names artifact {existing.artifact[:16]}... for this prefix, but that "
+                f"{label}: the store's index names artifact {existing.artifact[:16]}... for this prefix, but that "
                 "artifact holds other tokens or another compute pin: the index row was altered",
                 "deposit with --recompute into a store whose index you trust; for a remote store see docs/REMOTE.md",
             )
-        return Computed(
-            key,
-            ids_sha,
-            len(ids),
-            existing.artifact,
-            art.meta["logits_sha256"],
-            None,
-            engine.hashes.model_sha256,
-            facts,
-        )
+        return key, existing.artifact, art.meta["logits_sha256"], None
     cache, last = engine.prefill(ids)
     logits_sha = tensor_sha256(last)
     payload = kvg.encode(ids, engine.capture(cache), engine.artifact_meta(logits_sha))
     sha = kvg.payload_identity(payload)
-    _check_same(p, existing.artifact if existing else None, sha, lambda: payload)
+    _check_same(label, existing.artifact if existing else None, sha, lambda: payload)
     store.put_object(sha, payload, level)
-    return Computed(key, ids_sha, len(ids), sha, logits_sha, len(payload), engine.hashes.model_sha256, facts)
+    return key, sha, logits_sha, len(payload)
 
 
-def _check_same(p: Problem, stored: str | None, sha: str, payload: Callable[[], bytes | bytearray]) -> None:
+def store_prefix(m, engine: Engine, store: Store, ids: list[int]) -> tuple[str, str, bool]:
+    """A prompt's prefix deposited and indexed, with no ledger line (the API's deposit_prompt): (identity, last
+    logits' hash, whether it was computed now rather than found)."""
+    label = f"prompt {token_ids_sha256(ids)[:16]}"
+    key, sha, logits_sha, payload_bytes = prefix_artifact(m, engine, store, ids, label)
+    if payload_bytes is not None:
+        store.index(
+            sha,
+            payload_bytes=payload_bytes,
+            key=key,
+            problem_id=label,
+            num_tokens=len(ids),
+            model_sha256=engine.hashes.model_sha256,
+            manifest_sha256=m.machine_compute_sha256,
+            verified=False,
+        )
+    return sha, logits_sha, payload_bytes is not None
+
+
+def _check_same(label: str, stored: str | None, sha: str, payload: Callable[[], bytes | bytearray]) -> None:
     # Under another identity scheme the same cache has another name: then compare the bytes, not the names.
     if stored is not None and stored != sha and not kvg.same_cache(payload(), stored):
         raise CheckFailed(
-            f"{p.id}: re-deposit gave artifact {sha[:16]}..., the store holds {stored[:16]}... "
+            f"{label}: re-deposit gave artifact {sha[:16]}..., the store holds {stored[:16]}... "
             "for the same prefix and pin: this environment does not reproduce the deposit",
             "check the kernel flags and versions against the manifest",
         )
@@ -248,7 +269,7 @@ def record_deposit(
         # it: record it as the single-process run would have (already stored), so the ledgers agree.
         existing = store.lookup_key(c.key)
         _check_same(
-            p,
+            p.id,
             existing.artifact if existing else None,
             c.artifact,
             lambda: kvg.read_file(store.object_path(c.artifact), c.artifact)[0],

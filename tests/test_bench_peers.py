@@ -1,4 +1,4 @@
-"""scripts/bench_peers.py's own logic, without running it (issue 27: the side by side with llama.cpp builds llama.cpp
+"""benchmarks/bench_peers.py's own logic, without running it (issue 27: the side by side with llama.cpp builds llama.cpp
 and runs two models for half an hour; none of that runs here): the build cache it reuses, how it reads a verdict,
 and the timing harness the benchmarks share."""
 
@@ -11,16 +11,16 @@ import sys
 import pytest
 from conftest import REPO
 
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 import bench_peers  # noqa: E402
-import timing  # noqa: E402
+import harness  # noqa: E402
 from peers import llama_build  # noqa: E402
 
 
 def test_interleaved_calls_each_run_once_a_round_in_turn():
     calls = []
-    laps = timing.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3)
+    laps = harness.interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3)
     assert calls == ["a", "b"] * 3
     assert {k: len(v) for k, v in laps.items()} == {"a": 3, "b": 3}
 
@@ -60,7 +60,7 @@ def test_the_verdict_says_which_thread_count_differs():
 
 def test_help_needs_no_build(tmp_path):
     p = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "bench_peers.py"), "--help"],
+        [sys.executable, str(REPO / "benchmarks" / "bench_peers.py"), "--help"],
         capture_output=True,
         text=True,
         env={"KVGRAFT_PEER_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"},

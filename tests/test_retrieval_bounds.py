@@ -29,7 +29,7 @@ VM_STEPS = 600_000
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_retrieval", REPO / "scripts" / "bench_retrieval.py")
+    spec = importlib.util.spec_from_file_location("bench_retrieval", REPO / "benchmarks" / "bench_retrieval.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

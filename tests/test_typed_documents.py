@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # A manifest's document read by key: `x.manifest.data`, `m.data` (the name every run gives its manifest), or
 # `.data["model"]` and the other section names on anything.
 DOCUMENT_READ = re.compile(
-    r"manifest\.data\b|\bm\.data\b|\.data\[[\"'](?:model|runtime|prefill|prompt|input|decode|paths|artifact)[\"']\]"
+    r"manifest\.data\b|\bm\.data\b|load_manifest\([^)]*\)\.data\b"
+    r"|\.data\[[\"'](?:model|runtime|prefill|prompt|input|decode|paths|artifact)[\"']\]"
 )
 
 
@@ -25,7 +26,7 @@ def document_reads(root: Path) -> list[str]:
     """``path:line: text`` of every read of a manifest's document outside config/, under ``root``'s kvgraft_cli/ and
     scripts/."""
     found = []
-    for top in ("kvgraft_cli", "scripts"):
+    for top in ("kvgraft_cli", "scripts", "benchmarks"):
         for path in sorted((root / top).rglob("*.py")):
             if path.relative_to(root).parts[:2] == ("kvgraft_cli", "config"):
                 continue
@@ -41,13 +42,16 @@ def test_nothing_outside_config_reads_the_manifest_by_key():
 
 def test_the_grep_sees_a_read_by_key(tmp_path):
     """Can fail: a copy with one read by key put back is named, file and line."""
-    for top in ("kvgraft_cli", "scripts"):
+    for top in ("kvgraft_cli", "scripts", "benchmarks"):
         (tmp_path / top).mkdir()
     (tmp_path / "kvgraft_cli" / "x.py").write_text('a = 1\nn = engine.manifest.data["decode"]["max_new_tokens"]\n')
-    (tmp_path / "scripts" / "y.py").write_text('d = eng.data["prefill"]\nok = response.data\n')
+    (tmp_path / "scripts" / "y.py").write_text(
+        'd = eng.data["prefill"]\nok = response.data\nt = load_manifest(path).data.get("runtime")\n'
+    )
     assert document_reads(tmp_path) == [
         'kvgraft_cli/x.py:2: n = engine.manifest.data["decode"]["max_new_tokens"]',
         'scripts/y.py:1: d = eng.data["prefill"]',
+        'scripts/y.py:3: t = load_manifest(path).data.get("runtime")',
     ]
 
 

@@ -64,7 +64,7 @@ EAGER = 256 << 20  # see read_container: a larger payload that is over 8x its fi
 def default_codec(dtype: str) -> str:
     """The codec for a payload of this KV dtype: raw, for every dtype. Restore time is what kvgraft optimizes, and
     neither compressed codec restores as fast as raw: decompression (0.6-0.9 GB/s a core) is slower than reading
-    the page cache. Measured with ``scripts/bench_restore.py --tokens 2048 8192 --no-prefill`` (SmolLM-135M's shape,
+    the page cache. Measured with ``benchmarks/bench_restore.py --tokens 2048 8192 --no-prefill`` (SmolLM-135M's shape,
     random weights, native profile, 2 CPU cores shared with other work; the three codecs side by side in one
     process, medians of 5-7; payload / file size, then restore = open_file (read, decompress, re-hash, parse) +
     engine.restore):

@@ -19,7 +19,7 @@ the first version took 8-9 ms to open and restore against llama.cpp's 2.0-2.4 ms
   template (engine._empty_cache) instead of from the config.
 
 Together, in one process, graft after graft: 4.0-4.6 ms to open and restore, 10.6-11.2 at 2,048 tokens (from 8.2-8.9
-and 14.2-15.2). In scripts/bench_peers.py's rounds, each graft after a forward and decode steps: 5.0 ms against
+and 14.2-15.2). In benchmarks/bench_peers.py's rounds, each graft after a forward and decode steps: 5.0 ms against
 llama.cpp's 2.2 ms restore (docs/PERFORMANCE.md)."""
 
 from __future__ import annotations

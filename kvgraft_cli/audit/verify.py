@@ -20,7 +20,7 @@ from typing import Any
 import fastjsonschema
 
 from ..errors import InputError
-from ..ledger import merkle
+from ..ledger import kinds, merkle
 from ..ledger.proofs import LedgerTree
 from ..util import jsonio
 from .hashcache import HashCache, digest_of
@@ -343,7 +343,7 @@ def verify_ledger(
         verified = {(f.line, f.path) for f in report.files if f.status == "ok"}
         with_rules = None  # the first score line that records its rules: no rules-1 kvgraft wrote after it
         for i, entry in enumerate(entries):
-            if entry is not None and entry.get("kind") == "score":
+            if entry is not None and entry.get("kind") == kinds.SCORE:
                 _check_score(report, i + 1, entry, path.parent, verified, with_rules)
                 settings = (
                     (entry.get("inputs") or {}).get("settings") if isinstance(entry.get("inputs"), dict) else None
@@ -672,7 +672,7 @@ def _count_prompt_chunks(entries: list[dict | None], base_dir: Path) -> dict[str
     None when no served line names a chunk."""
     named: set[tuple[str | None, str]] = set()
     for entry in entries:
-        if entry is None or entry.get("kind") != "serve" or not isinstance(entry.get("inputs"), dict):
+        if entry is None or entry.get("kind") != kinds.SERVE or not isinstance(entry.get("inputs"), dict):
             continue
         pc = entry["inputs"].get("prompt_cache")
         if not isinstance(pc, dict):

@@ -10,6 +10,7 @@ from typing import Any
 import typer
 
 from ..errors import CheckFailed, InputError
+from ..ledger import kinds
 from ..util import jsonio
 from ._common import JSON_OPT, MANIFEST_OPT, at_most_max_count, ledger_path
 from ._help import Command, Group
@@ -153,16 +154,16 @@ def _get(d: Any, *keys: str) -> Any:
 # The digests `ledger log` shows per kind: what a reader copies to look further (an artifact to inspect or graft,
 # a records or outputs file to check, a prereg to replay).
 KEY_DIGESTS = {
-    "deposit": [("outputs", "artifact"), ("outputs", "logits")],
-    "graft": [("inputs", "artifact"), ("outputs", "generated_ids")],
-    "graft-check": [("inputs", "artifact"), ("outputs", "fresh_logits")],
-    "probe": [("inputs", "artifact"), ("outputs", "reference_logits")],
-    "score": [("outputs", "records")],
-    "solve": [("outputs", "output"), ("outputs", "generated_ids")],
-    "solve-outputs": [("outputs", "outputs")],
-    "register": [("inputs", "prereg")],
-    "replay": [("inputs", "prereg")],
-    "import": [("inputs", "bundle")],  # its artifacts: one "artifact.<sha256>" output each (`ledger log --json`
+    kinds.DEPOSIT: [("outputs", "artifact"), ("outputs", "logits")],
+    kinds.GRAFT: [("inputs", "artifact"), ("outputs", "generated_ids")],
+    kinds.GRAFT_CHECK: [("inputs", "artifact"), ("outputs", "fresh_logits")],
+    kinds.PROBE: [("inputs", "artifact"), ("outputs", "reference_logits")],
+    kinds.SCORE: [("outputs", "records")],
+    kinds.SOLVE: [("outputs", "output"), ("outputs", "generated_ids")],
+    kinds.SOLVE_OUTPUTS: [("outputs", "outputs")],
+    kinds.REGISTER: [("inputs", "prereg")],
+    kinds.REPLAY: [("inputs", "prereg")],
+    kinds.IMPORT: [("inputs", "bundle")],  # its artifacts: one "artifact.<sha256>" output each (`ledger log --json`
     # on the raw entry lists them; the summary counts them)
 }
 
@@ -204,39 +205,39 @@ def _row(i: int, e: dict) -> dict:
 def _summary(e: dict) -> str:
     """One phrase saying what an entry did, by kind."""
     k, res = e.get("kind"), _get(e, "outputs", "result") or {}
-    if k == "deposit":
+    if k == kinds.DEPOSIT:
         verified = _get(e, "verification", "status")
         return f"{_get(e, 'inputs', 'record', 'id')}: {e.get('status', '')}" + (f", {verified}" if verified else "")
-    if k == "graft-check":
+    if k == kinds.GRAFT_CHECK:
         return (
             f"{'PASS' if res.get('passed') else 'FAIL'} {res.get('sha_equal')}/{res.get('samples')} SHA-equal, "
             f"{res.get('prefix_tokens')} prefix tokens"
         )
-    if k == "graft":
+    if k == kinds.GRAFT:
         ids = _get(e, "outputs", "generated_ids", "ids")
         return f"{len(ids)} tokens generated" if isinstance(ids, list) else ""
-    if k == "probe":
+    if k == kinds.PROBE:
         return f"exact offsets {res.get('exact_offsets')}" if "exact_offsets" in res else ""
-    if k == "score":
+    if k == kinds.SCORE:
         n = res.get("n", res.get("problems"))
         return f"{res.get('correct')}/{n} correct" if n is not None else ""
-    if k == "solve":
+    if k == kinds.SOLVE:
         return (
             f"{_get(e, 'inputs', 'record', 'id')}: {_get(e, 'inputs', 'library', 'hit')} hit, "
             f"{_get(e, 'outputs', 'generated_ids', 'count')} tokens"
         )
-    if k == "import":
+    if k == kinds.IMPORT:
         c = _get(e, "outputs", "counts") or {}
         return (
             f"bundle {_get(e, 'inputs', 'bundle', 'name')}: {c.get('imported')} imported, {c.get('existing')} "
             f"already stored, {c.get('foreign')} of another pin"
         )
-    if k == "solve-outputs":
+    if k == kinds.SOLVE_OUTPUTS:
         t = _get(e, "outputs", "totals") or {}
         return f"{e.get('mode', '')}: {t.get('correct')}/{t.get('scored')} correct of {t.get('problems')} problems"
-    if k == "register":
+    if k == kinds.REGISTER:
         return f"prereg {_get(e, 'inputs', 'name')} ({_get(e, 'inputs', 'prereg', 'path')})"
-    if k == "replay":
+    if k == kinds.REPLAY:
         o = e.get("outputs") or {}
         return (
             f"{'PASS' if o.get('passed') else 'FAIL'} {o.get('matched')} matched, {o.get('mismatched')} "

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Continuous batching's cap on the rows of a decode step by default (kvgraft serve and solve --batch). Measured by
-# scripts/bench_batch.py (docs/PERFORMANCE.md, "Batched decode"): the int4 kernel's cost a row stops falling there.
+# benchmarks/bench_batch.py (docs/PERFORMANCE.md, "Batched decode"): the int4 kernel's cost a row stops falling there.
 DEFAULT_BATCH = 8
 
 

@@ -25,12 +25,12 @@ a forward of many tokens is computed at once with attention row by row (:meth:`L
 row attends to exactly the keys before it, in the very call a decode step at that position makes. Every other
 operation is row-local, and torch's int4 kernel computes a row's bits whatever rows share the call (checked), so the
 batched forward gives the token-by-token bytes at prefill speed (SmolLM2-135M q4, 1 thread: 5.5x faster at 512
-tokens, 4.7x at 2,048; scripts/bench_lean.py with an invariant manifest, docs/PERFORMANCE.md): any
+tokens, 4.7x at 2,048; benchmarks/bench_lean.py with an invariant manifest, docs/PERFORMANCE.md): any
 split of a prompt gives the same bits, and kvgraft serve's prompt cache may cut a prompt anywhere.
 
 Whether it is in force is checked at every load (:func:`attach`): a forward of a few tokens and a decode step
 through both paths on fresh caches (and again at positions given explicitly, as the probe gives them) must give the
-same logits bytes and the same cache bytes, or the engine keeps transformers' forward. ``KVGRAFT_LEAN=0`` turns it off (for comparisons; scripts/bench_lean.py measures both).
+same logits bytes and the same cache bytes, or the engine keeps transformers' forward. ``KVGRAFT_LEAN=0`` turns it off (for comparisons; benchmarks/bench_lean.py measures both).
 """
 
 from __future__ import annotations

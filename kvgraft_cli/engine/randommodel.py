@@ -1,6 +1,6 @@
 """Random-weight models drawn directly on their device, wrapped in a pinned Engine: for models too large to write
 to disk or to build on the host first (scripts/scale_exactness.py at 12B and 29B parameters on a GPU,
-scripts/bench_graft.py). The model's identity in the manifest is the SHA-256 of its config.json, the byte-level
+benchmarks/bench_graft.py). The model's identity in the manifest is the SHA-256 of its config.json, the byte-level
 tokenizer's files and a line naming how the weights were drawn (seed, dtype, device, torch build): the same torch
 build on the same device draws the same weights."""
 

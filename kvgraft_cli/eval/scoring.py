@@ -44,7 +44,7 @@ SCORE_RULES = "2"
 RULES = ("1", "2")
 GRADERS = ("exact", "math-verify")
 MATH_VERIFY_PIN = (
-    "0.9.0"  # the version evaluated (docs/SCORES.md, scripts/eval_graders.py); `kvgraft[mathverify]` installs it
+    "0.9.0"  # the version evaluated (docs/SCORES.md, benchmarks/eval_graders.py); `kvgraft[mathverify]` installs it
 )
 MATH_VERIFY_LIBS = ("latex2sympy2_extended", "antlr4-python3-runtime", "sympy")  # recorded beside it
 GRADER_TIMEOUT_S = 60  # one math-verify comparison; past it the score stops with an error, never a verdict

@@ -28,6 +28,7 @@ from ..errors import InputError
 from ..eval import answers
 from ..eval.problems import Problem, check_lengths, read_problems, verify_solution
 from ..eval.scoring import wilson_interval
+from ..ledger import kinds
 from ..ledger import log as ledger
 from ..runs.context import RunContext
 from ..runs.deposit import DepositReport, deposit_one
@@ -347,7 +348,7 @@ def prepare_solve(
             },
         )
         entry["mode"] = run.mode
-        run.ledger_seq = ledger.append(ctx.ledger, "solve-outputs", entry)["seq"]
+        run.ledger_seq = ledger.append(ctx.ledger, kinds.SOLVE_OUTPUTS, entry)["seq"]
         return run
 
     return finish
@@ -466,7 +467,7 @@ def record_solve(ctx: RunContext, store: Store | None, s: Solved) -> SolveRecord
 
     # A failed append leaves new links in the store, unrecorded: another run may already graft them (see
     # store.local); `kvgraft store gc` is the only deleter.
-    s.record.ledger_seq = ledger.append(ctx.ledger, "solve", entry, after=after)["seq"]
+    s.record.ledger_seq = ledger.append(ctx.ledger, kinds.SOLVE, entry, after=after)["seq"]
     return s.record
 
 

@@ -1,5 +1,5 @@
 """Variants of a problem statement, for measuring the library's lookups on real text (tests and
-scripts/bench_retrieval.py): formatting variants that must stay exact hits, near duplicates that must never be one
+benchmarks/bench_retrieval.py): formatting variants that must stay exact hits, near duplicates that must never be one
 (one number changed, a sign flipped, a variable renamed, a condition added or removed), and filler problems made by
 recombining and perturbing real problems' sentences.
 

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
+from ..ledger import kinds
 from ..ledger.log import split_lines
 from ..util import jsonio
 from .served import TIMES, TOKENS, summarize
@@ -222,24 +223,24 @@ def collect(ledger: Path, data: bytes, verification: dict[str, Any]) -> ReportDa
         kind = kind if isinstance(kind, str) else "(no kind)"
         report.kinds[kind] = report.kinds.get(kind, 0) + 1
         try:
-            if kind == "deposit":
+            if kind == kinds.DEPOSIT:
                 report.deposits.append(_deposit(line, entry, models))
-            elif kind == "solve":
+            elif kind == kinds.SOLVE:
                 pending.append((line, entry))
-            elif kind == "solve-outputs":
+            elif kind == kinds.SOLVE_OUTPUTS:
                 solve_runs.append(_solve_run(line, entry, models, pending))
                 pending = []
-            elif kind == "graft-check":
+            elif kind == kinds.GRAFT_CHECK:
                 report.graft_checks.append(_graft_check(line, entry, models))
-            elif kind == "probe":
+            elif kind == kinds.PROBE:
                 report.probes.append(_probe(line, entry, models))
-            elif kind == "score":
+            elif kind == kinds.SCORE:
                 report.scores.append(_score(line, entry))
-            elif kind == "serve":
+            elif kind == kinds.SERVE:
                 model, request = models.of(entry), _serve(line, entry)
                 key = tuple(model[k] for k in ("model_sha256", "manifest_sha256", "compute_sha256", "manifest_shown"))
                 served.setdefault(key, {"model": model, "requests": []})["requests"].append(request)
-            elif kind == "replay-served":
+            elif kind == kinds.REPLAY_SERVED:
                 report.served_replays.append(_replay_served(line, entry, models))
         except (Malformed, AttributeError, TypeError) as e:
             report.skipped.append({"line": line, "kind": kind, "reason": str(e)})

@@ -23,8 +23,8 @@ from typing import Any
 
 from ..errors import ArtifactError, CheckFailed, InputError, IntegrityError
 from ..eval.problems import Problem, normalize_key, verify_solution
+from ..ledger import kinds, merkle
 from ..ledger import log as ledger
-from ..ledger import merkle
 from ..ledger.proofs import LedgerTree
 from ..store import bundle as fmt
 from ..store.local import link_key, prefix_key, problem_key
@@ -44,13 +44,13 @@ def recorded_by(entry: Any) -> set[str]:
     kind, ins, outs = entry.get("kind"), entry.get("inputs"), entry.get("outputs")
     ins, outs = (ins if isinstance(ins, dict) else {}), (outs if isinstance(outs, dict) else {})
     found: list[Any] = []
-    if kind == "deposit" and isinstance(outs.get("artifact"), dict):
+    if kind == kinds.DEPOSIT and isinstance(outs.get("artifact"), dict):
         found.append(outs["artifact"].get("sha256"))
-    elif kind == "solve" and isinstance(ins.get("library"), dict):
+    elif kind == kinds.SOLVE and isinstance(ins.get("library"), dict):
         for k in ("chain", "new_links"):
             v = ins["library"].get(k)
             found += v if isinstance(v, list) else []
-    elif kind == "import":
+    elif kind == kinds.IMPORT:
         found += [d.get("sha256") for k, d in outs.items() if k.startswith("artifact.") and isinstance(d, dict)]
     return {s for s in found if isinstance(s, str)}
 
@@ -86,7 +86,7 @@ def backing(entry: dict, sha: str) -> Backing:
     kind = str(entry.get("kind"))
     seq = s if type(s := entry.get("seq")) is int else -1
     ins, outs = (d if isinstance(d, dict) else {} for d in (entry.get("inputs"), entry.get("outputs")))
-    if kind == "deposit":
+    if kind == kinds.DEPOSIT:
         v = vv if isinstance(vv := entry.get("verification"), dict) else {}
         status, rec = v.get("status"), r if isinstance(r := ins.get("record"), dict) else {}
         pid, ref = rec.get("id"), v.get("reference")
@@ -99,7 +99,7 @@ def backing(entry: dict, sha: str) -> Backing:
             True,
             ref if isinstance(ref, str) else None,
         )
-    if kind == "import":
+    if kind == kinds.IMPORT:
         d = a if isinstance(a := outs.get(f"artifact.{sha}"), dict) else {}
         if isinstance(d.get("verified"), bool):
             pids = d.get("problem_ids")
@@ -692,6 +692,6 @@ def _write(
             },
         )
         shas = [a["sha256"] for a in staged.artifacts]
-        written = ledger.append(ctx.ledger, "import", entry, after=lambda _: store.mark_recorded(shas))
+        written = ledger.append(ctx.ledger, kinds.IMPORT, entry, after=lambda _: store.mark_recorded(shas))
     report.ledger_seq = written["seq"]
     return report

@@ -12,6 +12,7 @@ from ..config.modelhash import context_window
 from ..engine.engine import Engine, load_engine, tensor_sha256, token_ids_sha256
 from ..errors import CheckFailed, IntegrityError, StoreError
 from ..eval.problems import Problem, Verdict, check_lengths, normalize_key, read_problems, verify_solution
+from ..ledger import kinds
 from ..ledger import log as ledger
 from ..store import writers
 from ..store.local import Store, prefix_key, problem_key
@@ -324,7 +325,7 @@ def record_deposit(
     # If the append fails, the object and index rows stay (unrecorded): another run may already name this
     # artifact in its own ledger line, so deleting it could leave that line pointing at nothing.
     written = ledger.append(
-        ctx.ledger, "deposit", entry, finalize=first_record, after=lambda _: store.mark_recorded([sha])
+        ctx.ledger, kinds.DEPOSIT, entry, finalize=first_record, after=lambda _: store.mark_recorded([sha])
     )
     return DepositResult(
         p.id,

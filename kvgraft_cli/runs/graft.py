@@ -12,6 +12,7 @@ from ..artifacts import format as kvg
 from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
 from ..engine.growcache import room_for
 from ..errors import InputError, KvgraftError, ModelMismatch
+from ..ledger import kinds
 from ..ledger import log as ledger
 from ..store.local import check_chain
 from ..util.hashing import digest, sha256_bytes
@@ -209,7 +210,7 @@ def graft_generate(
             "decode_logits": digest(tensor_sha256(steps)),
         },
     )
-    written = ledger.append(ctx.ledger, "graft", entry)
+    written = ledger.append(ctx.ledger, kinds.GRAFT, entry)
     return GraftResult(
         loaded.sha256, len(loaded.token_ids), query, gen, engine.decode_text(gen), written["seq"], loaded.identity
     )
@@ -408,7 +409,7 @@ def graft_check(
             "result": {k: v for k, v in report.summary().items() if k not in ("artifact", "ledger_seq")},
         },
     )
-    report.ledger_seq = ledger.append(ctx.ledger, "graft-check", entry)["seq"]
+    report.ledger_seq = ledger.append(ctx.ledger, kinds.GRAFT_CHECK, entry)["seq"]
     return report
 
 

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
 from ..errors import InputError, UnsupportedModel
+from ..ledger import kinds
 from ..ledger import log as ledger
 from ..util.hashing import digest, sha256_bytes
 from .context import RunContext
@@ -268,7 +269,7 @@ def probe(
             "result": {k: v for k, v in report.to_json().items() if k not in ("artifact", "ledger_seq")},
         },
     )
-    report.ledger_seq = ledger.append(ctx.ledger, "probe", entry)["seq"]
+    report.ledger_seq = ledger.append(ctx.ledger, kinds.PROBE, entry)["seq"]
     return report
 
 

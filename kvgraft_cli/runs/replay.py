@@ -37,13 +37,14 @@ from ..config.manifest import (
     with_overrides,
 )
 from ..errors import InputError, KvgraftError, LedgerError
+from ..ledger import kinds
 from ..ledger import log as ledger_mod
 from ..util import jsonio
 from ..util.hashing import digest, sha256_bytes, sha256_file
 from .context import RunContext
 
-KINDS = ("deposit", "graft-check", "score", "solve", "solve-outputs", "serve")
-SERVE = "serve"  # a served request's ledger kind (serve.answer.KIND), and the prereg run that replays such lines
+KINDS = (kinds.DEPOSIT, kinds.GRAFT_CHECK, kinds.SCORE, kinds.SOLVE, kinds.SOLVE_OUTPUTS, kinds.SERVE)
+SERVE = kinds.SERVE  # a served request's ledger kind (serve.answer.KIND), and the prereg run that replays such lines
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def register(ctx: RunContext, pr: Prereg) -> dict[str, Any]:
             "targets": sorted(pr.data["targets"]),
         }
     )
-    return ledger_mod.append(ctx.ledger, "register", entry)
+    return ledger_mod.append(ctx.ledger, kinds.REGISTER, entry)
 
 
 def find_registration(ledger_path: Path, prereg_sha256: str) -> tuple[int, str] | None:
@@ -138,7 +139,7 @@ def find_registration(ledger_path: Path, prereg_sha256: str) -> tuple[int, str] 
             continue  # not an entry, so not a register entry (`kvgraft verify` reports the line)
         if (
             isinstance(e, dict)
-            and e.get("kind") == "register"
+            and e.get("kind") == kinds.REGISTER
             and (e.get("inputs") or {}).get("prereg", {}).get("sha256") == prereg_sha256
         ):
             return e["seq"], hashlib.sha256(raw).hexdigest()
@@ -258,7 +259,7 @@ def replay(
             **({"kernels": report.kernels} if report.kernels else {}),
         },
     )
-    report.ledger_seq = ledger_mod.append(ctx.ledger, "replay", entry)["seq"]
+    report.ledger_seq = ledger_mod.append(ctx.ledger, kinds.REPLAY, entry)["seq"]
     return report
 
 
@@ -340,7 +341,7 @@ def _run_score(ctx: RunContext, pr: Prereg, run: dict, get_engine) -> dict[str, 
     return {**got, "records": rec_sha, "n": result.n, "correct": result.correct}
 
 
-RUNNERS = {"deposit": _run_deposit, "graft-check": _run_check, "score": _run_score}
+RUNNERS = {kinds.DEPOSIT: _run_deposit, kinds.GRAFT_CHECK: _run_check, kinds.SCORE: _run_score}
 
 
 def prereg_from_ledger(
@@ -397,12 +398,12 @@ def _prereg_from_ledger(
                 s = ins["settings"]
                 served.setdefault((s["k"], s["min_score"]), []).append(e)
             continue
-        if e["kind"] == "solve":
+        if e["kind"] == kinds.SOLVE:
             solved.append(e)
             continue
-        if e["kind"] == "solve-outputs":
+        if e["kind"] == kinds.SOLVE_OUTPUTS:
             s = ins["settings"]
-            n = sum(k[0] == "solve" for k in runs) + 1
+            n = sum(k[0] == kinds.SOLVE for k in runs) + 1
             settings = {
                 "mapping": s["mapping"],
                 "k": s["k"],
@@ -412,10 +413,10 @@ def _prereg_from_ledger(
                 "limit": s["limit"],
             }
             rid = runs.setdefault(
-                ("solve", n),
+                (kinds.SOLVE, n),
                 {
                     "id": f"solve-{n}",
-                    "kind": "solve",
+                    "kind": kinds.SOLVE,
                     "input": rel(ins["problems_file"]["path"]),
                     "input_sha256": ins["problems_file"]["sha256"],
                     "outputs": rel(outs["outputs"]["path"]),
@@ -430,20 +431,20 @@ def _prereg_from_ledger(
                 x[f"hit {se['inputs']['record']['id']}"] = se["inputs"]["library"]["hit"]
             solved = []
             continue
-        if e["kind"] == "deposit" and "from" in (ins.get("settings") or {}):
+        if e["kind"] == kinds.DEPOSIT and "from" in (ins.get("settings") or {}):
             continue  # a verified answer deposited by solve --deposit-verified: the solve run replays it
-        if e["kind"] == "deposit":
+        if e["kind"] == kinds.DEPOSIT:
             if "settings" not in ins:
                 raise InputError(
                     f"{ledger_path}:{e['seq'] + 1}: deposit entry without settings (older kvgraft)",
                     "re-run the deposit, then make the prereg from the new entries",
                 )
-            key: tuple = ("deposit", ins["problems_file"]["path"], json.dumps(ins["settings"], sort_keys=True))
+            key: tuple = (kinds.DEPOSIT, ins["problems_file"]["path"], json.dumps(ins["settings"], sort_keys=True))
             rid = runs.setdefault(
                 key,
                 {
                     "id": f"deposit-{sum(k[0] == 'deposit' for k in runs) + 1}",
-                    "kind": "deposit",
+                    "kind": kinds.DEPOSIT,
                     "input": rel(ins["problems_file"]["path"]),
                     "input_sha256": ins["problems_file"]["sha256"],
                     "settings": ins["settings"],
@@ -452,17 +453,17 @@ def _prereg_from_ledger(
             x = exp.setdefault(rid, {"input_sha256": ins["problems_file"]["sha256"]})
             x[f"artifact {ins['record']['id']}"] = outs["artifact"]["sha256"]
             x[f"logits {ins['record']['id']}"] = outs["logits"]["sha256"]
-        elif e["kind"] == "graft-check":
+        elif e["kind"] == kinds.GRAFT_CHECK:
             art = ins["artifact"]["sha256"]
-            key = ("graft-check", art, ins["samples"], ins["max_new_tokens"])
+            key = (kinds.GRAFT_CHECK, art, ins["samples"], ins["max_new_tokens"])
             # One artifact checked with other --samples or -n is another run: check-<12 hex>-2, -3, ... (the first
             # keeps the bare id; two runs under one id made the prereg invalid: "duplicate id").
-            same = sum(k[0] == "graft-check" and k[1] == art for k in runs)
+            same = sum(k[0] == kinds.GRAFT_CHECK and k[1] == art for k in runs)
             rid = runs.setdefault(
                 key,
                 {
                     "id": f"check-{art[:12]}" + (f"-{same + 1}" if same else ""),
-                    "kind": "graft-check",
+                    "kind": kinds.GRAFT_CHECK,
                     "artifact": art,
                     "samples": ins["samples"],
                     "max_new_tokens": ins["max_new_tokens"],
@@ -470,12 +471,17 @@ def _prereg_from_ledger(
             )["id"]
             exp[rid] = {"fresh_logits": outs["fresh_logits"]["sha256"], "passed": outs["result"]["passed"]}
         else:
-            key = ("score", ins["outputs"]["path"], ins["answers"]["path"], json.dumps(ins["settings"], sort_keys=True))
+            key = (
+                kinds.SCORE,
+                ins["outputs"]["path"],
+                ins["answers"]["path"],
+                json.dumps(ins["settings"], sort_keys=True),
+            )
             rid = runs.setdefault(
                 key,
                 {
                     "id": f"score-{sum(k[0] == 'score' for k in runs) + 1}",
-                    "kind": "score",
+                    "kind": kinds.SCORE,
                     "outputs": rel(ins["outputs"]["path"]),
                     "outputs_sha256": ins["outputs"]["sha256"],
                     "answers": rel(ins["answers"]["path"]),

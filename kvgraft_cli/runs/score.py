@@ -7,6 +7,7 @@ from typing import Any
 
 from ..engine.determinism import effective_environment
 from ..eval.scoring import ScoreResult, ScoreSettings, score, write_records
+from ..ledger import kinds
 from ..ledger import log as ledger
 from ..util.hashing import digest, sha256_bytes, sha256_file
 from .owned import check_output
@@ -58,4 +59,4 @@ def score_and_record(
         },
         outputs={"records": {"path": ctx.rel(records_path), **digest(rec_sha)}, "result": result.summary()},
     )
-    return result, rec_sha, ledger.append(ctx.ledger, "score", entry)
+    return result, rec_sha, ledger.append(ctx.ledger, kinds.SCORE, entry)

@@ -29,6 +29,7 @@ from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
 from ..engine.growcache import BufferPool, enabled, pooled
 from ..errors import InputError, KvgraftError, UnsupportedModel
 from ..eval.problems import normalize_key
+from ..ledger import kinds
 from ..ledger import log as ledger
 from ..library.retrieval import Found, find
 from ..library.solve import graft_question
@@ -39,7 +40,7 @@ from ..util.hashing import canonical_json, digest, sha256_bytes
 from . import promptcache, tenants
 from .protocol import Request, RequestError
 
-KIND = "serve"
+KIND = kinds.SERVE
 DEFAULT_CACHE_MAX = 8 << 30  # bytes of prompt-cache chunks a server's store keeps (--cache-max)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from ..config.manifest import Manifest
 from ..engine.engine import Engine, token_ids_sha256
 from ..errors import InputError
+from ..ledger import kinds
 from ..ledger import log as ledger
 from ..runs.context import RunContext
 from ..runs.replay import Prereg, file_check, request_bodies
@@ -146,7 +147,7 @@ def replay_served(
         },
         outputs={"matched": len(report.rows) - report.mismatched, "mismatched": report.mismatched},
     )
-    report.ledger_seq = ledger.append(ctx.ledger, "replay-served", entry)["seq"]
+    report.ledger_seq = ledger.append(ctx.ledger, kinds.REPLAY_SERVED, entry)["seq"]
     return report
 
 

@@ -408,7 +408,7 @@ class Store:
                 self._add_grams(cur.lastrowid, library["problem"])
 
     def _index_library_rows(self, manifest_sha256: str, rows: list[dict], grams: bool = True) -> None:
-        """Measurement only (tests, scripts/bench_retrieval.py): library rows (``problem``, its ``problem_key``,
+        """Measurement only (tests, benchmarks/bench_retrieval.py): library rows (``problem``, its ``problem_key``,
         ``solution``, optional ``answer`` and ``problem_id``) indexed as recorded, verified entries in one
         transaction, with artifact rows whose identities are made up and whose objects do not exist. Retrieval
         reads only these index rows, so it can be measured at any size without a model; grafting one of them would

@@ -59,7 +59,7 @@ def cache_memory(nbytes: int):
     (resident already: no page faults; its bytes are stale, so write before reading), else a fresh zero map
     (util.memory.zeroed). A graft's own read (format.open_file's ``room``) reads the artifact's layers into these, so a
     process that reserved its cache's memory beforehand, as llama.cpp creates its context, reads into resident
-    memory (scripts/peers' graft): on this machine a fresh map's first write costs about 0.6 ms a MiB in page faults,
+    memory (benchmarks/peers' graft): on this machine a fresh map's first write costs about 0.6 ms a MiB in page faults,
     four times the read itself (docs/PERFORMANCE.md). kvgraft serve's own reads are shared by its verified cache, so
     they are read without room, into the heap; its caches grow in the pool's maps."""
     pool = _POOL.get()

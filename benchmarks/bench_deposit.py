@@ -13,7 +13,7 @@ and, on the same prefilled cache, each stage a deposit adds (capture + encode th
 raw file, a ledger append + fsync). Prints per problem and for the batch deposit / prefill = (prefill + stages) /
 prefill (issue #10's goal: at most 1.10x), and the end-to-end ratio (noisier: two prefills' noise).
 Usage:
-    python scripts/bench_deposit.py [--problems 8] [--profile native|portable] [--dtype float32|bfloat16]
+    python benchmarks/bench_deposit.py [--problems 8] [--profile native|portable] [--dtype float32|bfloat16]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         subprocess.run(
-            [sys.executable, str(REPO / "scripts" / "bench_restore.py"), "--write-model", str(tmp / "model")],
+            [sys.executable, str(REPO / "benchmarks" / "bench_restore.py"), "--write-model", str(tmp / "model")],
             check=True,
             capture_output=True,
         )

@@ -15,7 +15,7 @@ Every pair is graded with the reference as gold:
 and the verdict digest is compared across two processes with different hash seeds (--seed-check).
 
 Usage (math-verify installed, e.g. pip install 'kvgraft[mathverify]'):
-    python scripts/eval_graders.py [--data data/math500/math500.jsonl] [--shifts 5] [--seed-check] [--json]
+    python benchmarks/eval_graders.py [--data data/math500/math500.jsonl] [--shifts 5] [--seed-check] [--json]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from timing import timed  # noqa: E402  (scripts/ is this script's own folder, first on sys.path)
+from harness import timed  # noqa: E402  (scripts/ is this script's own folder, first on sys.path)
 
 from kvgraft_cli.eval import answers, scoring  # noqa: E402
 from kvgraft_cli.eval.problems import read_problems  # noqa: E402

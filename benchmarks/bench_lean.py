@@ -5,7 +5,7 @@ attention, native profile, 1 thread). One engine; each round prefills the first 
 solutions through each forward in turn, then decodes greedily, and checks that both gave the same logits bytes and
 tokens. Prints the medians and the ratio; a profile of one lean decode step with --profile.
 
-Usage: python scripts/bench_lean.py [--lengths 512 2048] [--decode 32] [--rounds 5] [--profile]
+Usage: python benchmarks/bench_lean.py [--lengths 512 2048] [--decode 32] [--rounds 5] [--profile]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ neighbour hits all of them alike, and reports the median over rounds of each chi
 length: prefill (the deposit's and a fresh computation's cost) and 16 greedy decode steps after it (what every
 graft pays per generated token). With ``--schedules single invariant`` every profile also runs under the invariant
 schedule (one token a forward, issue #13), and the table adds invariant / single per profile. Usage:
-    python scripts/bench_profiles.py [--lengths 128 512] [--rounds 3] [--model smol|tiny]
+    python benchmarks/bench_profiles.py [--lengths 128 512] [--rounds 3] [--model smol|tiny]
                                      [--schedules single invariant]
 """
 

@@ -12,7 +12,7 @@ Another q4 manifest (another GGUF: a Q4_K_M file, say) is compared the same way 
 ``--without kv_dtype`` the reference side is the manifest without ``model.kv_dtype`` instead (a 16-bit cache against
 the float32 one, everything else equal).
 
-Usage: python scripts/q4_vs_dequantized.py [--problems 20] [--manifest M] [--without weights|kv_dtype] [--json OUT]
+Usage: python benchmarks/q4_vs_dequantized.py [--problems 20] [--manifest M] [--without weights|kv_dtype] [--json OUT]
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ its throughput over ``one``'s; and whether every response (text, first-token log
 the same in every configuration. Machines are shared and noisy: compare the ratios of one run. Nothing of this runs in
 the test suite. Needs the README's first install and Ray (``pip install 'kvgraft[ray]'``).
 Usage:
-    python scripts/bench_replicas.py [--recurring 8] [--new 8] [--max-tokens 32] [--clients 4] [--replicas 1 2]
+    python benchmarks/bench_replicas.py [--recurring 8] [--new 8] [--max-tokens 32] [--clients 4] [--replicas 1 2]
                                      [--dir DIR] [--json OUT]
 """
 

@@ -8,7 +8,7 @@ one sequence a step (interleaved rounds, the median, so a noisy machine's spikes
 and solve's ``--batch`` default (engine.decoding.DEFAULT_BATCH) rests on. Nothing of this runs in the test suite.
 
 Usage:
-    python scripts/bench_batch.py [-m manifests/smollm2-serve.yaml] [--sizes 1 2 4 8 16] [--steps 16] [--rounds 3]
+    python benchmarks/bench_batch.py [-m manifests/smollm2-serve.yaml] [--sizes 1 2 4 8 16] [--steps 16] [--rounds 3]
 """
 
 from __future__ import annotations

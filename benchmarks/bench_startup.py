@@ -1,8 +1,8 @@
 """Start-up time of the kvgraft CLI: wall seconds of `kvgraft --help`, `kvgraft verify ledger/reference.jsonl` and
 `kvgraft graft -n 4` on the embedded tiny model, median of --rounds runs each.
 
-    python scripts/bench_startup.py                          # this checkout
-    python scripts/bench_startup.py --compare /path/to/old    # and an older checkout, alternated run by run
+    python benchmarks/bench_startup.py                          # this checkout
+    python benchmarks/bench_startup.py --compare /path/to/old    # and an older checkout, alternated run by run
 
 A checkout is a folder holding the ``kvgraft_cli`` package; each command runs as ``python -m kvgraft_cli`` with that
 folder first on PYTHONPATH, so both run in this environment (same torch, transformers, typer). The store the graft

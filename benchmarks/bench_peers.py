@@ -3,10 +3,10 @@ Q4_1 file), the same real-text prefixes (MATH-500's worked solutions joined, cut
 each prefix as the query), in one run, interleaved.
 
 llama.cpp (llama-cpp-python's low-level bindings, built once from the registry's source into a cache folder:
-scripts/peers/llama_build.py) saves a sequence's state with llama_state_seq_save_file and restores it into a fresh
+benchmarks/peers/llama_build.py) saves a sequence's state with llama_state_seq_save_file and restores it into a fresh
 context with llama_state_seq_load_file; kvgraft deposits an artifact and grafts it (read, re-hashed against its
 identity, restored), in float32 and bfloat16 (dequantized from the same GGUF). Each system runs in a worker process
-of its own (scripts/peers/), asked in turn, one at a time, round after round, so the machine's noise falls on all of
+of its own (benchmarks/peers/), asked in turn, one at a time, round after round, so the machine's noise falls on all of
 them alike. Per prefix length and system:
   prefill s        the prefix from scratch (once)
   save s / MB      llama_state_seq_save_file, or kvgraft's deposit after its prefill; bytes on disk
@@ -21,7 +21,7 @@ and, once per length: llama.cpp's restore compared with a fresh computation at e
 one llama_decode over prefix + query), kvgraft's `graft --check` verdict on the deposited artifact.
 Ratios printed: kvgraft's first token over llama.cpp's (goal at most 1.5x), kvgraft's decode over llama.cpp's (goal
 at least 0.5x). Nothing of this runs in the test suite. Usage:
-    python scripts/bench_peers.py [--lengths 512 2048 8000] [--repeat 3] [--threads 1]
+    python benchmarks/bench_peers.py [--lengths 512 2048 8000] [--repeat 3] [--threads 1]
                                   [--kvgraft float32:native:eager bfloat16:native:eager] [--json OUT]
     (a --kvgraft configuration: DTYPE:PROFILE:ATTN:WEIGHTS:KV:IDENTITY, later fields optional, e.g.
      float32:native:grouped:q4:float16:blake3 for q4 weights, a 16-bit cache and BLAKE3 identities)
@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from timing import median  # scripts/, this script's folder, is first on sys.path
+from harness import median  # scripts/, this script's folder, is first on sys.path
 
 
 def main() -> None:

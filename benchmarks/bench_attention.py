@@ -11,7 +11,7 @@ it, into buffers with room: its first step copies nothing). Each implementation'
 same bytes in every repeat (``same bits``). Its greedy tokens are compared with eager's for information only:
 the two kernels' bits differ. Usage:
 
-    python scripts/bench_attention.py [--tokens 2048 8192] [--dtypes float32 bfloat16] [--repeat 5] [--steps 16]
+    python benchmarks/bench_attention.py [--tokens 2048 8192] [--dtypes float32 bfloat16] [--repeat 5] [--steps 16]
 """
 
 from __future__ import annotations

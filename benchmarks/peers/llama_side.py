@@ -20,7 +20,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from timing import stopwatch
+from harness import stopwatch
 
 
 class LlamaSide:

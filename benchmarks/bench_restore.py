@@ -22,7 +22,7 @@ runs measured side by side in this one process:
                ratio) and the restore time, also as a ratio to the first row's (raw, sha256 by default)
 
 GB/s are payload bytes (the canonical payload, whatever the file's codec) per second. Usage:
-    python scripts/bench_restore.py [--tokens 2048 8192] [--dtypes float32 bfloat16] [--repeat 5]
+    python benchmarks/bench_restore.py [--tokens 2048 8192] [--dtypes float32 bfloat16] [--repeat 5]
                                     [--codecs zstd raw shuffle-zstd] [--identities sha256 sha256-tree]
                                     [--profile native|portable] [--no-prefill] [--attn eager|grouped]
 """
@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_graft import _smol_config  # noqa: E402  (the same model shape)
-from timing import interleaved, median, stopwatch, timed  # noqa: E402
+from harness import interleaved, median, stopwatch, timed  # noqa: E402
 
 
 def main() -> None:

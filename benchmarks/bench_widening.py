@@ -13,7 +13,7 @@ times). For the same query set, in every store:
   stats        `kvgraft store stats --json`: stored tokens and tokens / context window
 
 Usage:
-    python scripts/bench_widening.py --store-root /work/widening-store [--reuse] [--fill-only]
+    python benchmarks/bench_widening.py --store-root /work/widening-store [--reuse] [--fill-only]
                                      [--sizes 30000 300000 3000000] [--queries 50] [--repeat 10] [--solve-repeat 3]
 
 The fill: problems generated from a seed (a running sum, a polynomial by Horner's rule, a product modulo m; each

@@ -10,7 +10,7 @@ DIR`` a second server runs from another checkout (``PYTHONPATH=DIR``: say, the c
 without keys) beside it, rounds interleaved, and its cold and warm first tokens are printed in the same table.
 Each round's system prompt is new (``Session N.``), so a round's first request is cold on both servers.
 Usage:
-    python scripts/bench_tenants.py [--rounds 5] [--system 1000] [--compare-root DIR] [--json OUT]
+    python benchmarks/bench_tenants.py [--rounds 5] [--system 1000] [--compare-root DIR] [--json OUT]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Library lookups on real text at 10,000 to 1,000,000 entries (#26): recall, latency and the work each query does,
 measured in one run.
 
-    nice -n 10 python scripts/bench_retrieval.py [--sizes 10000 100000 1000000] [--k 4]
+    nice -n 10 python benchmarks/bench_retrieval.py [--sizes 10000 100000 1000000] [--k 4]
                                                  [--cache /tmp/kvgraft-bench-retrieval]
 
 The library: 400 MATH-500 problems (data/math500, with their worked solutions; 100 more are held out as problems not

@@ -3,7 +3,7 @@
 Prints entries/s for the line checks (canonical form, schema, chain, Merkle root), the artifact re-hash speed
 (payload SHA-256 through zstd, two threads) against `sha256sum` over the same files (ratio; goal >= 0.8), and the
 time of a second run that takes verified files from the cache. Usage:
-    python scripts/bench_verify.py [--entries 100000] [--artifact-mb 1024] [--files 64]
+    python benchmarks/bench_verify.py [--entries 100000] [--artifact-mb 1024] [--files 64]
 """
 
 from __future__ import annotations

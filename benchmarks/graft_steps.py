@@ -1,6 +1,6 @@
 """Where a graft's time goes, step by step: back to back, and after an idle pause as in bench_peers' rounds.
 
-The same GGUF and configuration as a bench_peers worker (scripts/peers/kvgraft_side.py: SmolLM2-135M-Instruct's
+The same GGUF and configuration as a bench_peers worker (benchmarks/peers/kvgraft_side.py: SmolLM2-135M-Instruct's
 Q4_1 codes, native profile, grouped attention; by default configuration B, a float16 cache named by BLAKE3), one
 artifact of N real-text tokens deposited, and the cache's memory reserved as kvgraft serve reserves it. Each graft
 is what `kvgraft graft` does to open an artifact (format.open_file with room, then engine.restore), timed as a whole
@@ -21,7 +21,7 @@ after the other system's round: its process has been idle). Then the floor of an
 measured on the same file: one read of the whole file into a buffer kept between reads (what an unverified restore
 does at least), a copy of it, and BLAKE3 over it with one thread and with every core.
 
-Usage: python scripts/graft_steps.py [--tokens 512] [--threads 1] [--config float32:native:grouped:q4:float16:blake3]
+Usage: python benchmarks/graft_steps.py [--tokens 512] [--threads 1] [--config float32:native:grouped:q4:float16:blake3]
                                      [--repeat 150] [--idle 0.03]
 """
 
@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import stopwatch, timed  # noqa: E402
+from harness import stopwatch, timed  # noqa: E402
 
 STEPS = [
     ("container", "container", "check_container"),

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from bench_graft import _open, _real_ids  # an artifact opened as `kvgraft graft` opens it; the real-text prefix
-from timing import stopwatch
+from harness import stopwatch
 
 
 class KvgraftSide:
@@ -182,7 +182,7 @@ class KvgraftSide:
         counted once: as the head it is read whole every step), and the seconds of its linear layers alone on one
         token (each layer's matrix-vector product, nothing between them): a decode step cannot be faster."""
         import torch
-        from timing import timed
+        from harness import timed
 
         model = self.eng.model
         params = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}

@@ -32,13 +32,13 @@ prompt tokens (usage) and the full text. Threads: kvgraft's serve manifest pins 
 -t/-tb --threads (1).
 
 llama-server is built once from llama-cpp-python's source distribution (its vendored llama.cpp) by
-scripts/peers/llama_server_build.py (about 10 minutes on 2 cores; cached); the table names its commit and flags.
+benchmarks/peers/llama_server_build.py (about 10 minutes on 2 cores; cached); the table names its commit and flags.
 Printed: the machine (CPU model, AVX-512 and AMX flags), both command lines, one row per server and C, and the
 ratios kvgraft / llama-server of tokens/s and p50 first token. --json OUT writes every request's record, the
 summary, the build and the settings. Every server's log stays in the benchmark folder. Nothing of this runs in the
 test suite.
 Usage:
-    python scripts/bench_serve_peers.py [--concurrency 1 4 8] [--max-tokens 64] [--questions 8]
+    python benchmarks/bench_serve_peers.py [--concurrency 1 4 8] [--max-tokens 64] [--questions 8]
         [--kvgraft-args "--batch {C}"] [--llama-args "..."] [--servers kvgraft llama-server] [--slot-ctx 2048]
         [--threads 1] [--stagger 0.25] [--dir DIR] [--json OUT]
     (--kvgraft-args "--batch 1" serves kvgraft one request at a time, as before continuous batching.)
@@ -215,7 +215,7 @@ def _environment(args, build: dict, gguf: str) -> dict:
 
     from kvgraft_cli.config.manifest import load_manifest
 
-    data = load_manifest(args.manifest).data
+    m = load_manifest(args.manifest)
     git = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
     return {
         "cpu": _cpu(),
@@ -223,8 +223,8 @@ def _environment(args, build: dict, gguf: str) -> dict:
             "version": metadata.version("kvgraft"),
             "git": git.stdout.strip() or None,
             "manifest": str(args.manifest),
-            "manifest_name": data.get("name"),
-            "threads": (data.get("runtime") or {}).get("threads"),
+            "manifest_name": m.name,
+            "threads": m.runtime.threads,
             "args": args.kvgraft_args,
         },
         "llama_server": {

@@ -7,7 +7,7 @@ the compiler and the machine, so another build never reuses this one. The flags 
 instructions (-DGGML_NATIVE=ON) but without AMX_INT8 (-mno-amx-int8 in CMAKE_C_FLAGS/CMAKE_CXX_FLAGS): on an Intel
 Xeon with AMX the native build's AMX path crashes on the first llama_decode (SIGSEGV, llama.cpp issue #20824); on
 CPUs without AMX the flag changes nothing. The folder is written under a temporary name and renamed into place, so
-an interrupted build leaves nothing that looks finished. scripts/peers/llama_server_build.py builds llama.cpp's own
+an interrupted build leaves nothing that looks finished. benchmarks/peers/llama_server_build.py builds llama.cpp's own
 C++ llama-server from the same source the same way. Nothing of it runs in the test suite: a CPU build takes about 4
 minutes on 2 cores.
 """

@@ -2,7 +2,7 @@
 cache folder.
 
 The source is the llama.cpp tree vendored in llama-cpp-python VERSION's source distribution (the commit its
-changelog names, LLAMA_CPP_COMMIT; the same source scripts/peers/llama_build.py builds the Python bindings from):
+changelog names, LLAMA_CPP_COMMIT; the same source benchmarks/peers/llama_build.py builds the Python bindings from):
 ``pip download --no-deps --no-binary :all: llama-cpp-python==VERSION``, extracted, and its ``vendor/llama.cpp``
 configured with CMake (CMAKE_ARGS below) and built with ``cmake --build build --target llama-server``. The flags:
 this CPU's own instructions (-DGGML_NATIVE=ON) without AMX_INT8 (-mno-amx-int8 in CMAKE_C_FLAGS/CMAKE_CXX_FLAGS; on
@@ -16,7 +16,7 @@ the CPU's model name (a native build is for the CPU it was built on). The folder
 and renamed into place, so an interrupted build leaves nothing that looks finished. Nothing of it runs in the test
 suite: the build takes about 10 minutes on 2 cores.
 Usage (builds if the cache has none, then prints build.json):
-    python scripts/peers/llama_server_build.py
+    python benchmarks/peers/llama_server_build.py
 """
 
 from __future__ import annotations

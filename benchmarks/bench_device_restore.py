@@ -7,8 +7,8 @@ interleaved so a burst of load slows each alike; the file is in the page cache a
 
 Both restores re-hash every byte (no expected identity is passed, so each computes it). Without CUDA it runs the
 cpu device (a host-to-host copy as the "ceiling") and says so. GB/s are payload bytes per second. Builds a random
-payload of SmolLM-135M's KV shape (scripts/bench_graft.py's config; no model, no prefill), or takes --kvg FILE.
-    python scripts/bench_device_restore.py [--tokens 2048] [--dtype float32] [--repeat 5] [--device cuda]
+payload of SmolLM-135M's KV shape (benchmarks/bench_graft.py's config; no model, no prefill), or takes --kvg FILE.
+    python benchmarks/bench_device_restore.py [--tokens 2048] [--dtype float32] [--repeat 5] [--device cuda]
                                            [--identity sha256|sha256-tree] [--chunk-mib 16] [--ring 4] [--kvg FILE]
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_graft import _smol_config  # noqa: E402  (the same model shape as the other benchmarks)
-from timing import interleaved, median  # noqa: E402
+from harness import interleaved, median  # noqa: E402
 
 
 def _random_payload(tokens: int, dtype: str, scheme: str) -> bytes:

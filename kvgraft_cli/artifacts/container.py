@@ -63,24 +63,11 @@ EAGER = 256 << 20  # see read_container: a larger payload that is over 8x its fi
 
 def default_codec(dtype: str) -> str:
     """The codec for a payload of this KV dtype: raw, for every dtype. Restore time is what kvgraft optimizes, and
-    neither compressed codec restores as fast as raw: decompression (0.6-0.9 GB/s a core) is slower than reading
-    the page cache. Measured with ``benchmarks/bench_restore.py --tokens 2048 8192 --no-prefill`` (SmolLM-135M's shape,
-    random weights, native profile, 2 CPU cores shared with other work; the three codecs side by side in one
-    process, medians of 5-7; payload / file size, then restore = open_file (read, decompress, re-hash, parse) +
-    engine.restore):
-
-    ================  ================  ================  ================
-    dtype, tokens     raw               zstd (level 3)    shuffle-zstd
-    ================  ================  ================  ================
-    float32, 2,048    1.00x, 0.072 s    1.08x, 0.192 s    1.18x, 0.171 s
-    bfloat16, 2,048   1.00x, 0.036 s    1.28x, 0.095 s    1.44x, 0.100 s
-    float32, 8,176    1.00x, 0.75 s*    1.08x, 1.83 s     1.18x, 0.97 s
-    bfloat16, 8,176   1.00x, 0.133 s    1.28x, 0.317 s    1.44x, 0.357 s
-    ================  ================  ================  ================
-
-    (*) measured under load; raw takes 0.26 s on a quiet machine (docs/PERFORMANCE.md). shuffle-zstd restores about as fast as
-    zstd or faster (its chunks decompress in parallel), with files 9-11% smaller, but 2.4-2.8x slower than raw; so
-    ``auto`` stays raw, and ``--codec shuffle-zstd`` is the one for archives and transfers."""
+    neither compressed codec restores as fast as raw: decompression is slower than reading the page cache, and KV's
+    mantissa noise leaves zstd little to save. shuffle-zstd makes the smallest files and restores about as fast as
+    zstd or faster (its chunks decompress in parallel), but still slower than raw; so ``auto`` stays raw, and
+    ``--codec shuffle-zstd`` is the one for archives and transfers. ``benchmarks/bench_restore.py --tokens 2048 8192
+    --no-prefill`` measures the three side by side (docs/PERFORMANCE.md, "Restore speed", the codec table)."""
     return "raw"
 
 
@@ -136,8 +123,9 @@ def shuffle(chunk: bytes, size: int) -> bytes:
 
 def unshuffle_into(dst: bytearray, pos: int, planes: bytes, size: int) -> None:
     """Write the inverse of :func:`shuffle` of ``planes`` into ``dst[pos:pos + len(planes)]``. With numpy already
-    loaded (a graft: torch loads it) a column copy that releases the GIL, ~2x faster; else bytes slicing with a step
-    (torch-free readers: `kvgraft verify` never imports numpy). Both give the same bytes (tests/test_codecs.py)."""
+    loaded (a graft: torch loads it) a column copy that releases the GIL, faster than slicing (docs/PERFORMANCE.md,
+    "Restore speed"); else bytes slicing with a step (torch-free readers: `kvgraft verify` never imports numpy). Both
+    give the same bytes (tests/test_codecs.py)."""
     m = len(planes) // size
     whole = m * size
     if size == 1 or not whole:
@@ -507,9 +495,10 @@ def _iter_shuffled_serial(f, c: Container, source: str) -> Iterator[bytearray]:
 
 def _read_shuffled(f, c: Container, file_size: int, source: str, expected_sha256: str | None) -> bytearray:
     """A shuffle-zstd payload in one private buffer. Its safetensors header (in the first chunk) is checked before
-    the payload's size is allocated; a payload over EAGER bytes that is also over 8x the file (genuine KV
-    compresses 1.1-1.5x) is first re-hashed against ``expected_sha256`` in a streamed pass. Then the chunks are
-    decompressed by a few threads straight into the buffer, each handed to the hasher once in place."""
+    the payload's size is allocated; a payload over EAGER bytes that is also over 8x the file (far more than genuine
+    KV compresses: docs/PERFORMANCE.md's codec table) is first re-hashed against ``expected_sha256`` in a streamed
+    pass. Then the chunks are decompressed by a few threads straight into the buffer, each handed to the hasher once
+    in place."""
     n = c.payload_bytes
     reader = _ChunkReader(f, c, source)
     read_payload_header(reader, n, source)

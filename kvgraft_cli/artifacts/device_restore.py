@@ -149,7 +149,8 @@ def _pump(torch, f, dst, staging: list, hasher, stream, base: int, source: str) 
     ends = [0] * len(staging)  # payload offset just after the bytes each buffer last held (0: not used yet)
     pos, k, size = 0, 0, dst.numel()
     # On the CPU a numpy copy (one memcpy, GIL released): torch's copy_ runs on its intra-op OpenMP pool, whose
-    # workers spin after each chunk on the cores the hashing needs (2x slower on 2 cores, measured).
+    # workers spin after each chunk on the cores the hashing needs, which slows the restore where cores are few
+    # (docs/PERFORMANCE.md, "Restore speed").
     host = dst.numpy() if stream is None else None
     while pos < size:
         slot = k % len(staging)

@@ -3,8 +3,8 @@
 Three schemes, named by the payload itself (its metadata key ``identity``; docs/FORMAT.md):
 
 ``sha256`` (no ``identity`` key: every artifact deposited before the tree existed, and the default)
-    SHA-256 of the whole payload, one stream: what ``sha256sum`` of the payload prints. One core computes it
-    (about 1.8 GB/s here), so a restore can never verify faster than that.
+    SHA-256 of the whole payload, one stream: what ``sha256sum`` of the payload prints. One core computes it, so a
+    restore can never verify faster than SHA-256 runs on one core (docs/PERFORMANCE.md, "Restore speed").
 
 ``sha256-tree`` (``identity: sha256-tree``; a manifest's ``artifact.identity``)
     The payload is cut into leaves of LEAF = 1 MiB (the last one may be shorter), and
@@ -19,10 +19,11 @@ Three schemes, named by the payload itself (its metadata key ``identity``; docs/
 
 ``blake3`` (``identity: blake3``)
     BLAKE3 (its default 256-bit output) of the whole payload: what ``b3sum`` of the payload prints. BLAKE3 is a tree
-    hash inside (1 KiB chunks), so one core hashes 3-5 GB/s here against SHA-256's 1.7 (``hashlib``), and the
-    ``blake3`` package (the BLAKE3 team's Rust implementation, a wheel on PyPI) spreads a large input over every core.
-    A restore spends about a third of sha256-tree's CPU on the hash, and a third party needs ``b3sum`` or that
-    package. A digest of one function cannot pass for another's (that would be a cross-function collision).
+    hash inside (1 KiB chunks), so one core hashes it faster than SHA-256 (``hashlib``), and the ``blake3`` package
+    (the BLAKE3 team's Rust implementation, a wheel on PyPI) spreads a large input over every core. A restore spends
+    less CPU on the hash than under sha256-tree (docs/PERFORMANCE.md, "Graft at memory speed"), and a third party
+    needs ``b3sum`` or that package. A digest of one function cannot pass for another's (that would be a cross-function
+    collision).
 
 The scheme is read from the payload's own header, which the identity covers: changing it changes the digest.
 """
@@ -145,7 +146,7 @@ class _Stream:
     handed over. At most 4 hand-offs wait (``add`` blocks beyond that), so a fast producer of transient chunks (a
     zstd stream) cannot pile up memory. ``add_batch`` hands over several chunks at once: a graft's read fills one
     piece per KV head (64 KiB for SmolLM2-135M at 512 tokens in 16 bits), and a hand-off per piece cost more than
-    hashing them (an 11.8 MB blake3 artifact opened in 10.5 ms that way, 6.5 ms batched; BLAKE3 alone takes 2.6)."""
+    hashing them (docs/PERFORMANCE.md, "Graft at memory speed")."""
 
     def __init__(self, h: Any = None, name: str = "sha256"):
         self.h = h if h is not None else hashlib.sha256()
@@ -283,8 +284,7 @@ class PayloadHasher:
             self.impl = _Tree()
         elif scheme == "blake3":
             # One thread unless the chunks are large: a read hands over pieces of 64 KiB-1 MiB, and the package's own
-            # threads over pieces that small took longer than one (SmolLM2-135M at 512 tokens in 16 bits: 7.2 ms a
-            # graft's read against 12-13).
+            # threads over pieces that small took longer than one (docs/PERFORMANCE.md, "Graft at memory speed").
             threads = workers() if self.large_chunks else 1
             self.impl = _Stream(blake3_hasher(self.source)(max_threads=threads), "blake3")
         else:

@@ -2,14 +2,14 @@
 once into memory of its own (a full layer's into a buffer with room to grow, when asked), while another thread hashes
 the bytes read against the artifact's identity. Nothing is returned before the digest matches.
 
-What makes it fast, measured on SmolLM2-135M's 16-bit cache at 512 tokens (11.8 MB, blake3, memory reserved), where
-the first version took 8-9 ms to open and restore against llama.cpp's 2.0-2.4 ms restore:
+What makes it fast (each measured against the reader before it, on SmolLM2-135M's 16-bit cache with a blake3
+identity, read into reserved memory: docs/PERFORMANCE.md, "Graft: Python first, then a staged read"):
 
 - Python first, then the read. Everything Python does for a graft (the header's checks, every tensor's memory, its
   typed view, the artifact's layers) is done before the first byte of tensor data is read; only the token ids, a few
   hundred bytes, are looked at once the digest is known. The read and the hash both release the GIL while they
   work, but need it back between calls: Python work between two reads held it away from the hasher for as long as it
-  ran (a thread hashing 64 KiB pieces took 2.8 ms for 11.8 MB alone, 6.8 ms while the main thread ran Python).
+  ran, so the hasher thread waited whenever the main thread planned between reads.
 - Large chunks for a one-stream identity (sha256, blake3): the file is read a chunk at a time into two staging
   buffers in turn, and BLAKE3 hashes each chunk over every core while it is copied to its pieces
   (:func:`_read_staged`). Hashed piece by piece, one per KV head, BLAKE3 ran on one core and the hasher thread paid a
@@ -18,9 +18,9 @@ the first version took 8-9 ms to open and restore against llama.cpp's 2.0-2.4 ms
 - One header parse (payload_rules.parse_header), the scheme named to the hasher, and a cache made by copying a
   template (engine._empty_cache) instead of from the config.
 
-Together, in one process, graft after graft: 4.0-4.6 ms to open and restore, 10.6-11.2 at 2,048 tokens (from 8.2-8.9
-and 14.2-15.2). In benchmarks/bench_peers.py's rounds, each graft after a forward and decode steps: 5.0 ms against
-llama.cpp's 2.2 ms restore (docs/PERFORMANCE.md)."""
+Together they cut the time to open and restore an artifact, graft after graft in one process; what is left is the
+read, the hash and the copy, and the Python around them (benchmarks/graft_steps.py times each step;
+benchmarks/bench_peers.py compares the graft with llama.cpp's restore; docs/PERFORMANCE.md has both)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def _plain(torch, t: dict):
     """A typed tensor of its own for a tensor read without room, and the piece of memory the file's bytes go to.
     Not torch.empty: under deterministic algorithms (every pinned manifest) it fills new memory with a torch kernel
     first. A bytearray is zeroed by one memset, cheap on heap memory a previous restore gave back; fresh anonymous
-    maps (util.memory) measured 1.06-2.3x slower over repeated restores."""
+    maps (util.memory) pay page faults at every restore, so repeated restores into them were slower
+    (docs/PERFORMANCE.md, "Restore speed")."""
     dtype = getattr(torch, _TORCH_DTYPES[t["dtype"]])
     begin, end = t["data_offsets"]
     if end == begin:
@@ -110,9 +111,9 @@ def _read_staged(f, pieces: list, hasher: PayloadHasher, source: str) -> None:
     the bytes (1-8 MiB) is read into one by one system call and handed to the hasher thread, and while BLAKE3
     hashes it over every core, it is copied to its pieces and the next chunk is read into the other buffer. For a
     one-stream identity (sha256, blake3): hashed piece by piece as read, 64 KiB at a time, BLAKE3 ran on one core
-    and the hasher thread paid a GIL hand-off a piece (the module doc). SmolLM2-135M, 16-bit cache, blake3, reserved
-    memory, graft after graft: read, hash and copy took 2.7-2.8 ms at 512 tokens (11.8 MB) against 3.7-4.6 piece by
-    piece, 8.5-8.9 ms at 2,048 against 12-13."""
+    and the hasher thread paid a GIL hand-off a piece (the module doc). The copy costs less than the hash gains:
+    read, hash and copy together are faster than the piece-by-piece read (docs/PERFORMANCE.md, "Graft: Python first,
+    then a staged read")."""
     total = sum(len(p) for p in pieces)
     if not total:
         return

@@ -155,8 +155,9 @@ class VerifyReport:
 
 @lru_cache(maxsize=1)
 def _validator():
-    # fastjsonschema compiles the schema to Python: about 50x faster than jsonschema per entry, which matters at
-    # 100,000+ lines. (Manifests use jsonschema, which reports every problem in one pass.)
+    # fastjsonschema compiles the schema to Python, far faster than jsonschema per entry (docs/PERFORMANCE.md,
+    # "Restore speed", ledger verification), which matters at 100,000+ lines. (Manifests use jsonschema, which
+    # reports every problem in one pass.)
     text = (resources.files("kvgraft_cli") / "schemas" / "ledger-entry.schema.json").read_text()
     return fastjsonschema.compile(json.loads(text), formats={"date-time": _date_time_ok})
 

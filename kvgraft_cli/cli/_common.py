@@ -156,7 +156,7 @@ def field_overrides(fields: list[str], answer_extract: str | None) -> dict[str, 
 @contextmanager
 def engine_start():
     """Around loading torch, transformers and a model: no cyclic garbage collection while hundreds of thousands of
-    long-lived objects are created (each collection would scan them all again: about 0.5 s of a graft's start-up),
+    long-lived objects are created (each collection would scan them all again: docs/PERFORMANCE.md, "Start-up time"),
     then those objects are frozen out of later collections (they live as long as the process anyway)."""
     if not gc.isenabled():
         yield

@@ -80,7 +80,8 @@ def main() -> None:
             raise
         code = render(e)
     if "torch" in sys.modules:
-        # Skip the interpreter's last collection over torch's and transformers' objects at exit (about 1 s here);
+        # Skip the interpreter's last collection over torch's and transformers' objects at exit (docs/PERFORMANCE.md,
+        # "Start-up time", says what it cost);
         # every file is closed and every ledger line written by now.
         gc.freeze()
     sys.exit(code if isinstance(code, int) else 0)

@@ -82,7 +82,7 @@ def init(
         "--identity",
         help="How deposited artifacts are named: "
         "sha256-tree (SHA-256 over 1 MiB leaves: every core verifies a restore), "
-        "blake3 (BLAKE3 of the payload, what b3sum prints: a third of the tree's CPU) or "
+        "blake3 (BLAKE3 of the payload, what b3sum prints: less CPU than the tree) or "
         "sha256 (one SHA-256 stream of the payload, what sha256sum of it prints).",
     ),
     weights: Weights = typer.Option(

@@ -549,7 +549,7 @@ def make_manifest(
 
     ``profile`` names a kernel-flag profile (see profiles.PROFILES); ``schedule`` the prefill schedule (single or
     invariant; chunked needs a chunk size: edit the file); ``identity`` how deposited artifacts are named (sha256-tree:
-    verified on every core; blake3: what b3sum prints, a third of the tree's CPU; sha256: one SHA-256 stream, what
+    verified on every core; blake3: what b3sum prints, less CPU than the tree's; sha256: one SHA-256 stream, what
     every manifest without the key means). ``gguf_sha256``
     pins the GGUF a model was dequantized from; ``weights_sha256`` its 4-bit form (``model.weights: q4``); ``kv_dtype``
     a 16-bit cache (``model.kv_dtype``; None: the model's dtype). ``chat`` (a tokenizer with a chat template) writes the chat prompts

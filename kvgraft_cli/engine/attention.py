@@ -153,10 +153,11 @@ def grouped_attention(
     # Query head j reads KV head j // group (transformers' repeat_kv order): stack each group's query rows.
     q = query.reshape(b, kv_heads, group * q_len, dim)
     # Keys and values in one layout whatever holds them (a fresh cache's concatenation, a grafted cache's view of
-    # the buffer it grows in, growcache), as repeat_kv's copy makes them for eager. Measured here: oneDNN otherwise
-    # keeps a reordered copy of a strided bfloat16 operand for every new length, 6 MB a decode step for SmolLM-135M's
-    # shape at 8,192 tokens (413 MB after 64 steps; benchmarks/bench_attention.py's --rss-child). The copy also shows
-    # the BLAS one layout for a graft and for a fresh computation (on this CPU the two layouts gave the same bits).
+    # the buffer it grows in, growcache), as repeat_kv's copy makes them for eager. oneDNN otherwise keeps a
+    # reordered copy of a strided bfloat16 operand for every new length, so memory grows at every decode step
+    # (benchmarks/bench_attention.py's --rss-child; docs/PERFORMANCE.md, "Attention without copying KV heads"). The
+    # copy also shows the BLAS one layout for a graft and for a fresh computation (on this CPU the two layouts gave
+    # the same bits).
     # A 16-bit cache (model.kv_dtype) is widened to the query's dtype here, exactly (every float16 and bfloat16 value
     # is a float32 one), into the same contiguous layout: attention's arithmetic stays float32.
     key, value = key.to(query.dtype).contiguous(), value.to(query.dtype).contiguous()

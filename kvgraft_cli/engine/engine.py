@@ -186,10 +186,11 @@ class Engine:
         return cache
 
     def _empty_cache(self):
-        """An empty ``DynamicCache(config=...)`` of this model. Building one reads the config's layer types afresh
-        (0.39 ms for SmolLM2-135M, half of a graft's restore), so the first is kept as a template and the next are
-        its copies, layer objects copied too, when its layers hold nothing but plain values (a sliding layer keeps a
-        tensor of its window: such a model builds every cache from the config)."""
+        """An empty ``DynamicCache(config=...)`` of this model. Building one reads the config's layer types afresh,
+        a large share of a small model's restore (docs/PERFORMANCE.md, "Graft: Python first, then a staged read"),
+        so the first is kept as a template and the next are its copies, layer objects copied too, when its layers
+        hold nothing but plain values (a sliding layer keeps a tensor of its window: such a model builds every cache
+        from the config)."""
         import copy
 
         from transformers import DynamicCache

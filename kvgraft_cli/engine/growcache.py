@@ -1,13 +1,13 @@
 """A full-attention cache layer that grows in place, for grafts on the CPU (issue #10: a graft's memory).
 
 transformers' ``DynamicLayer`` concatenates the whole layer into new tensors at every step, each a little larger than
-the one it frees: glibc cannot reuse the freed blocks for the next, larger ones, so a graft of N cached tokens peaked
-at about 2x the artifact above the model. ``GrowingLayer`` keeps keys and values in buffers with room for
-``SLACK_TOKENS`` more tokens, writes each step's states into place, and hands attention views of the filled part;
-when the room is used up it moves to buffers with room again (one copy per ``SLACK_TOKENS`` tokens). Buffers are
-anonymous memory maps: zero pages from the OS, so the room not yet written costs no resident memory (torch.empty
-would fill them first under deterministic algorithms, and a bytearray is zeroed by a write of every byte), and a
-buffer given up goes straight back to the OS instead of into the heap.
+the one it frees: glibc cannot reuse the freed blocks for the next, larger ones, so a graft's memory grew well past its
+cache's own size (docs/PERFORMANCE.md, "A graft's memory": the "concatenated at every step" column). ``GrowingLayer``
+keeps keys and values in buffers with room for ``SLACK_TOKENS`` more tokens, writes each step's states into place, and
+hands attention views of the filled part; when the room is used up it moves to buffers with room again (one copy per
+``SLACK_TOKENS`` tokens). Buffers are anonymous memory maps: zero pages from the OS, so the room not yet written costs
+no resident memory (torch.empty would fill them first under deterministic algorithms, and a bytearray is zeroed by a
+write of every byte), and a buffer given up goes straight back to the OS instead of into the heap.
 
 Exactness: the views hold the same values as the concatenated tensors, but with another stride; attention over them
 gives the same logits bits on the CPU: every graft-vs-fresh comparison of the test suite (whose fresh side keeps
@@ -22,9 +22,9 @@ a chain's links are joined into such buffers (:func:`with_room`). An artifact th
 with room: the LRU would keep the room, and what the first cache wrote there, alive while counting only the kept
 tokens.
 
-Measured (docs/PERFORMANCE.md, "Restore speed", bench_restore.py's peak RSS rows): growing in place after a copy took a graft's
-peak above the model at 8,128 tokens from 1.98x to 1.61x the artifact (float32), 1.51x to 1.31x (bfloat16), and left
-2,048 tokens at about 2.2x (the first step's copy of every layer); reading with room removes that copy.
+Growing in place after a copy lowered a graft's peak above the model, most at long caches; at short ones the first
+step's copy of every layer still set the peak, and reading with room removes that copy (bench_restore.py's peak RSS
+rows; docs/PERFORMANCE.md, "Restore speed", "A graft's memory").
 """
 
 from __future__ import annotations
@@ -109,7 +109,8 @@ def with_room(parts: list):
 
     total = sum(p.shape[-2] for p in parts)
     buf = _zeroed(parts[0], total + SLACK_TOKENS)
-    torch.cat(parts, dim=-2, out=buf[..., :total, :])  # one call, not one copy a link: 3x faster at 125 links
+    # One call, not one copy a link (docs/PERFORMANCE.md, "A graft's memory").
+    torch.cat(parts, dim=-2, out=buf[..., :total, :])
     return buf
 
 

@@ -1,12 +1,13 @@
 """A lean forward for Llama models under ``model.weights: q4`` and ``grouped`` attention: transformers' arithmetic,
 bit for bit, without transformers' per-step overhead.
 
-A decode step of SmolLM2-135M through transformers' LlamaForCausalLM is about 2,000 small operations and the Python
+A decode step of SmolLM2-135M through transformers' LlamaForCausalLM is thousands of small operations and the Python
 around them (decorators, keyword plumbing, a causal mask built for every call, 30 decoder-layer modules, seven
-projection modules a layer): with the weights at 4 bits that overhead is more than half of the step. This forward
-runs the same operations in the same order on the same tensors (the model's own embedding, norm weights, rotary
-module, ``apply_rotary_pos_emb``'s products, kvgraft's ``grouped_attention`` arithmetic, the cache's own ``update``),
-with changes that do not change a bit:
+projection modules a layer): with the weights at 4 bits the products are cheap, so that overhead is much of the step
+(docs/PERFORMANCE.md, "The GGUF's own 4-bit codes and a lean forward"). This forward runs the same operations in the
+same order on the same tensors (the model's own embedding, norm weights, rotary module, ``apply_rotary_pos_emb``'s
+products, kvgraft's ``grouped_attention`` arithmetic, the cache's own ``update``), with changes that do not change a
+bit:
 
 - q, k and v are one int4 product, and so are gate and up: their planes are stacked along the output dimension.
   torch's int4 kernel computes each output column from its own row of codes, so a column's bits do not depend on
@@ -24,9 +25,9 @@ with changes that do not change a bit:
 a forward of many tokens is computed at once with attention row by row (:meth:`LeanLlama._attend_rows`): each query
 row attends to exactly the keys before it, in the very call a decode step at that position makes. Every other
 operation is row-local, and torch's int4 kernel computes a row's bits whatever rows share the call (checked), so the
-batched forward gives the token-by-token bytes at prefill speed (SmolLM2-135M q4, 1 thread: 5.5x faster at 512
-tokens, 4.7x at 2,048; benchmarks/bench_lean.py with an invariant manifest, docs/PERFORMANCE.md): any
-split of a prompt gives the same bits, and kvgraft serve's prompt cache may cut a prompt anywhere.
+batched forward gives the token-by-token bytes at prefill speed, not at one call a token (benchmarks/bench_lean.py
+with an invariant manifest; docs/PERFORMANCE.md, "The invariant schedule's cost"): any split of a prompt gives the
+same bits, and kvgraft serve's prompt cache may cut a prompt anywhere.
 
 Whether it is in force is checked at every load (:func:`attach`): a forward of a few tokens and a decode step
 through both paths on fresh caches (and again at positions given explicitly, as the probe gives them) must give the
@@ -126,10 +127,10 @@ class LeanLlama:
     def _widened(self, t, slot: int, dtype):
         """``t`` (a 16-bit cache's keys or values) widened to ``dtype`` in a contiguous tensor: the values ``t.to(dtype)``
         gives, in a scratch buffer this forward keeps (one for keys, one for values) instead of new memory every layer
-        of every step. Under deterministic algorithms torch fills every new tensor before it is written: at 2,048
-        tokens that fill was a second pass over the widened cache, and decode ran at 32 tokens/s against the float32
-        cache's 46 (SmolLM2-135M q4, 2 threads). Each attention call (under the invariant schedule, a layer's rows) consumes
-        its widened copy before the next is made."""
+        of every step. Under deterministic algorithms torch fills every new tensor before it is written: that fill was
+        a second pass over the widened cache, which made a 16-bit cache decode slower than a float32 one
+        (docs/PERFORMANCE.md, "Graft at memory speed"). Each attention call (under the invariant schedule, a layer's
+        rows) consumes its widened copy before the next is made."""
         import torch
 
         n = t.numel()

@@ -16,20 +16,21 @@ exactly, read at 1.5-2 bytes a weight (the file: 0.82), which is what keeps a Q4
 off the float32 path.
 
 What it changes against the dequantized model (the default, ``model.weights: dequantized``): the kernel takes its
-activations, scales and zeros in bfloat16 (its float32 path is a fallback, 23-29x slower here), so the codes are the
-file's but a scale or zero that float16 held exactly is rounded to bfloat16, and each linear layer's input is rounded
-to bfloat16 and its output comes back as float32 from a bfloat16 result. The rest of the model (embeddings, norms,
-rotary, attention, the residual stream) stays in the manifest's dtype. docs/PERFORMANCE.md measures the logits'
-distance and the main job's accuracy.
+activations, scales and zeros in bfloat16 (its float32 path is a fallback, many times slower: docs/PERFORMANCE.md, "The
+GGUF's own 4-bit codes and a lean forward"), so the codes are the file's but a scale or zero that float16 held exactly
+is rounded to bfloat16, and each linear layer's input is rounded to bfloat16 and its output comes back as float32 from a
+bfloat16 result. The rest of the model (embeddings, norms, rotary, attention, the residual stream) stays in the
+manifest's dtype. docs/PERFORMANCE.md measures the logits' distance and the main job's accuracy.
 
-Determinism: the kernel's row for one token does not depend on how many rows are computed together (measured at
-1..512 rows; tests/test_quantized.py), it is deterministic run to run at a pinned thread count, and which code path
-it takes is ATen's CPU capability, which the manifest's profile pins (``ATEN_CPU_CAPABILITY``; under the portable
-profile's ``default`` it is the scalar path, 40x slower than AVX-512's). The conversion is pinned by
-``model.weights_sha256``: the SHA-256 of the canonical tensors (codes packed two to a byte, bfloat16 scales and
-zeros) computed at every load, so a changed GGUF reader or rounding shows up as drift. Before anything runs, every
-converted matrix is checked code by code against the dequantized checkpoint (``d * q + m`` recomputed in float32
-must equal its weights bit for bit): a wrong tensor name, row permutation or block layout cannot pass.
+Determinism: the kernel's row for one token does not depend on how many rows are computed together (measured at 1..512
+rows; tests/test_quantized.py), it is deterministic run to run at a pinned thread count, and which code path it takes is
+ATen's CPU capability, which the manifest's profile pins (``ATEN_CPU_CAPABILITY``; under the portable profile's
+``default`` it is the scalar path, many times slower than AVX-512's: the same section of docs/PERFORMANCE.md). The
+conversion is pinned by ``model.weights_sha256``: the SHA-256 of the canonical tensors (codes packed two to a byte,
+bfloat16 scales and zeros) computed at every load, so a changed GGUF reader or rounding shows up as drift. Before
+anything runs, every converted matrix is checked code by code against the dequantized checkpoint (``d * q + m``
+recomputed in float32 must equal its weights bit for bit): a wrong tensor name, row permutation or block layout cannot
+pass.
 """
 
 from __future__ import annotations

@@ -86,8 +86,10 @@ def _continue_slot(engine: Engine, slot: Slot | None, links: list[tuple[str, kvg
     layers, rest = slot.cache.layers, [art for _, art in links[shared:]]  # type: ignore[attr-defined]
     with engine._infer():  # the buffers a forward grew are inference tensors: written in inference mode
         # Written after them, in place (GrowingLayer.update), as a restore joins them: the links' states of a layer
-        # joined first, so a layer takes one update, not one a link (an update is 20 us of Python; a question's
-        # 5 chunks over 30 layers were 6 ms of a request). The same bytes land in the same places either way.
+        # joined first, so a layer takes one update, not one a link (each update pays Python's overhead again, and one
+        # a link a layer added up to a visible part of a request: docs/SERVE.md, "Less overhead a request";
+        # docs/PERFORMANCE.md, "A request's overhead in kvgraft serve"). The same bytes land in the same places either
+        # way.
         for i, layer in enumerate(layers):
             states = [art.layers[i] for art in rest]
             if len(states) == 1:
@@ -126,8 +128,9 @@ def lookup(
         segment = ids[start:end]
         key = prompt_key(manifest_sha, parent, token_ids_sha256(segment), scope)
         entry = store.lookup_key(key)
-        # A chunk this process holds verified needs no look at the disk (a stat a chunk, 3 ms of a 2,000-token
-        # prompt's lookup): its bytes are the ones its identity names, whatever became of its file since.
+        # A chunk this process holds verified needs no look at the disk (a stat a chunk adds up over a long prompt's
+        # lookup: docs/SERVE.md, "Less overhead a request"): its bytes are the ones its identity names, whatever
+        # became of its file since.
         if entry is None or (VERIFIED.get(entry.artifact) is None and not store.has_object(entry.artifact)):
             break
         try:

@@ -143,8 +143,9 @@ def prompt_key(manifest_sha256: str, parent_sha256: str | None, token_ids_sha256
     if all(v is None or HEX64.fullmatch(v) for v in key.values()):
         # Hex strings and null: the standard library's sorted compact JSON is the RFC 8785 form (the ledger
         # verifier's fast path, audit.verify.canonical_line, is the same construction). A server derives a key per
-        # chunk of every prompt (125 for 2,000 tokens), and the general serializer took 3 ms of it. tests/test_jcs.py
-        # checks the keys against the general serializer.
+        # chunk of every prompt (125 for 2,000 tokens), and the general serializer was a measurable part of a
+        # request's overhead (docs/SERVE.md, "Less overhead a request"). tests/test_jcs.py checks the keys against
+        # the general serializer.
         return hashlib.sha256(json.dumps(key, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     return sha256_json(key)
 
@@ -196,8 +197,9 @@ class Store:
 
     def _add_grams_table(self) -> bool:
         """Whether the store has library_grams; a store from before it gets it, filled from its library rows in one
-        transaction (a one-off migration; the same fill is part of bench_retrieval.py's 433 s build of 1,000,000
-        entries). A store this process cannot write keeps searching without it, by words only (docs/RETRIEVAL.md)."""
+        transaction (a one-off migration; the same fill is part of bench_retrieval.py's build of 1,000,000 entries,
+        timed in docs/RETRIEVAL.md). A store this process cannot write keeps searching without it, by words only
+        (docs/RETRIEVAL.md)."""
         have = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'library_grams'"
         if self._db.execute(have).fetchone():
             return True

@@ -18,8 +18,9 @@ def zeroed(nbytes: int) -> mmap.mmap:
     resident (a cache's room to grow), there is no fill pass (``torch.empty`` fills under deterministic algorithms,
     ``bytearray(n)`` writes every byte), and the map goes back to the OS the moment its last user lets go, where a
     heap block could be kept by malloc and count against the process. The raw reader's plain path keeps heap memory:
-    recycled from the last restore, it made repeated restores 1.06-2.3x faster than fresh maps (bench_restore, 2,048
-    tokens, separate runs); a graft's own read (format.open_file's ``room``) uses maps, whose room stays unresident."""
+    recycled from the last restore, it faults in no pages, so repeated restores are faster than into fresh maps
+    (benchmarks/bench_restore.py; docs/PERFORMANCE.md, "Restore speed"); a graft's own read (format.open_file's
+    ``room``) uses maps, whose room stays unresident."""
     if nbytes <= 0:
         raise ValueError(f"zeroed({nbytes}): a map needs at least one byte")
     return mmap.mmap(-1, nbytes)
@@ -39,15 +40,14 @@ def keep_freed_memory() -> bool:
 
     Why: a forward's temporaries (attention weights, keys and values expanded for grouped heads, logits) are 0.1-32
     MiB each. glibc maps an allocation above its mmap threshold (128 KiB at start, raised only when such a map is
-    freed) and trims freed heap beyond twice that, so op after op pays page faults and zeroing again. A graft as
-    `kvgraft graft -n 16` runs it over 2,048 cached float32 tokens (SmolLM-135M shape) took 3.48 s and 1,236,214 page
-    faults with glibc's defaults, 1.75 s and 14,098 under these settings (bench_restore.py's memory children; docs/PERFORMANCE.md,
-    "Restore speed"). The settings are what glibc's dynamic threshold reaches after its first 32 MiB free, set once
-    up front. Results do not change: torch aligns every tensor to 64 bytes either way, and the suite's
-    byte-equality tests run under these settings. The price: up to 64
-    MiB of freed memory can stay resident per malloc arena (each thread that allocates may have one), which a
-    long-lived process with many allocating threads (a Ray worker) pays; a graft's peak rose by 17 MB in one
-    bench run and 3 MB in another (float32, 2,048 tokens; bfloat16: none)."""
+    freed) and trims freed heap beyond twice that, so op after op pays page faults and zeroing again; kept, the
+    freed blocks serve the next op's temporaries without either (benchmarks/bench_restore.py's memory children
+    graft with and without these settings; docs/PERFORMANCE.md, "Restore speed", "Freed memory kept for reuse").
+    The settings are what glibc's dynamic threshold reaches after its first 32 MiB free, set once up front. Results
+    do not change: torch aligns every tensor to 64 bytes either way, and the suite's byte-equality tests run under
+    these settings. The price: up to 64 MiB of freed memory can stay resident per malloc arena (each thread that
+    allocates may have one), which a long-lived process with many allocating threads (a Ray worker) pays; a graft's
+    peak rises by what malloc keeps (the same section of docs/PERFORMANCE.md)."""
     if os.environ.get("KVGRAFT_KEEP_FREED", "1") == "0" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(None)
@@ -59,18 +59,18 @@ def cache_memory(nbytes: int):
     (resident already: no page faults; its bytes are stale, so write before reading), else a fresh zero map
     (util.memory.zeroed). A graft's own read (format.open_file's ``room``) reads the artifact's layers into these, so a
     process that reserved its cache's memory beforehand, as llama.cpp creates its context, reads into resident
-    memory (benchmarks/peers' graft): on this machine a fresh map's first write costs about 0.6 ms a MiB in page faults,
-    four times the read itself (docs/PERFORMANCE.md). kvgraft serve's own reads are shared by its verified cache, so
-    they are read without room, into the heap; its caches grow in the pool's maps."""
+    memory (benchmarks/peers' graft): a fresh map's first write pays a page fault for every page, which costs more than
+    the read itself (docs/PERFORMANCE.md, "Graft at memory speed"). kvgraft serve's own reads are shared by its verified
+    cache, so they are read without room, into the heap; its caches grow in the pool's maps."""
     pool = _POOL.get()
     return pool.take(nbytes) if pool is not None else zeroed(nbytes)
 
 
 class BufferPool:
     """Maps a long-lived process hands its caches one request after another (kvgraft serve: one request at a time),
-    so a request's cache is written into memory the last one faulted in, not into fresh pages. On this machine a
-    fresh map costs about 0.6 ms a MiB in page faults on first write (a 2,000-token prompt's float32 cache of
-    SmolLM2-135M, 92 MB: 60-90 ms); a recycled one costs the copy alone.
+    so a request's cache is written into memory the last one faulted in, not into fresh pages. A fresh map pays
+    page faults on its first write, which for a long prompt's cache cost more than the copy into it
+    (docs/PERFORMANCE.md, "Graft at memory speed"); a recycled one costs the copy alone.
 
     A map is lent inside :func:`pooled` and taken back when a scope ends if nothing holds it any more (its reference
     count says so: a cache or a view kept past the request keeps its map lent until it is let go). At most

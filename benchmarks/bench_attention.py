@@ -12,6 +12,7 @@ same bytes in every repeat (``same bits``). Its greedy tokens are compared with 
 the two kernels' bits differ. Usage:
 
     python benchmarks/bench_attention.py [--tokens 2048 8192] [--dtypes float32 bfloat16] [--repeat 5] [--steps 16]
+                                         [--smoke]
 """
 
 from __future__ import annotations
@@ -32,20 +33,20 @@ QUERY = list(range(100, 116))
 _WORKDIR = tempfile.TemporaryDirectory()  # the drawn models' config and manifest, removed when the process ends
 
 
-def _engine(dtype: str):
-    """The SmolLM-135M-shaped model under the native profile, with the grouped kernel registered."""
+def _engine(dtype: str, smoke: bool = False):
+    """The SmolLM-135M-shaped model under the native profile, with the grouped kernel registered (``smoke``: its
+    2-layer miniature, bench_graft._smoke_config)."""
     from kvgraft_cli.engine.determinism import pin_profile
 
     pin_profile("native", "cpu")
-    from bench_graft import _smol_config
+    from bench_graft import _smoke_config, _smol_config
 
     from kvgraft_cli.engine.attention import register
     from kvgraft_cli.engine.randommodel import random_engine
 
     register()
-    return random_engine(
-        "smol", _smol_config(), Path(_WORKDIR.name) / dtype, device="cpu", dtype=dtype, profile="native"
-    )
+    config = _smoke_config() if smoke else _smol_config()
+    return random_engine("smol", config, Path(_WORKDIR.name) / dtype, device="cpu", dtype=dtype, profile="native")
 
 
 def _states(eng, tokens: int, room: bool = False):
@@ -93,7 +94,12 @@ def _run(eng, states, impl: str, steps: int):
 
 def _rss_child(impl: str, dtype: str, tokens: int, steps: int) -> None:
     """In a fresh process: restore, reset the peak mark, query + decode under ``impl``; print the peak's rise."""
-    eng = _engine(dtype)
+    print(json.dumps({"rise": _rss_rise(_engine(dtype), impl, tokens, steps)}))
+
+
+def _rss_rise(eng, impl: str, tokens: int, steps: int) -> int:
+    """Restore ``tokens`` random tokens with room, reset the peak mark, query + decode under ``impl``: the bytes the
+    peak RSS rose (a fresh process's, in the table; --smoke measures in its own)."""
     states = _states(eng, tokens, room=True)
 
     def status(key: str) -> int:
@@ -110,7 +116,7 @@ def _rss_child(impl: str, dtype: str, tokens: int, steps: int) -> None:
     logits = eng.forward(cache, QUERY)
     for _ in range(steps):
         logits = eng.forward(cache, [int(logits[-1].argmax())])
-    print(json.dumps({"rise": status("VmHWM") - base}))
+    return status("VmHWM") - base
 
 
 def main() -> None:
@@ -119,8 +125,16 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run end to end (tests/test_benchmarks.py): the model's 2-layer miniature, 16 tokens, "
+        "float32, one repeat, one decode step, the peak RSS measured in this process",
+    )
     ap.add_argument("--rss-child", nargs=3, help=argparse.SUPPRESS)  # IMPL DTYPE TOKENS
     args = ap.parse_args()
+    if args.smoke:
+        args.tokens, args.dtypes, args.repeat, args.steps = [16], ["float32"], 1, 1
     if args.rss_child:
         impl, dtype, tokens = args.rss_child
         _rss_child(impl, dtype, int(tokens), args.steps)
@@ -132,6 +146,10 @@ def main() -> None:
         for n in args.tokens:
             rss = {}
             for impl in IMPLS:  # fresh processes first, while this one holds no model
+                if args.smoke:
+                    eng = eng or _engine(dtype, smoke=True)
+                    rss[impl] = _rss_rise(eng, impl, n, args.steps)
+                    continue
                 out = subprocess.run(
                     [sys.executable, __file__, "--rss-child", impl, dtype, str(n), "--steps", str(args.steps)],
                     capture_output=True,
@@ -139,7 +157,7 @@ def main() -> None:
                     check=True,
                 ).stdout
                 rss[impl] = json.loads(out.strip().splitlines()[-1])["rise"]
-            eng = eng or _engine(dtype)
+            eng = eng or _engine(dtype, smoke=args.smoke)
             states = _states(eng, n)
             payload = sum(s.keys.nbytes + s.values.nbytes for s in states)
             got: dict[str, list] = {impl: [] for impl in IMPLS}
@@ -154,8 +172,9 @@ def main() -> None:
             agree = got["eager"][0][3] == got["grouped"][0][3]
             rows.append((dtype, n, payload, med, rss, same, agree))
         del eng
+    layers = "2 layers (--smoke)" if args.smoke else "30 layers"
     print(
-        f"SmolLM-135M shape (9 query heads over 3 KV heads, 30 layers), native profile, query {len(QUERY)} tokens, "
+        f"SmolLM-135M shape (9 query heads over 3 KV heads, {layers}), native profile, query {len(QUERY)} tokens, "
         f"{args.steps} decode steps, medians of {args.repeat}"
     )
     print(

@@ -13,7 +13,7 @@ and, on the same prefilled cache, each stage a deposit adds (capture + encode th
 raw file, a ledger append + fsync). Prints per problem and for the batch deposit / prefill = (prefill + stages) /
 prefill (issue #10's goal: at most 1.10x), and the end-to-end ratio (noisier: two prefills' noise).
 Usage:
-    python benchmarks/bench_deposit.py [--problems 8] [--profile native|portable] [--dtype float32|bfloat16]
+    python benchmarks/bench_deposit.py [--problems 8] [--profile native|portable] [--dtype float32|bfloat16] [--smoke]
 """
 
 from __future__ import annotations
@@ -36,6 +36,12 @@ def main() -> None:
     ap.add_argument("--profile", default="native", choices=["portable", "native"])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--math500", type=Path, default=MATH500)
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run end to end (tests/test_benchmarks.py): one problem on the embedded tiny model (its "
+        "own manifest: --profile and --dtype do not apply), nothing drawn or written first",
+    )
     args = ap.parse_args()
 
     from kvgraft_cli.config.manifest import dump_yaml, load_manifest, make_manifest
@@ -43,6 +49,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        if args.smoke:
+            manifest = load_manifest(None)
+            args.problems, args.profile, args.dtype = 1, "portable", manifest.model.dtype  # the embedded manifest's
+            _run(manifest, args, tmp)
+            return
         subprocess.run(
             [sys.executable, str(REPO / "benchmarks" / "bench_restore.py"), "--write-model", str(tmp / "model")],
             check=True,
@@ -73,8 +84,6 @@ def _problems(path: Path, n: int, out: Path) -> Path:
 
 
 def _run(manifest, args, tmp: Path) -> None:
-    import torch
-
     from kvgraft_cli.artifacts import format as kvg
     from kvgraft_cli.engine.engine import load_engine, tensor_sha256
     from kvgraft_cli.eval.problems import read_problems, verify_solution
@@ -83,7 +92,9 @@ def _run(manifest, args, tmp: Path) -> None:
     from kvgraft_cli.runs.deposit import DepositReport, deposit_one, prefix_job
     from kvgraft_cli.util.hashing import sha256_file
 
-    eng = load_engine(manifest)
+    eng = load_engine(manifest)  # pins the manifest's environment before torch is imported
+    import torch
+
     path = _problems(args.math500, args.problems, tmp / "problems.jsonl")
     problems = [p for p in read_problems(path, manifest.input.as_written()) if verify_solution(p).status == "verified"]
     ctx = RunContext.make(manifest, tmp / "store", tmp / "ledger.jsonl")

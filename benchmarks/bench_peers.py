@@ -30,13 +30,12 @@ at least 0.5x). Nothing of this runs in the test suite. Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from harness import median  # scripts/, this script's folder, is first on sys.path
+from harness import median, write_json  # benchmarks/, this script's folder, is first on sys.path
 
 
 def main() -> None:
@@ -125,18 +124,10 @@ def main() -> None:
     _print_decode(results, weights, args)
     print(f"\nthe whole run took {(time.perf_counter() - t0) / 60:.0f} minutes")
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "args": {k: str(v) for k, v in vars(args).items()},
-                    "build": build,
-                    "info": info,
-                    "weights": weights,
-                    "results": results,
-                },
-                indent=1,
-            )
-            + "\n"
+        write_json(
+            args.json,
+            {"build": build, "info": info, "weights": weights, "results": results},
+            **vars(args),
         )
         print(f"figures written to {args.json}")
 

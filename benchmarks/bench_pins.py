@@ -7,8 +7,10 @@ grouped attention) in copies that differ in the kernel pins (``runtime.env``: no
 imported): the first N tokens of MATH-500's worked solutions prefilled, then D tokens decoded greedily (a fixed
 count, whatever the model says). The copies alternate round by round, so a noisy neighbour hits all alike. Reported
 per copy and length: decode tokens per second (median over rounds), the ratio to the first copy, and the hash of the
-decoded ids (the same every round; copies with one hash computed the same tokens). Usage:
-    python benchmarks/bench_pins.py [--lengths 512 1024] [--decode 64] [--rounds 3] [--threads 1] [--json OUT]
+decoded ids (the same every round; copies with one hash computed the same tokens). --manifest takes another q4
+manifest with grouped attention instead. Usage:
+    python benchmarks/bench_pins.py [--lengths 512 1024] [--decode 64] [--rounds 3] [--threads 1] [--manifest M]
+                                    [--json OUT] [--smoke]
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 from pathlib import Path
 
 import yaml
+from harness import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = REPO / "manifests" / "smollm2-math500-q4.yaml"
@@ -74,15 +77,27 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--manifest", type=Path, default=MANIFEST, help="the manifest copied (default: the main job's)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run end to end (tests/test_benchmarks.py): two of the copies (native, blas and avx2, "
+        "aten), one round (--lengths and --decode as given)",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         return child(a.child, a.lengths, a.decode)
-    base = yaml.safe_load(MANIFEST.read_text())
+    copies = {k: COPIES[k] for k in ("native, blas", "avx2, aten")} if a.smoke else COPIES
+    a.rounds = 1 if a.smoke else a.rounds
+    base = yaml.safe_load(a.manifest.read_text())
+    path = base["model"]["path"]
+    if not path.startswith("package:") and not Path(path).is_absolute():
+        base["model"]["path"] = str((a.manifest.resolve().parent / path).resolve())  # the copies live elsewhere
     folder = Path(tempfile.mkdtemp(prefix="bench-pins-"))
     paths = {}
-    for name, (env, products) in COPIES.items():
+    for name, (env, products) in copies.items():
         m = json.loads(json.dumps(base))
         m["runtime"]["threads"] = a.threads
         m["runtime"]["env"] = {k: env.get(k) for k in m["runtime"]["env"]}
@@ -91,9 +106,9 @@ def main() -> None:
         paths[name].write_text(yaml.safe_dump(m, sort_keys=False))
     pinned = {k for env, _ in COPIES.values() for k in env}
     environ = {k: v for k, v in os.environ.items() if k not in pinned}
-    runs: dict[str, list[dict]] = {n: [] for n in COPIES}
+    runs: dict[str, list[dict]] = {n: [] for n in copies}
     for r in range(a.rounds):
-        for name in COPIES:
+        for name in copies:
             cmd = [sys.executable, __file__, "--child", str(paths[name]), "--lengths", *map(str, a.lengths),
                    "--decode", str(a.decode)]  # fmt: skip
             p = subprocess.run(cmd, capture_output=True, text=True, env=environ)
@@ -103,7 +118,7 @@ def main() -> None:
             runs[name].append(res)
             shown = ", ".join(f"{n}: {a.decode / res[str(n)]['decode_s']:.1f} tok/s" for n in a.lengths)
             print(f"round {r + 1} {name:<13} {shown}", flush=True)
-    first = next(iter(COPIES))
+    first = next(iter(copies))
     print(
         f"\n{cpu_model()}, {os.cpu_count()} CPUs, {a.threads} thread(s), {a.decode} tokens decoded after N, "
         f"{a.rounds} rounds, {time.strftime('%Y-%m-%d')}"
@@ -112,13 +127,13 @@ def main() -> None:
     for n in a.lengths:
         print(f"\nN = {n}\n{'copy':<13} {'tok/s':>7} {'vs ' + first:>16}  ids")
         ref = statistics.median(a.decode / x[str(n)]["decode_s"] for x in runs[first])
-        for name in COPIES:
+        for name in copies:
             rate = statistics.median(a.decode / x[str(n)]["decode_s"] for x in runs[name])
             ids = sorted({x[str(n)]["ids"][:12] for x in runs[name]})
             table.setdefault(str(n), {})[name] = {"tokens_per_s": rate, "ratio": rate / ref, "ids": ids}
             print(f"{name:<13} {rate:>7.1f} {rate / ref:>15.2f}x  {', '.join(ids)}")
     if a.json:
-        a.json.write_text(json.dumps({"cpu": cpu_model(), "threads": a.threads, "lengths": table}, indent=1))
+        write_json(a.json, {"cpu": cpu_model(), "threads": a.threads, "lengths": table}, **vars(a))
 
 
 if __name__ == "__main__":

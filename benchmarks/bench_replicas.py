@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench_serve import _fresh_dir  # a new folder, or --dir when it does not exist yet
+from harness import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = REPO / "data" / "math500" / "math500.jsonl"
@@ -47,7 +48,9 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=8, help="new MATH-500 questions asked (plain)")
     ap.add_argument("--max-tokens", type=int, default=32, help="max_tokens of every request")
     ap.add_argument("--clients", type=int, default=4, help="concurrent clients")
-    ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2], help="replica counts to run after `one`")
+    ap.add_argument(
+        "--replicas", type=int, nargs="*", default=[1, 2], help="replica counts to run after `one` (none: `one` alone)"
+    )
     ap.add_argument("--dir", type=Path, help="the benchmark's folder (must not exist; default: a new temporary one)")
     ap.add_argument("--json", type=Path, help="write every response's record and the summary here")
     args = ap.parse_args()
@@ -85,7 +88,7 @@ def main() -> None:
     same = _compare(results)
     print(f"\nresponses identical in every configuration (text, first-token logits, generated ids): {same}")
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"dir": str(work)}, "results": results}, default=str))
+        write_json(args.json, results, **(vars(args) | {"dir": str(work)}))
 
 
 def _model_name(manifest: Path) -> str:

@@ -24,7 +24,7 @@ runs measured side by side in this one process:
 GB/s are payload bytes (the canonical payload, whatever the file's codec) per second. Usage:
     python benchmarks/bench_restore.py [--tokens 2048 8192] [--dtypes float32 bfloat16] [--repeat 5]
                                     [--codecs zstd raw shuffle-zstd] [--identities sha256 sha256-tree]
-                                    [--profile native|portable] [--no-prefill] [--attn eager|grouped]
+                                    [--profile native|portable] [--no-prefill] [--attn eager|grouped] [--smoke]
 """
 
 from __future__ import annotations
@@ -62,6 +62,12 @@ def main() -> None:
         choices=["eager", "grouped"],
         help="the manifests' attention implementation (grouped: engine.attention, no KV-head copies)",
     )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run end to end (tests/test_benchmarks.py): the embedded tiny model (its own manifest: "
+        "--dtypes, --profile and --attn do not apply), 64 tokens, one repeat, no fresh processes for the peak RSS",
+    )
     ap.add_argument("--write-model", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--rss-child", nargs=4, help=argparse.SUPPRESS)  # MANIFEST KVG SHA ROOM: peak RSS of one graft
     args = ap.parse_args()
@@ -78,6 +84,12 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        if args.smoke:
+            manifest = load_manifest(None)
+            args.tokens, args.repeat = [64], 1
+            args.profile, args.attn = "portable", manifest.model.attn_implementation  # the embedded manifest's
+            _run(manifest, args, tmp)
+            return
         subprocess.run([sys.executable, __file__, "--write-model", str(tmp / "model")], check=True, capture_output=True)
         h = hash_model_dir(tmp / "model")
         for dtype in args.dtypes:
@@ -100,15 +112,16 @@ def _run(manifest, args, tmp: Path) -> None:
     import hashlib
     import os
 
+    from kvgraft_cli.engine.engine import load_engine, tensor_sha256
+
+    eng = load_engine(manifest)  # pins the manifest's environment before torch is imported
     import torch
     from safetensors.torch import load_file, save_file
 
     from kvgraft_cli.artifacts import format as kvg
     from kvgraft_cli.artifacts import payload as pl
-    from kvgraft_cli.engine.engine import load_engine, tensor_sha256
     from kvgraft_cli.engine.growcache import SLACK_TOKENS
 
-    eng = load_engine(manifest)
     dtype = manifest.model.dtype
     from kvgraft_cli.artifacts import container, identity
 
@@ -240,12 +253,13 @@ def _run(manifest, args, tmp: Path) -> None:
         # layer into buffers of its own), and with the cache concatenating at every step (KVGRAFT_GROW_IN_PLACE=0).
         # A fourth child grafts as the first does under glibc's default malloc settings (KVGRAFT_KEEP_FREED=0,
         # util.memory.keep_freed_memory): its forward's page faults and time against the first's.
-        for how, room, grow, keep in (
+        children = [
             ("read with room, as `kvgraft graft -n 16`", "1", "1", "1"),
             ("read without room, first step copies", "0", "1", "1"),
             ("concatenated at every step", "0", "0", "1"),
             ("as graft, malloc defaults (KVGRAFT_KEEP_FREED=0)", "1", "1", "0"),
-        ):
+        ]
+        for how, room, grow, keep in [] if args.smoke else children:
             child = subprocess.run(
                 [sys.executable, __file__, "--rss-child", manifest.source, str(first_path), sha, room],
                 capture_output=True,

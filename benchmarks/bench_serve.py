@@ -50,6 +50,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from harness import write_json  # benchmarks/, this script's folder, is first on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = REPO / "data" / "math500" / "math500.jsonl"
 KINDS = {"a": "recurring", "b": "sys+rec", "c": "sys+new"}
@@ -77,7 +79,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write every request's record, the summary, versions and settings here")
     args = ap.parse_args()
 
-    from peers.llama_build import ensure_built  # scripts/, this script's folder, is first on sys.path
+    from peers.llama_build import ensure_built  # benchmarks/, this script's folder, is first on sys.path
 
     t_start = time.perf_counter()
     work = _fresh_dir(args.dir)
@@ -127,7 +129,6 @@ def main() -> None:
         print(f"{len(failed)} requests failed; the first: {failed[0]['error']}")
     if args.json:
         out = {
-            "args": {k: str(v) for k, v in vars(args).items()},
             "environment": env,
             "build": build,
             "deposit": deposit,
@@ -135,7 +136,7 @@ def main() -> None:
             "summary": summary,
             "records": records,
         }
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        write_json(args.json, out, **vars(args))
         print(f"figures written to {args.json}")
 
 

@@ -2,9 +2,10 @@
 tokens (the chunked schedule) against one forward (single), and what a warm request with a shared prefix still
 computes: the part of the last shared chunk the cache cannot hold plus the question. Interleaved rounds, medians.
 
-The real model (manifests/smollm2-serve.yaml with its schedule replaced; the configuration it names is printed; the model cache must hold its conversion:
+The real model (manifests/smollm2-serve.yaml with its schedule replaced, or --manifest; the configuration it names is printed; the model cache must hold its conversion:
 any command on that manifest makes it). Usage:
     python benchmarks/bench_serve_chunk.py [--tokens 2048] [--chunks 32 64 128 256] [--question 40] [--repeat 3]
+                                           [--manifest M]
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import copy
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,14 +29,18 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, nargs="+", default=[32, 64, 128, 256])
     ap.add_argument("--question", type=int, default=40, help="tokens after the shared prefix")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--manifest", type=Path, default=REPO / "manifests" / "smollm2-serve.yaml")
     a = ap.parse_args()
     import yaml
 
     from kvgraft_cli.config.manifest import load_manifest
     from kvgraft_cli.engine.engine import load_engine, pin_environment
 
-    base = yaml.safe_load((REPO / "manifests" / "smollm2-serve.yaml").read_text())
-    tmp = Path("/tmp") / "kvgraft-bench-serve-chunk"
+    base = yaml.safe_load(a.manifest.read_text())
+    path = base["model"]["path"]
+    if not path.startswith("package:") and not Path(path).is_absolute():
+        base["model"]["path"] = str((a.manifest.resolve().parent / path).resolve())  # the copies live elsewhere
+    tmp = Path(tempfile.gettempdir()) / "kvgraft-bench-serve-chunk"
     tmp.mkdir(exist_ok=True)
 
     def manifest(schedule: str, chunk: int | None):
@@ -68,7 +74,7 @@ def main() -> None:
                     engine.forward(cache, ids[start : start + chunk], last_only=True)
                 warm.setdefault(name, []).append(time.perf_counter() - t0)
     m = base["model"]
-    print(f"SmolLM2-135M-Instruct (manifests/smollm2-serve.yaml: {m['dtype']}, weights {m.get('weights', 'dequantized')}, "
+    print(f"{base['name']} ({a.manifest}: {m['dtype']}, weights {m.get('weights', 'dequantized')}, "
           f"{m['attn_implementation']} attention, {engine.environment.get('forward')} forward, "
           f"profile {'native' if base['runtime']['env'].get('ATEN_CPU_CAPABILITY') is None else 'portable'}, "
           f"{base['runtime']['threads']} thread(s)), "

@@ -61,7 +61,8 @@ import threading
 import time
 from pathlib import Path
 
-from bench_serve import _free_port, _gguf, _pct  # scripts/, this script's folder, is first on sys.path
+from bench_serve import _free_port, _gguf, _pct  # benchmarks/, this script's folder, is first on sys.path
+from harness import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = REPO / "data" / "math500" / "math500.jsonl"
@@ -147,7 +148,6 @@ def main() -> None:
     print(f"\nthe whole run took {(time.perf_counter() - t_start) / 60:.1f} minutes; logs in {work}")
     if args.json:
         out = {
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "environment": env,
             "build": build,
             "questions": [{"row": i, "question": q} for i, q in questions],
@@ -155,7 +155,7 @@ def main() -> None:
             "summary": summary,
             "records": records,
         }
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        write_json(args.json, out, **vars(args))
         print(f"figures written to {args.json}")
 
 

@@ -38,7 +38,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--compare", type=Path, help="an older checkout to time side by side")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest run end to end (tests/test_benchmarks.py): one round, no warm-up run",
+    )
     a = ap.parse_args()
+    a.rounds = 1 if a.smoke else a.rounds
     trees = {"this checkout": REPO}
     if a.compare:
         trees = {"compared": a.compare.resolve(), **trees}
@@ -52,7 +58,8 @@ def main() -> None:
         run(REPO, ["deposit", str(REPO / "examples" / "problems.jsonl"), "--limit", "1"], work)
         times: dict[tuple[str, str], list[float]] = {}
         for label, args in commands.items():
-            run(REPO, args, work)  # warm the file cache once
+            if not a.smoke:
+                run(REPO, args, work)  # warm the file cache once
             for _ in range(a.rounds):
                 for name, tree in trees.items():  # alternated: both see the same machine load
                     times.setdefault((label, name), []).append(run(tree, args, work))

@@ -8,9 +8,10 @@ A with a cache_salt (cold), B again (warm). The first-token seconds are the serv
 ``outputs.costs.first_token_s``: from the request leaving the queue to its first token). With ``--compare-root
 DIR`` a second server runs from another checkout (``PYTHONPATH=DIR``: say, the commit before the bound and keys,
 without keys) beside it, rounds interleaved, and its cold and warm first tokens are printed in the same table.
-Each round's system prompt is new (``Session N.``), so a round's first request is cold on both servers.
+Each round's system prompt is new (``Session N.``), so a round's first request is cold on both servers. --manifest
+serves another manifest instead (its model path taken as absolute).
 Usage:
-    python benchmarks/bench_tenants.py [--rounds 5] [--system 1000] [--compare-root DIR] [--json OUT]
+    python benchmarks/bench_tenants.py [--rounds 5] [--system 1000] [--compare-root DIR] [--manifest M] [--json OUT]
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from harness import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))  # serve_exactness.start
@@ -50,9 +53,9 @@ def post(url: str, body: dict, key: str | None) -> dict:
         return json.loads(r.read())
 
 
-def first_token(folder: Path, seq: int) -> float:
-    """The server's own first-token seconds of its ledger line ``seq``."""
-    lines = (folder / "kvgraft-serve-ledger.jsonl").read_text().splitlines()
+def first_token(folder: Path, seq: int, ledger: str = "kvgraft-serve-ledger.jsonl") -> float:
+    """The server's own first-token seconds of line ``seq`` of its ledger (the manifest's paths.ledger)."""
+    lines = (folder / ledger).read_text().splitlines()
     return float(json.loads(lines[seq])["outputs"]["costs"]["first_token_s"])  # (a ledger writes no floats: a string)
 
 
@@ -62,8 +65,18 @@ def main() -> None:
     ap.add_argument("--system", type=int, default=1000, help="about this many tokens of shared system prompt")
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--compare-root", type=Path, help="another checkout whose server runs beside (without keys)")
+    ap.add_argument("--manifest", type=Path, default=MANIFEST, help="the manifest served (default: the serve one)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    import yaml
+
+    from kvgraft_cli.config.manifest import load_manifest
+
+    text, served = a.manifest.read_text(), load_manifest(a.manifest)
+    if not served.model.path.startswith("package:") and not Path(served.model.path).is_absolute():
+        data = yaml.safe_load(text)  # copied into other folders: its model where it is
+        data["model"]["path"] = str((a.manifest.resolve().parent / served.model.path).resolve())
+        text = yaml.safe_dump(data, sort_keys=False)
     rows = [json.loads(x) for x in MATH.read_text().splitlines()]
     system = "You are a careful tutor. Reference solutions:\n\n"
     for r in rows[200:]:
@@ -74,7 +87,7 @@ def main() -> None:
     here, there = base / "here", base / "there"
     for d in (here, there):
         d.mkdir()
-        (d / "serve.yaml").write_text(MANIFEST.read_text())
+        (d / "serve.yaml").write_text(text)
     servers = {"here": start(here, ["--api-key", KEYS[0], "--api-key", KEYS[1]], None)}
     if a.compare_root:
         servers["there"] = start(there, [], a.compare_root)
@@ -85,7 +98,7 @@ def main() -> None:
             question = rows[300 + i]["question"]
             # A system prompt of its own a round: the first request of a round is cold on both servers
             body = {
-                "model": "smollm2-135m-instruct-serve",
+                "model": served.name,
                 "messages": [
                     {"role": "system", "content": f"Session {i + 1}. {system}"},
                     {"role": "user", "content": question},
@@ -105,7 +118,7 @@ def main() -> None:
             for where, name, key, extra in plan:
                 d = post(servers[where][1], {**body, **extra}, key)
                 texts.add(d["choices"][0]["message"]["content"])
-                t = first_token(here if where == "here" else there, seqs[where])
+                t = first_token(here if where == "here" else there, seqs[where], served.paths.ledger)
                 seqs[where] += 1
                 times.setdefault(name, []).append(t)
             assert len(texts) == 1, texts  # every tenant, cold or warm: the same answer
@@ -120,7 +133,7 @@ def main() -> None:
     for name, v in times.items():
         print(f"{name:<18} {statistics.median(v):>22.3f} {min(v):>8.3f} {max(v):>8.3f}")
     if a.json:
-        a.json.write_text(json.dumps({"rounds": a.rounds, "system_tokens": a.system, "first_token_s": times}, indent=1))
+        write_json(a.json, {"rounds": a.rounds, "system_tokens": a.system, "first_token_s": times}, **vars(a))
 
 
 if __name__ == "__main__":

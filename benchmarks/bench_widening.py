@@ -41,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import write_json
+
 # Cold grafts: the verified cache off in this process and in every child (set before kvgraft reads it).
 os.environ["KVGRAFT_VERIFIED_CACHE"] = "0"
 
@@ -535,19 +537,18 @@ def main() -> None:
         f"{'' if large['tokens_per_window'] >= 90 else ' (tokens/window < 90)'}"
     )
     if args.json_out:
-        args.json_out.write_text(
-            json.dumps(
-                {
-                    "sizes": sizes,
-                    "rows": rows,
-                    "ratios": ratios,
-                    "fill": filled,
-                    "fill_s": fill_s,
-                    "disk_bytes": du,
-                    "queries": str(qpath),
-                },
-                indent=1,
-            )
+        write_json(
+            args.json_out,
+            {
+                "sizes": sizes,
+                "rows": rows,
+                "ratios": ratios,
+                "fill": filled,
+                "fill_s": fill_s,
+                "disk_bytes": du,
+                "queries": str(qpath),
+            },
+            **vars(args),
         )
     if tmpdir:
         tmpdir.cleanup()

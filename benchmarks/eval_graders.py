@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness import timed  # noqa: E402  (scripts/ is this script's own folder, first on sys.path)
+from harness import timed  # noqa: E402  (benchmarks/ is this script's own folder, first on sys.path)
 
 from kvgraft_cli.eval import answers, scoring  # noqa: E402
 from kvgraft_cli.eval.problems import read_problems  # noqa: E402

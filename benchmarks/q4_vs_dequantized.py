@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
+from harness import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = REPO / "manifests" / "smollm2-math500-q4.yaml"
@@ -95,7 +96,7 @@ def main() -> None:
     }
     print(json.dumps(result, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result, **vars(args))
 
 
 if __name__ == "__main__":

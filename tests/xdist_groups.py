@@ -28,6 +28,9 @@ SHARED_GROUPS = {
     "test_report_browser.py": "report",
     "test_cli_errors.py": "cli-errors",  # engine_runs: the model-loading commands, each in a folder of its own
     "test_replay.py": "replay",  # finished_run: a deposit, a graft check, a score and a prereg
+    # tiny: the tiny GGUF's q4 and serve manifests, and the benchmarks' smoke runs, each a fresh process of a few
+    # seconds (a minute in all: on one worker, not twice the GGUF's conversion and both workers' cores at once)
+    "test_benchmarks.py": "benchmarks",
 }
 
 

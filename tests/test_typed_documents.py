@@ -93,3 +93,13 @@ def test_sections_are_frozen():
         m.decode.max_new_tokens = 3  # type: ignore[misc]
     with pytest.raises(TypeError):
         m.runtime.env["MKL_CBWR"] = "AVX2"  # type: ignore[index]
+
+
+def test_a_manifest_crosses_processes():
+    """Pickled (as a Ray worker or a serve replica receives it), a manifest and its sections come back equal."""
+    import pickle
+
+    m = load_manifest(ROOT / "manifests" / "smollm2-serve.yaml")
+    back = pickle.loads(pickle.dumps(m))
+    assert back == m and back.prefill == m.prefill and back.prefill.cut_before == ("<|im_start|>",)
+    assert back.runtime.env == m.runtime.env and back.prompt.as_written() == m.prompt.as_written()

@@ -331,7 +331,7 @@ def context_data(ctx) -> dict[str, Any]:
     """A RunContext as plain data for the workers: the manifest's fields (its data as overridden here) and the
     context's other fields, paths made absolute (a worker's working folder is not the driver's)."""
     m = ctx.manifest
-    manifest = {f.name: getattr(m, f.name) for f in fields(m)}
+    manifest = {f.name: getattr(m, f.name) for f in fields(m) if f.init}  # (the typed sections are made again there)
     manifest["base_dir"] = Path(manifest["base_dir"]).absolute()
     rest = {f.name: getattr(ctx, f.name) for f in fields(ctx) if f.name != "manifest"}
     rest = {k: v.absolute() if isinstance(v, Path) else v for k, v in rest.items()}

@@ -397,55 +397,6 @@ def test_chat_pieces_are_the_whole_conversation(smol_cache):
     assert prompts.question_text("x", exact=True).endswith("assistant\nFinal answer:")
 
 
-def test_real_model_deposit_solve_verify(tmp_path, smol_env):
-    """The real model end to end through the CLI, under the main job's manifest (q4 weights): two verified MATH-500
-    solutions deposited; asked again, both are exact hits answered from the grafted solution under the short budget;
-    the prompts are in the ledger; verify passes; graft --check is byte-exact. (The main job's pinned weights_sha256,
-    written by `manifest init --weights q4` on another day, is recomputed from the GGUF at every load here: a
-    conversion that changed would be drift, and this test red. A manifest pinning other 4-bit weights is refused:
-    test_a_k_quant_mix_runs_at_the_files_widths_and_grafts_exactly, on a small GGUF.)"""
-    # The main job's manifest at 1 thread: the suite runs two workers on two cores, where a second thread each would
-    # contend (its 2-thread bits are scripts/real_model_exactness.sh's). The compute pin is otherwise the main job's.
-    data = yaml.safe_load(MAIN.read_text())
-    data["runtime"]["threads"] = 1
-    (tmp_path / "main.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    m = ["-m", "main.yaml"]
-    run_cli(
-        "deposit",
-        str(REPO / "data" / "math500" / "math500.jsonl"),
-        "--limit",
-        "2",
-        *m,
-        cwd=tmp_path,
-        env=smol_env,
-        check_rc=0,
-    )
-    p = run_cli(
-        "solve",
-        str(REPO / "examples" / "smollm2" / "recurring.jsonl"),
-        "--limit",
-        "2",
-        "--json",
-        *m,
-        cwd=tmp_path,
-        env=smol_env,
-        check_rc=0,
-    )
-    run = json.loads(p.stdout)["library"]
-    assert [r["hit"] for r in run["records"]] == ["exact", "exact"]
-    assert all(r["correct"] for r in run["records"]), run["records"]
-    assert all(r["decode_tokens"] <= 32 and r["output"].startswith("Final answer:") for r in run["records"])
-    entries = [json.loads(x) for x in (tmp_path / "kvgraft-ledger.jsonl").read_text().splitlines()]
-    solves = [e for e in entries if e["kind"] == "solve"]
-    assert solves and all(e["inputs"]["settings"]["prompts"]["format"] == "chat" for e in solves)
-    # engine.lean in force: its forward gave transformers' bytes in the check at load (else "transformers")
-    assert {e["environment"]["forward"] for e in entries} == {"lean"}
-    assert solves[0]["inputs"]["settings"]["prompts"]["query_exact"].startswith("Repeat the final answer")
-    run_cli("verify", *m, cwd=tmp_path, env=smol_env, check_rc=0)
-    p = run_cli("graft", "--check", "-n", "16", "--samples", "1", "--json", *m, cwd=tmp_path, env=smol_env, check_rc=0)
-    assert json.loads(p.stdout)["passed"] is True
-
-
 def test_real_model_served_cold_and_after_restart(tmp_path, smol_env):
     """`kvgraft serve` on the real model (manifests/smollm2-serve.yaml: q4 weights, chunks of 16), talked to by the openai
     client: library questions are exact hits answered correctly under the answer budget; chats that share a long

@@ -7,11 +7,16 @@ machine runs the suite. Within the suite's budget it replays the first part of t
 first 3 recurring problems (the recurring set is the first 10 deposits, in order) solved from the library, each
 compared with the hashes the whole run recorded for them. The whole job replays with `kvgraft replay
 examples/smollm2/prereg.yaml` (README).
+
+The replay is also the suite's run of the real model end to end through the CLI under the main job's manifest: the
+recurring problems are exact hits answered from the grafted solution under the short budget, the chat prompts are in
+the ledger, the lean forward computed every line, `verify` passes and `graft --check` is byte-exact.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -64,3 +69,21 @@ def test_the_main_jobs_prereg_replays_hash_for_hash(tmp_path):
     bad = [c for c in report.get("comparisons", []) if not c["match"]]
     assert [(c["run"], c["what"], c["expected"]) for c in bad] == [("solve-1", "outputs_sha256", None)], p.stderr
     assert report["matched"] == n == 1 + 2 * 3 + 1 + 2 * 3  # the inputs; an artifact and logits / output and hit each
+
+    # The real model end to end, from what the replay left: its ledger, store and outputs
+    entries = [json.loads(x) for x in (tmp_path / "kvgraft-ledger.jsonl").read_text().splitlines()]
+    solves = [e for e in entries if e["kind"] == "solve"]
+    assert len(solves) == 3 and all(e["inputs"]["settings"]["prompts"]["format"] == "chat" for e in solves)
+    assert solves[0]["inputs"]["settings"]["prompts"]["query_exact"].startswith("Repeat the final answer")
+    # engine.lean in force: its forward gave transformers' bytes in the check at load (else "transformers")
+    assert {e["environment"]["forward"] for e in entries if "environment" in e and "forward" in e["environment"]} == {
+        "lean"
+    }
+    (outputs,) = [Path(r["outputs"]) for r in data["runs"] if "outputs" in r]
+    records = [json.loads(x) for x in outputs.read_text().splitlines()]
+    assert [r["hit"] for r in records] == ["exact"] * 3
+    assert all(r["decode_tokens"] <= 32 and r["output"].startswith("Final answer:") for r in records), records
+    m = ["-m", data["manifest"]["path"]]
+    run_cli("verify", "kvgraft-ledger.jsonl", "--full", cwd=tmp_path, check_rc=0)
+    p = run_cli("graft", "--check", "-n", "16", "--samples", "1", "--json", *m, cwd=tmp_path, check_rc=0)
+    assert json.loads(p.stdout)["passed"] is True

@@ -50,7 +50,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from harness import write_json  # benchmarks/, this script's folder, is first on sys.path
+from harness import cpu, write_json  # benchmarks/, this script's folder, is first on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = REPO / "data" / "math500" / "math500.jsonl"
@@ -665,16 +665,6 @@ def _print_tables(summary: dict, records: list[dict], args) -> None:
 
 
 # -- environment ---------------------------------------------------------------------------------------------------
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def _environment(build: dict, gguf: str) -> dict:
     def ver(dist: str) -> str | None:
         try:
@@ -683,7 +673,7 @@ def _environment(build: dict, gguf: str) -> dict:
             return None
 
     return {
-        "cpu": _cpu(),
+        "cpu": cpu()["model"],
         "cores": os.cpu_count(),
         "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "python": platform.python_version(),

@@ -62,7 +62,7 @@ import time
 from pathlib import Path
 
 from bench_serve import _free_port, _gguf, _pct  # benchmarks/, this script's folder, is first on sys.path
-from harness import write_json
+from harness import cpu, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = REPO / "data" / "math500" / "math500.jsonl"
@@ -190,26 +190,6 @@ def _check_kvgraft_args(template: str) -> None:
         )
 
 
-def _cpu() -> dict:
-    """/proc/cpuinfo's first model name and flags: AVX2, AVX-512 and AMX."""
-    model, flags = None, set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model is None:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return {
-        "model": model or platform.processor() or "unknown",
-        "cores": os.cpu_count(),
-        "avx2": "avx2" in flags,
-        "avx512": sorted(f for f in flags if f.startswith("avx512")),
-        "amx": sorted(f for f in flags if f.startswith("amx")),
-    }
-
-
 def _environment(args, build: dict, gguf: str) -> dict:
     from importlib import metadata
 
@@ -218,7 +198,7 @@ def _environment(args, build: dict, gguf: str) -> dict:
     m = load_manifest(args.manifest)
     git = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
     return {
-        "cpu": _cpu(),
+        "cpu": cpu(),
         "kvgraft": {
             "version": metadata.version("kvgraft"),
             "git": git.stdout.strip() or None,
@@ -244,7 +224,7 @@ def _environment(args, build: dict, gguf: str) -> dict:
 def _print_environment(env: dict) -> None:
     cpu, kv, ll = env["cpu"], env["kvgraft"], env["llama_server"]
     print(
-        f"CPU: {cpu['model']}, {cpu['cores']} cores; AVX2 {'yes' if cpu['avx2'] else 'no'}; AVX-512 "
+        f"CPU: {cpu['model']}, {cpu['logical_cpus']} cores; AVX2 {'yes' if cpu['avx2'] else 'no'}; AVX-512 "
         f"{' '.join(cpu['avx512']) or 'no'}; AMX {' '.join(cpu['amx']) or 'no'}"
     )
     print(f"GGUF: {env['gguf']}")
@@ -555,7 +535,7 @@ def _print_table(summary: dict, env: dict, args) -> None:
         f"streamed, greedy, max_tokens {args.max_tokens}; clients {args.stagger} s apart"
     )
     print(
-        f"CPU {cpu['model']} ({cpu['cores']} cores; AVX-512 {'yes' if cpu['avx512'] else 'no'}, AMX "
+        f"CPU {cpu['model']} ({cpu['logical_cpus']} cores; AVX-512 {'yes' if cpu['avx512'] else 'no'}, AMX "
         f"{'yes' if cpu['amx'] else 'no'}); threads: kvgraft {env['kvgraft']['threads']} (manifest), llama-server "
         f"{args.threads}"
     )

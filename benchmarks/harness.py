@@ -72,23 +72,18 @@ def interleaved(runs: dict[str, Callable[[], Any]], repeat: int) -> dict[str, li
 
 
 def cpu() -> dict[str, Any]:
-    """This machine's CPU as /proc/cpuinfo names it: model, logical CPUs, and the instruction sets that decide
-    which kernels run (AVX2, AVX-512's extensions, AMX)."""
-    model, flags = None, set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("model name") and model is None:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    """This machine's CPU as /proc/cpuinfo names it (kvgraft_cli.config.kernels.read_cpu, the reader kernel
+    identities use): model, logical CPUs, and the instruction sets that decide which kernels run (AVX2, AVX-512's
+    extensions, AMX)."""
+    from kvgraft_cli.config.kernels import read_cpu
+
+    c = read_cpu()
     return {
-        "model": model or platform.processor() or platform.machine(),
+        "model": c.model,
         "logical_cpus": os.cpu_count(),
-        "avx2": "avx2" in flags,
-        "avx512": sorted(f for f in flags if f.startswith("avx512")),
-        "amx": sorted(f for f in flags if f.startswith("amx")),
+        "avx2": "avx2" in c.flags,
+        "avx512": sorted(f for f in c.flags if f.startswith("avx512")),
+        "amx": sorted(f for f in c.flags if f.startswith("amx")),
     }
 
 
@@ -119,18 +114,6 @@ def environment() -> dict[str, Any]:
         "commit": git.stdout.strip() or None,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-
-
-def describe(env: dict[str, Any] | None = None) -> str:
-    """One line naming the machine and versions, for the head of a benchmark's printed table."""
-    env = env or environment()
-    c, v = env["cpu"], env["versions"]
-    isa = "AVX-512" if c["avx512"] else "AVX2" if c["avx2"] else "no AVX2"
-    amx = ", AMX" if c["amx"] else ""
-    return (
-        f"{c['model']} ({isa}{amx}, {c['logical_cpus']} logical CPUs); torch {v.get('torch', '-')}, "
-        f"transformers {v.get('transformers', '-')}, commit {env['commit'] or '-'}"
-    )
 
 
 def write_json(path: str | Path, results: Any, **settings: Any) -> Path:

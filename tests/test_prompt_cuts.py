@@ -81,3 +81,26 @@ def test_cut_before_is_refused_outside_the_chunked_schedule_and_for_no_single_to
         load_manifest(_manifest(tmp_path, ["<bos>"], schedule="single"))
     with pytest.raises(InputError, match="prefill.cut_before: 'not one token' is not one token"):
         load_engine(load_manifest(_manifest(tmp_path, ["not one token"])))
+
+
+@pytest.mark.parametrize(
+    "prefill, chunk",
+    [
+        ({"schedule": "chunked", "chunk_size": 8}, 8),
+        ({"schedule": "single"}, None),
+        ({"schedule": "invariant"}, 256),
+    ],
+)
+def test_the_prompt_caches_chunk_follows_the_schedule(tmp_path, prefill, chunk):
+    """serve's prompt-cache chunk (serve.promptcache.chunk_of), from the manifest's prefill section alone: a chunked
+    schedule's own, the server's default under invariant, none under single (no exact split)."""
+    from types import SimpleNamespace
+
+    from kvgraft_cli.config.manifest import load_manifest
+    from kvgraft_cli.serve.promptcache import chunk_of
+
+    path = _manifest(tmp_path, None)
+    data = yaml.safe_load(path.read_text())
+    data["prefill"] = prefill
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert chunk_of(SimpleNamespace(manifest=load_manifest(path))) == chunk

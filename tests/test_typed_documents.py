@@ -96,10 +96,14 @@ def test_sections_are_frozen():
 
 
 def test_a_manifest_crosses_processes():
-    """Pickled (as a Ray worker or a serve replica receives it), a manifest and its sections come back equal."""
-    import pickle
+    """What a Ray worker or a serve replica receives (runs.workers.ray.context_data: the manifest's own fields, plain
+    data) makes the same manifest and sections there."""
+    from kvgraft_cli.runs.context import RunContext
+    from kvgraft_cli.runs.workers.ray import context_data, context_from_data
 
     m = load_manifest(ROOT / "manifests" / "smollm2-serve.yaml")
-    back = pickle.loads(pickle.dumps(m))
+    sent = context_data(RunContext.make(m))
+    assert set(sent["manifest"]) == {"data", "source", "file_sha256", "base_dir"}  # no section travels
+    back = context_from_data(sent).manifest
     assert back == m and back.prefill == m.prefill and back.prefill.cut_before == ("<|im_start|>",)
     assert back.runtime.env == m.runtime.env and back.prompt.as_written() == m.prompt.as_written()

@@ -20,6 +20,7 @@ from ..errors import ManifestError
 from ..util.hashing import sha256_bytes, sha256_json
 from .gguf import dequantized_dir, is_gguf_path, resolve_gguf
 from .sections import (
+    SECTIONS,
     ArtifactSection,
     DecodeSection,
     InputSection,
@@ -61,19 +62,8 @@ class Manifest:
     artifact: ArtifactSection = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        d = self.data
-        sections = {
-            "model": ModelSection.from_dict(d["model"]),
-            "runtime": RuntimeSection.from_dict(d["runtime"]),
-            "prefill": PrefillSection.from_dict(d["prefill"]),
-            "prompt": PromptSection.from_dict(d["prompt"]),
-            "input": InputSection.from_dict(d["input"]),
-            "decode": DecodeSection.from_dict(d["decode"]),
-            "paths": PathsSection.from_dict(d["paths"]),
-            "artifact": ArtifactSection.from_dict(d.get("artifact") or {}),
-        }
-        for name, section in sections.items():
-            object.__setattr__(self, name, section)
+        for cls in SECTIONS:  # (artifact is the one optional section)
+            object.__setattr__(self, cls.name, cls.from_dict(self.data.get(cls.name) or {}))
 
     @property
     def name(self) -> str | None:

@@ -43,11 +43,6 @@ class Section:
         section, such as a test's variant)."""
         return type(self).from_dict({**self.as_written(), **changes})
 
-    def __reduce__(self):
-        # Made again from the manifest's mapping: a read-only mapping view does not pickle, and a section crosses
-        # processes inside a manifest (Ray workers, serve replicas)
-        return (type(self).from_dict, (self.as_written(),))
-
     def has(self, key: str) -> bool:
         """Whether the manifest wrote ``key`` in this section (some records name only what it wrote)."""
         return key in self._written

@@ -17,18 +17,3 @@ REGISTER = "register"  # a pre-registration's hash, before anything ran (`kvgraf
 REPLAY = "replay"  # a pre-registration replayed and compared (`kvgraft replay`)
 REPLAY_SERVED = "replay-served"  # a served ledger computed again (`kvgraft replay --served`)
 IMPORT = "import"  # a bundle's artifacts stored here (`kvgraft store import`)
-
-ALL = (
-    DEPOSIT,
-    GRAFT,
-    GRAFT_CHECK,
-    PROBE,
-    SOLVE,
-    SOLVE_OUTPUTS,
-    SCORE,
-    SERVE,
-    REGISTER,
-    REPLAY,
-    REPLAY_SERVED,
-    IMPORT,
-)

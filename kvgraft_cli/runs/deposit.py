@@ -174,18 +174,24 @@ def compute_deposit(
 ) -> Computed:
     """The compute step: prefill the prefix, encode and hash the artifact, write its object file (not indexed).
     When the store already holds the prefix (and not ``recompute``), its stored object is re-hashed instead."""
-    key, sha, logits_sha, payload_bytes = prefix_artifact(m, engine, store, ids, p.id, recompute, level)
-    return Computed(
-        key, token_ids_sha256(ids), len(ids), sha, logits_sha, payload_bytes, engine.hashes.model_sha256, facts
-    )
+    ids_sha = token_ids_sha256(ids)
+    key, sha, logits_sha, payload_bytes = prefix_artifact(m, engine, store, ids, ids_sha, p.id, recompute, level)
+    return Computed(key, ids_sha, len(ids), sha, logits_sha, payload_bytes, engine.hashes.model_sha256, facts)
 
 
 def prefix_artifact(
-    m, engine: Engine, store: Store, ids: list[int], label: str, recompute: bool = False, level: int = 3
+    m,
+    engine: Engine,
+    store: Store,
+    ids: list[int],
+    ids_sha: str,
+    label: str,
+    recompute: bool = False,
+    level: int = 3,
 ) -> tuple[str, str, str, int | None]:
-    """A prefix's artifact in the store (its object written, not indexed): (index key, identity, last logits'
-    hash, payload bytes or None where the store held it already and it was re-hashed instead of computed)."""
-    ids_sha = token_ids_sha256(ids)
+    """A prefix's artifact in the store (its object written, not indexed), ``ids_sha`` its token ids' hash: (index
+    key, identity, last logits' hash, payload bytes or None where the store held it already and it was re-hashed
+    instead of computed)."""
     key = prefix_key(m.machine_compute_sha256, ids_sha)
     existing = store.lookup_key(key)
     if existing and store.has_object(existing.artifact) and not recompute:
@@ -216,14 +222,14 @@ def prefix_artifact(
 def store_prefix(m, engine: Engine, store: Store, ids: list[int]) -> tuple[str, str, bool]:
     """A prompt's prefix deposited and indexed, with no ledger line (the API's deposit_prompt): (identity, last
     logits' hash, whether it was computed now rather than found)."""
-    label = f"prompt {token_ids_sha256(ids)[:16]}"
-    key, sha, logits_sha, payload_bytes = prefix_artifact(m, engine, store, ids, label)
+    ids_sha = token_ids_sha256(ids)
+    key, sha, logits_sha, payload_bytes = prefix_artifact(m, engine, store, ids, ids_sha, f"prompt {ids_sha[:16]}")
     if payload_bytes is not None:
         store.index(
             sha,
             payload_bytes=payload_bytes,
             key=key,
-            problem_id=label,
+            problem_id=f"prompt {ids_sha[:16]}",
             num_tokens=len(ids),
             model_sha256=engine.hashes.model_sha256,
             manifest_sha256=m.machine_compute_sha256,

@@ -36,7 +36,7 @@ def chunk_of(engine: Engine, invariant_chunk: int = DEFAULT_CHUNK) -> int | None
     """The cache's chunk under the manifest's schedule; None under ``single`` (no exact split: nothing cached)."""
     prefill = engine.manifest.prefill
     if prefill.schedule == "chunked":
-        return int(prefill.chunk_size or 0)
+        return prefill.chunk_size  # (validation requires it of a chunked schedule)
     if prefill.schedule == "invariant":
         return invariant_chunk
     return None

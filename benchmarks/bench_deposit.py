@@ -87,7 +87,8 @@ def _run(manifest, args, tmp: Path) -> None:
     from kvgraft_cli.artifacts import format as kvg
     from kvgraft_cli.engine.engine import load_engine, tensor_sha256
     from kvgraft_cli.eval.problems import read_problems, verify_solution
-    from kvgraft_cli.ledger import log as ledger
+    from kvgraft_cli.ledger import entries
+    from kvgraft_cli.ledger.entries import DepositEntry, Digest, Verification
     from kvgraft_cli.runs.context import RunContext
     from kvgraft_cli.runs.deposit import DepositReport, deposit_one, prefix_job
     from kvgraft_cli.util.hashing import sha256_file
@@ -124,7 +125,17 @@ def _run(manifest, args, tmp: Path) -> None:
             kvg.write_file(tmp / "scratch" / f"{i}-{sha}.kvg", payload, 3, "raw")
             t_write = time.perf_counter() - t0
             t0 = time.perf_counter()
-            ledger.append(tmp / "scratch-ledger.jsonl", "note", {"outputs": {"artifact": {"sha256": sha}}})
+            # A deposit line of the real one's shape (its other digests placeholders), appended and fsynced.
+            line = DepositEntry(
+                manifest=ctx.manifest_ref(),
+                problems_file=Digest(report.input_sha256, str(path)),
+                record=Digest.of(p.record_sha256, id=p.id, line=p.line),
+                token_ids=Digest.of(sha, count=len(ids)),
+                artifact=Digest(sha, f"scratch/{i}-{sha}.kvg"),
+                logits=Digest(sha),
+                verification=Verification("verified"),
+            )
+            entries.write(tmp / "scratch-ledger.jsonl", line)
             t_append = time.perf_counter() - t0
             del cache, last, payload
             # And the real thing end to end (its own prefill included): noisier, since it holds two prefills' noise.

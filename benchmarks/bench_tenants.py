@@ -55,8 +55,11 @@ def post(url: str, body: dict, key: str | None) -> dict:
 
 def first_token(folder: Path, seq: int, ledger: str = "kvgraft-serve-ledger.jsonl") -> float:
     """The server's own first-token seconds of line ``seq`` of its ledger (the manifest's paths.ledger)."""
-    lines = (folder / ledger).read_text().splitlines()
-    return float(json.loads(lines[seq])["outputs"]["costs"]["first_token_s"])  # (a ledger writes no floats: a string)
+    from kvgraft_cli.ledger import entries
+    from kvgraft_cli.ledger.entries import ServeEntry
+
+    (line,) = entries.read(folder / ledger, (ServeEntry,), start=seq)[:1]
+    return float(line.costs["first_token_s"])  # (a ledger writes no floats: a string)
 
 
 def main() -> None:

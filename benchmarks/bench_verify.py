@@ -23,6 +23,7 @@ def build(tmp: Path, n_entries: int, total_mb: int, n_files: int) -> Path:
     import numpy as np
 
     from kvgraft_cli.artifacts import format as kvg
+    from kvgraft_cli.ledger.entries import DepositEntry, Digest, ManifestRef, Verification
     from kvgraft_cli.util.hashing import canonical_json, sha256_bytes
 
     rng = np.random.default_rng(0)
@@ -39,25 +40,19 @@ def build(tmp: Path, n_entries: int, total_mb: int, n_files: int) -> Path:
     env = {"torch": "2.13.0+cpu", "transformers": "5.24.0", "threads": 1, "env": {"MKL_CBWR": "COMPATIBLE"}}
     lines, prev = [], None
     for i in range(n_entries):
-        entry = {
-            "seq": i,
-            "prev": prev,
-            "kind": "deposit",
-            "time": "2026-11-30T00:00:00.000000+00:00",
-            "manifest": {"source": "builtin:default.yaml", "sha256": "a" * 64, "compute_sha256": "b" * 64},
-            "model": {"sha256": "c" * 64, "tokenizer_sha256": "d" * 64},
-            "environment": env,
-            "inputs": {
-                "problems_file": {"sha256": "e" * 64},
-                "record": {"sha256": f"{i:064x}", "id": f"p{i}", "line": i},
-                "token_ids": {"sha256": f"{i:064x}", "count": 100},
-            },
-            "outputs": {
-                "artifact": ({"sha256": refs[i][1], "path": refs[i][0]} if i < n_files else {"sha256": f"{i:064x}"}),
-                "logits": {"sha256": f"{i:064x}", "dtype": "float32", "position": 99},
-            },
-        }
-        raw = canonical_json(entry)
+        art = Digest(refs[i][1], refs[i][0]) if i < n_files else Digest(f"{i:064x}")
+        entry = DepositEntry(
+            manifest=ManifestRef("builtin:default.yaml", "a" * 64, "b" * 64),
+            model={"sha256": "c" * 64, "tokenizer_sha256": "d" * 64},
+            environment=env,
+            problems_file=Digest("e" * 64),
+            record=Digest.of(f"{i:064x}", id=f"p{i}", line=i),
+            token_ids=Digest.of(f"{i:064x}", count=100),
+            artifact=art,
+            logits=Digest.of(f"{i:064x}", dtype="float32", position=99),
+            verification=Verification("verified", None, "1", "1"),
+        ).written_as(i, prev, "2026-11-30T00:00:00.000000+00:00")
+        raw = canonical_json(entry.to_json())
         lines.append(raw)
         prev = hashlib.sha256(raw).hexdigest()
     ledger = tmp / "ledger.jsonl"

@@ -19,6 +19,7 @@ from test_hostile import kvg_head, zstd_frame
 from kvgraft_cli.config.manifest import with_overrides
 from kvgraft_cli.config.profiles import environ_without_pins
 from kvgraft_cli.errors import ArtifactError, CheckFailed, InputError, IntegrityError
+from kvgraft_cli.ledger import entries
 from kvgraft_cli.ledger import log as ledger
 from kvgraft_cli.ledger.checkpoint import generate_key
 from kvgraft_cli.runs.bundle import export_bundle, import_bundle
@@ -193,7 +194,7 @@ def test_export_is_deterministic_and_a_link_brings_its_parents(source, good, tmp
         chain = build_chain(s, engine, hits)
         link = chain.shas[-1]
     # Recorded the way solve records it (inputs.library.chain), so the link has a provenance line.
-    ledger.append(c.ledger, "solve", {"inputs": {"library": {"chain": chain.shas, "new_links": [link]}}})
+    entries.write(c.ledger, _solve_line(chain.shas, [link]))
     export_bundle(c, [link], tmp_path / "link.kvgb")
     rows = listing(members(tmp_path / "link.kvgb"))["artifacts"]
     assert {r["sha256"] for r in rows} == set(chain.shas) and len(rows) == 2
@@ -670,7 +671,7 @@ def test_two_artifacts_under_one_index_key_are_refused_naming_both(source, ctx, 
         twin = hashlib.sha256(payload).hexdigest()
         assert twin != orig
         s.put_object(twin, payload)
-    ledger.append(c.ledger, "solve", {"inputs": {"library": {"chain": [twin], "new_links": []}}})
+    entries.write(c.ledger, _solve_line([twin], []))
     path = tmp_path / "twins.kvgb"
     export_bundle(c, [orig, twin], path)
     items = members(path)
@@ -711,3 +712,22 @@ def test_export_says_one_ledger_line_in_the_singular(source, tmp_path):
         check_rc=0,
     )
     assert "provenance: 1 ledger line," in r.stdout and "1 ledger lines" not in r.stdout, r.stdout
+
+
+def _solve_line(chain: list[str], new_links: list[str]):
+    """A solve entry that grafted ``chain`` (its inputs.library, as solve records it), the rest placeholders."""
+    from kvgraft_cli.ledger.entries import Digest, SolveEntry
+
+    d = Digest("0" * 64)
+    library = {"hit": "related", "artifacts": [], "chain": chain, "scores": [], "new_links": new_links}
+    return SolveEntry(
+        problems_file=d,
+        record=Digest.of("0" * 64, id="x", line=1),
+        query_ids=d,
+        library=library,
+        settings={},
+        query_logits=d,
+        generated_ids=d,
+        output=d,
+        costs={},
+    )

@@ -294,8 +294,9 @@ def test_values_of_the_wrong_type_are_listed_not_fatal():
         {
             "kind": "solve-outputs",
             "mode": "library",
-            "inputs": {"problems_file": pf},
+            "inputs": {"problems_file": pf, "settings": {}},
             "outputs": {
+                "outputs": pf,
                 "totals": {
                     "accuracy": "inf",
                     "wilson95_low": "nan",
@@ -303,25 +304,27 @@ def test_values_of_the_wrong_type_are_listed_not_fatal():
                     "decode_tokens": 5,
                     "correct": 1,
                     "scored": 2,
-                }
+                },
             },
         },
         {
             "kind": "solve-outputs",
             "mode": "baseline",
-            "inputs": {"problems_file": pf},
-            "outputs": {"totals": {"accuracy": "0.5", "decode_tokens": -3}},
+            "inputs": {"problems_file": pf, "settings": {}},
+            "outputs": {"outputs": pf, "totals": {"accuracy": "0.5", "decode_tokens": -3}},
         },
         {
             "kind": "probe",
+            "inputs": {"artifact": {"sha256": "b" * 64}, "offsets": [0, 3, 8], "samples": 1, "suffixes": pf},
             "outputs": {
+                "reference_logits": pf,
                 "result": {
                     "offsets": [
                         {"offset": 0, "max_abs_diff": "inf"},
                         {"offset": 3, "max_abs_diff": "nan"},
                         {"offset": 8, "max_abs_diff": "1e-300"},
                     ]
-                }
+                },
             },
         },
         {"kind": "probe", "outputs": {"result": {"offsets": "x"}}},
@@ -337,13 +340,16 @@ def test_values_of_the_wrong_type_are_listed_not_fatal():
         report = collect(Path("x.jsonl"), data, VerifyReport("x.jsonl").to_json())
         page = render(report, True)
     assert [(s["line"], s["kind"]) for s in report.skipped] == [
+        (1, "solve"),  # not drawn; its run's totals still are
         (5, "probe"),
         (6, "graft-check"),
         (7, "deposit"),
         (8, "score"),
     ]
     assert report.unreadable == [10] and report.kinds["(no kind)"] == 1 and len(report.comparisons) == 1
-    assert page.count("<svg") == 2 and "is not a count" in page and ">inf<" in page  # no per-problem lines: no plot
+    assert (
+        page.count("<svg") == 2 and "a deposit entry without inputs.problems_file" in page and ">inf<" in page
+    )  # no per-problem lines: no plot
 
 
 def test_the_page_names_files_relative_to_the_ledger(tmp_path):

@@ -20,7 +20,9 @@ from typing import Any
 import fastjsonschema
 
 from ..errors import InputError
+from ..ledger import entries as entries_mod
 from ..ledger import kinds, merkle
+from ..ledger.entries import Digest, EntryError, ScoreEntry, ServeEntry
 from ..ledger.proofs import LedgerTree
 from ..util import jsonio
 from .hashcache import HashCache, digest_of
@@ -345,11 +347,13 @@ def verify_ledger(
         with_rules = None  # the first score line that records its rules: no rules-1 kvgraft wrote after it
         for i, entry in enumerate(entries):
             if entry is not None and entry.get("kind") == kinds.SCORE:
-                _check_score(report, i + 1, entry, path.parent, verified, with_rules)
-                settings = (
-                    (entry.get("inputs") or {}).get("settings") if isinstance(entry.get("inputs"), dict) else None
-                )
-                if with_rules is None and isinstance(settings, dict) and "rules" in settings:
+                try:
+                    score = entries_mod.parse_as(ScoreEntry, entry, f"line {i + 1}")
+                except EntryError as e:
+                    report.findings.append(Finding(i + 1, "score", f"score entry: {e.message}"))
+                    continue
+                _check_score(report, i + 1, score, path.parent, verified, with_rules)
+                if with_rules is None and "rules" in (score.settings or {}):
                     with_rules = i + 1
     return report
 
@@ -357,7 +361,7 @@ def verify_ledger(
 def _check_score(
     report: VerifyReport,
     line: int,
-    entry: dict,
+    entry: ScoreEntry,
     base_dir: Path,
     verified: set[tuple[int, str]],
     with_rules: int | None = None,
@@ -370,27 +374,26 @@ def _check_score(
     scoring.written_by_no_kvgraft, and no entry without rules after ``with_rules``, the first line that has them)."""
     from ..eval import scoring
 
-    def present(d):
+    def present(d: Digest | None) -> Path | None:
         """The file behind a digest, if it is present and matched its hash in this run."""
-        if isinstance(d, dict) and isinstance(d.get("path"), str) and (line, d["path"]) in verified:
-            return base_dir / d["path"]
+        if d is not None and d.path is not None and (line, d.path) in verified:
+            return base_dir / d.path
         return None
 
-    def absent(what: str, d) -> str:
-        path = d.get("path") if isinstance(d, dict) else None
-        if not isinstance(path, str):
+    def absent(what: str, d: Digest | None) -> str:
+        path = d.path if d is not None else None
+        if path is None:
             return f"it records no {what} file"
         state = next((f.status for f in report.files if f.line == line and f.path == path), None)
         said: dict[str | None, str] = {"missing": "is missing", "mismatch": "does not match its sha256"}
         return f"its {what} file {path} " + said.get(state, "was not checked")
 
-    ins, outs = entry.get("inputs") or {}, entry.get("outputs") or {}
-    if not isinstance(ins, dict) or not isinstance(outs, dict) or not isinstance(outs.get("result"), dict):
+    if entry.result is None:
         report.findings.append(Finding(line, "score", "score entry without an outputs.result object"))
         return
-    recorded = dict(outs["result"])
-    settings = s if isinstance(s := ins.get("settings"), dict) else {}
-    downgrade = scoring.written_by_no_kvgraft(settings, recorded, entry.get("time"))
+    recorded = dict(entry.result)
+    settings = entry.settings or {}
+    downgrade = scoring.written_by_no_kvgraft(settings, recorded, entry.time)
     if downgrade is None and "rules" not in settings and with_rules is not None:
         downgrade = (
             f"it records no score rules (read as rules 1), after line {with_rules}, whose score records "
@@ -402,17 +405,19 @@ def _check_score(
         )
         return
     how = scoring.ScoreSettings.from_recorded(settings, recorded)
-    outputs_path, answers_path = present(ins.get("outputs")), present(ins.get("answers"))
+    outputs_path, answers_path = present(entry.outputs), present(entry.answers)
     why: str | None
     if not outputs_path or not answers_path:
         why = " and ".join(
-            absent(w, ins.get(w)) for w, p in (("outputs", outputs_path), ("answers", answers_path)) if not p
+            absent(w, d)
+            for w, d, p in (("outputs", entry.outputs, outputs_path), ("answers", entry.answers, answers_path))
+            if not p
         )
     elif "mapping" not in settings:
         why = "its settings record no input mapping"
     else:
         why = how.unavailable()
-    if why is None:
+    if why is None and outputs_path and answers_path:
         try:
             result = scoring.score(
                 outputs_path,
@@ -439,7 +444,7 @@ def _check_score(
         # depend on are part of the recorded grader, so a machine with others cannot confirm them (#24.3).
         got = result.summary()
         libs = (recorded.get("grader_libs"), got.get("grader_libs"))
-        if rec_sha != (outs.get("records") or {}).get("sha256"):
+        if rec_sha != (entry.records.sha256 if entry.records else None):
             why = (
                 f"; graded with {json.dumps(libs[0], sort_keys=True)}, recomputed with "
                 f"{json.dumps(libs[1], sort_keys=True)}"
@@ -465,12 +470,12 @@ def _check_score(
             )
         report.scores_checked += 1
         return
-    records_path = present(outs.get("records"))
+    records_path = present(entry.records)
     if records_path:
         try:
             got = scoring.summary_from_records(records_path.read_bytes(), how)
         except InputError as e:
-            report.findings.append(Finding(line, "score", f"{e.message} ({outs['records'].get('path')})"))
+            report.findings.append(Finding(line, "score", f"{e.message} ({entry.records and entry.records.path})"))
             return
         diff = _score_differences({k: v for k, v in recorded.items() if k not in scoring.NOT_FROM_RECORDS}, got)
         if diff:
@@ -482,9 +487,7 @@ def _check_score(
         report.scores_checked += 1
         report.scores_from_records.append({"line": line, "reason": why})
         return
-    report.scores_not_recomputable.append(
-        {"line": line, "reason": f"{why}, and {absent('records', outs.get('records'))}"}
-    )
+    report.scores_not_recomputable.append({"line": line, "reason": f"{why}, and {absent('records', entry.records)}"})
 
 
 def _score_differences(recorded: dict, recomputed: dict) -> str:
@@ -637,7 +640,7 @@ def _rehash(report: VerifyReport, entries: list[dict | None], base_dir: Path, fu
     for i, entry in enumerate(entries):
         if entry is None:
             continue
-        for fld, d in _referenced_files(entry):
+        for fld, d in entries_mod.named_files(entry):
             if d["path"].startswith("s3://"):  # a remote store's object: verify is offline (and needs no boto3)
                 report.files.append(FileCheck(i + 1, fld, d["path"], "remote", d["sha256"]))
                 continue
@@ -673,10 +676,11 @@ def _count_prompt_chunks(entries: list[dict | None], base_dir: Path) -> dict[str
     None when no served line names a chunk."""
     named: set[tuple[str | None, str]] = set()
     for entry in entries:
-        if entry is None or entry.get("kind") != kinds.SERVE or not isinstance(entry.get("inputs"), dict):
+        if entry is None or entry.get("kind") != kinds.SERVE:
             continue
-        pc = entry["inputs"].get("prompt_cache")
-        if not isinstance(pc, dict):
+        try:
+            pc = entries_mod.parse_as(ServeEntry, entry).prompt_cache
+        except EntryError:  # a served line without its fields: nothing to count (the schema finding says why)
             continue
         store = pc.get("store") if isinstance(pc.get("store"), str) else None
         for name in ("chunks", "deposited"):
@@ -698,18 +702,3 @@ def _count_prompt_chunks(entries: list[dict | None], base_dir: Path) -> dict[str
         "not_in_store": len(named) - here - unchecked,
         "not_checked": unchecked,
     }
-
-
-def _referenced_files(entry: dict) -> list[tuple[str, dict]]:
-    out = []
-    m = entry.get("manifest")
-    if isinstance(m, dict) and isinstance(m.get("path"), str) and isinstance(m.get("sha256"), str):
-        out.append(("manifest", m))
-    for section in ("inputs", "outputs"):
-        members = entry.get(section)
-        if not isinstance(members, dict):  # a schema finding already; no crash on "inputs": [1]
-            continue
-        for name, d in members.items():
-            if isinstance(d, dict) and isinstance(d.get("path"), str) and isinstance(d.get("sha256"), str):
-                out.append((f"{section}.{name}", d))
-    return out

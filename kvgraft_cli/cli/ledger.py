@@ -10,7 +10,8 @@ from typing import Any
 import typer
 
 from ..errors import CheckFailed, InputError
-from ..ledger import kinds
+from ..ledger import entries
+from ..ledger.entries import Entry, EntryError
 from ..util import jsonio
 from ._common import JSON_OPT, MANIFEST_OPT, at_most_max_count, ledger_path
 from ._help import Command, Group
@@ -67,26 +68,23 @@ def log(
         if i < from_seq:
             continue
         try:
-            e = jsonio.loads(raw)
+            raw_entry = jsonio.loads(raw)
         except ValueError:
-            e = None
-        if not isinstance(e, dict):
-            rows.append(
-                {
-                    "seq": i,
-                    "line": i + 1,
-                    "kind": None,
-                    "time": None,
-                    "manifest": None,
-                    "summary": "not a JSON object: run `kvgraft verify`",
-                    "outputs": {},
-                }
-            )
+            raw_entry = None
+        if not isinstance(raw_entry, dict):
+            rows.append(_bad_row(i, None, "not a JSON object: run `kvgraft verify`"))
             continue
-        seen_kinds.add(str(e.get("kind")))
-        if kind and e.get("kind") not in kind:
+        k = raw_entry.get("kind")
+        seen_kinds.add(str(k))
+        if kind and k not in kind:
             continue
-        if match is not None and not match(e.get("manifest")):
+        try:
+            e = entries.parse(raw_entry)
+        except EntryError as x:
+            if match is None:
+                rows.append(_bad_row(i, k, f"{x.message}: run `kvgraft verify`"))
+            continue
+        if match is not None and not match(e.manifest):
             continue
         rows.append(_row(i, e))
     if last is not None:
@@ -118,7 +116,7 @@ def log(
 
 
 def _manifest_filter(value: str | None):
-    """(a predicate on an entry's ``manifest`` object or None, the manifest file whose paths.ledger is the default)."""
+    """(a predicate on an entry's manifest (ledger.entries.ManifestRef, None for none) or None, the manifest file whose paths.ledger is the default)."""
     if value is None:
         return None, None
     from ..config.manifest import BUILTIN_PREFIX
@@ -127,15 +125,11 @@ def _manifest_filter(value: str | None):
         from ..config.manifest import load_manifest
 
         sha = load_manifest(Path(value)).file_sha256
-        return (lambda m: isinstance(m, dict) and m.get("sha256") == sha), Path(value)
+        return (lambda m: m is not None and m.sha256 == sha), Path(value)
     if re.fullmatch(r"[0-9a-f]{6,64}", value):
-        return (
-            lambda m: (
-                isinstance(m, dict) and any(str(m.get(k, "")).startswith(value) for k in ("sha256", "compute_sha256"))
-            )
-        ), None
+        return (lambda m: m is not None and (m.sha256.startswith(value) or m.compute_sha256.startswith(value))), None
     if value.startswith(BUILTIN_PREFIX) or "/" in value or "\\" in value or value.endswith((".yaml", ".yml")):
-        return (lambda m: isinstance(m, dict) and value in (m.get("source"), m.get("path"))), None
+        return (lambda m: m is not None and value in (m.source, m.path)), None
     raise InputError(
         f"--manifest {value!r}: not a manifest file, a hash prefix of at least 6 hex characters, or a "
         "recorded path or source",
@@ -143,107 +137,28 @@ def _manifest_filter(value: str | None):
     )
 
 
-def _get(d: Any, *keys: str) -> Any:
-    for k in keys:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
+def _bad_row(i: int, kind: Any, why: str) -> dict:
+    """The row of a line that is not an entry, or not what its kind records."""
+    return {"seq": i, "line": i + 1, "kind": kind, "time": None, "manifest": None, "summary": why, "outputs": {}}
 
 
-# The digests `ledger log` shows per kind: what a reader copies to look further (an artifact to inspect or graft,
-# a records or outputs file to check, a prereg to replay).
-KEY_DIGESTS = {
-    kinds.DEPOSIT: [("outputs", "artifact"), ("outputs", "logits")],
-    kinds.GRAFT: [("inputs", "artifact"), ("outputs", "generated_ids")],
-    kinds.GRAFT_CHECK: [("inputs", "artifact"), ("outputs", "fresh_logits")],
-    kinds.PROBE: [("inputs", "artifact"), ("outputs", "reference_logits")],
-    kinds.SCORE: [("outputs", "records")],
-    kinds.SOLVE: [("outputs", "output"), ("outputs", "generated_ids")],
-    kinds.SOLVE_OUTPUTS: [("outputs", "outputs")],
-    kinds.REGISTER: [("inputs", "prereg")],
-    kinds.REPLAY: [("inputs", "prereg")],
-    kinds.IMPORT: [("inputs", "bundle")],  # its artifacts: one "artifact.<sha256>" output each (`ledger log --json`
-    # on the raw entry lists them; the summary counts them)
-}
-
-
-def _row(i: int, e: dict) -> dict:
+def _row(i: int, e: Entry) -> dict:
     """What `ledger log` shows of one entry (and prints with --json)."""
-    m = e.get("manifest")
-    manifest = None
-    if isinstance(m, dict):
-        manifest = {
-            "ref": m.get("path") or m.get("source"),
-            "sha256": m.get("sha256"),
-            "compute_sha256": m.get("compute_sha256"),
-        }
-    outputs: dict[str, str] = {}
-    kind = e.get("kind")
-    wanted = KEY_DIGESTS.get(kind) if isinstance(kind, str) else None  # (a hostile line's kind may be unhashable)
-    if wanted is None:  # a kind this kvgraft does not know: every output digest
-        wanted = [("outputs", k) for k in (e.get("outputs") or {})] if isinstance(e.get("outputs"), dict) else []
-    for where, key in wanted:
-        sha = _get(e, where, key, "sha256")
-        if isinstance(sha, str):
-            outputs[key] = sha
+    m = e.manifest
+    manifest = {"ref": m.path or m.source, "sha256": m.sha256, "compute_sha256": m.compute_sha256} if m else None
     try:
-        summary = _summary(e)
-    except (TypeError, ValueError, KeyError, AttributeError):
+        summary = e.summary()
+    except (TypeError, ValueError, KeyError, AttributeError):  # a result object of another shape
         summary = ""
     return {
-        "seq": e.get("seq", i),
+        "seq": e.seq if e.seq is not None else i,
         "line": i + 1,
-        "kind": e.get("kind"),
-        "time": e.get("time"),
+        "kind": e.kind,
+        "time": e.time,
         "manifest": manifest,
         "summary": summary,
-        "outputs": outputs,
+        "outputs": e.shown_digests(),
     }
-
-
-def _summary(e: dict) -> str:
-    """One phrase saying what an entry did, by kind."""
-    k, res = e.get("kind"), _get(e, "outputs", "result") or {}
-    if k == kinds.DEPOSIT:
-        verified = _get(e, "verification", "status")
-        return f"{_get(e, 'inputs', 'record', 'id')}: {e.get('status', '')}" + (f", {verified}" if verified else "")
-    if k == kinds.GRAFT_CHECK:
-        return (
-            f"{'PASS' if res.get('passed') else 'FAIL'} {res.get('sha_equal')}/{res.get('samples')} SHA-equal, "
-            f"{res.get('prefix_tokens')} prefix tokens"
-        )
-    if k == kinds.GRAFT:
-        ids = _get(e, "outputs", "generated_ids", "ids")
-        return f"{len(ids)} tokens generated" if isinstance(ids, list) else ""
-    if k == kinds.PROBE:
-        return f"exact offsets {res.get('exact_offsets')}" if "exact_offsets" in res else ""
-    if k == kinds.SCORE:
-        n = res.get("n", res.get("problems"))
-        return f"{res.get('correct')}/{n} correct" if n is not None else ""
-    if k == kinds.SOLVE:
-        return (
-            f"{_get(e, 'inputs', 'record', 'id')}: {_get(e, 'inputs', 'library', 'hit')} hit, "
-            f"{_get(e, 'outputs', 'generated_ids', 'count')} tokens"
-        )
-    if k == kinds.IMPORT:
-        c = _get(e, "outputs", "counts") or {}
-        return (
-            f"bundle {_get(e, 'inputs', 'bundle', 'name')}: {c.get('imported')} imported, {c.get('existing')} "
-            f"already stored, {c.get('foreign')} of another pin"
-        )
-    if k == kinds.SOLVE_OUTPUTS:
-        t = _get(e, "outputs", "totals") or {}
-        return f"{e.get('mode', '')}: {t.get('correct')}/{t.get('scored')} correct of {t.get('problems')} problems"
-    if k == kinds.REGISTER:
-        return f"prereg {_get(e, 'inputs', 'name')} ({_get(e, 'inputs', 'prereg', 'path')})"
-    if k == kinds.REPLAY:
-        o = e.get("outputs") or {}
-        return (
-            f"{'PASS' if o.get('passed') else 'FAIL'} {o.get('matched')} matched, {o.get('mismatched')} "
-            f"mismatched (target {_get(e, 'inputs', 'target')})"
-        )
-    return ""
 
 
 def _render_rows(rows: list[dict], title: str) -> None:
@@ -358,7 +273,12 @@ def diff(
     if as_json:
         print_json({"base": str(base), "ledger": str(path), "appended": new})
         return
-    rows = [_row(e.get("seq", 0) if isinstance(e.get("seq"), int) else 0, e) for e in new]
+    rows = []
+    for i, raw in enumerate(new):
+        try:
+            rows.append(_row(i, entries.parse(raw)))
+        except EntryError as x:
+            rows.append(_bad_row(i, raw.get("kind"), f"{x.message}: run `kvgraft verify`"))
     _render_rows(rows, f"{len(new)} entries appended to {base}")
 
 

@@ -60,10 +60,10 @@ def replay(
             return
         e = do_register(ctx, pr)
         if as_json:
-            print_json({"registered": str(prereg), "sha256": pr.sha256, "ledger_seq": e["seq"]})
+            print_json({"registered": str(prereg), "sha256": pr.sha256, "ledger_seq": e.line_seq})
         else:
             out.print(
-                printable(f"registered {prereg} (sha256 {pr.sha256}) in {ctx.ledger} at line {e['seq'] + 1}", False),
+                printable(f"registered {prereg} (sha256 {pr.sha256}) in {ctx.ledger} at line {e.line_seq + 1}", False),
                 markup=False,
                 soft_wrap=True,
             )

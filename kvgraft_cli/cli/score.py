@@ -55,7 +55,7 @@ def score(
     rec_path = records or default_records_path(ctx.store, outputs, rec_sha)
     summary = result.summary()
     if as_json:
-        print_json({**summary, "records": str(rec_path), "records_sha256": rec_sha, "ledger_seq": written["seq"]})
+        print_json({**summary, "records": str(rec_path), "records_sha256": rec_sha, "ledger_seq": written.seq})
         return
     t = Table(title=escape(f"score {outputs} against {answers_file}"), title_justify="left")
     for col in ("id", "extracted", "reference", "correct"):

@@ -16,7 +16,7 @@ import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,14 +28,15 @@ from ..errors import InputError
 from ..eval import answers
 from ..eval.problems import Problem, check_lengths, read_problems, verify_solution
 from ..eval.scoring import wilson_interval
-from ..ledger import kinds
+from ..ledger import entries
 from ..ledger import log as ledger
-from ..runs.context import RunContext
+from ..ledger.entries import Digest, SolveEntry, SolveOutputsEntry
+from ..runs.context import RunContext, engine_facts
 from ..runs.deposit import DepositReport, deposit_one
 from ..runs.owned import check_output
 from ..store.local import Store
 from ..util.fsio import atomic_write_bytes
-from ..util.hashing import canonical_json, digest, sha256_bytes, sha256_file
+from ..util.hashing import canonical_json, sha256_bytes, sha256_file
 from .chain import build_chain, hit_fields
 from .retrieval import Found, find
 
@@ -170,7 +171,7 @@ def own_solution(output: str, extracted: str) -> str:
 def check_outputs(problems_path: Path, outputs_path: Path, force: bool, ctx: RunContext | None = None) -> None:
     """Refuse to overwrite a file kvgraft owns, whatever ``force`` says (the problems file, and with ``ctx`` the
     ledger, the store and the manifest: runs.owned), or (without ``force``) an outputs file a ledger entry may name."""
-    check_output(outputs_path, "--outputs", ctx, inputs={"the problems file": problems_path})
+    check_output(outputs_path, "--outputs", ctx, reads={"the problems file": problems_path})
     if Path(outputs_path).exists() and not force:
         raise InputError(
             f"outputs file {outputs_path} exists (an earlier run's ledger entry names its hash)",
@@ -262,7 +263,7 @@ def prepare_solve(
     else:
         if engine is None:
             engine = load_engine(m, ctx.allow_drift)
-        facts, limit_pos = ctx.engine_facts(engine), engine.max_positions
+        facts, limit_pos = engine_facts(engine), engine.max_positions
         query_ids = [query_job(ctx, engine, p, where=where) for p in problems]
     for p, ids in zip(problems, query_ids):  # refuse before any work: a query that cannot fit even alone
         if limit_pos and len(ids) + full_budget > limit_pos:
@@ -274,7 +275,7 @@ def prepare_solve(
             )
     run = SolveRun("library" if use_library else "baseline", str(problems_path), str(outputs_path))
     input_sha = sha256_file(problems_path)
-    problems_file = {"path": ctx.rel(Path(problems_path)), **digest(input_sha)}
+    problems_file = Digest(input_sha, ctx.rel(Path(problems_path)))
     settings = {
         "mapping": m.input.as_written(),
         "k": k,
@@ -338,17 +339,16 @@ def prepare_solve(
         data = b"".join(canonical_json(r.output_line()) + b"\n" for r in run.records)
         atomic_write_bytes(Path(outputs_path), data)
         run.outputs_sha256 = sha256_bytes(data)
-        entry = ctx.entry_base()
-        entry.update(facts)
-        entry.update(
-            inputs={"problems_file": problems_file, "settings": settings},
-            outputs={
-                "outputs": {"path": ctx.rel(Path(outputs_path)), **digest(run.outputs_sha256)},
-                "totals": {k2: v for k2, v in run.totals().items() if k2 != "mode"},
-            },
+        entry = SolveOutputsEntry(
+            manifest=ctx.manifest_ref(),
+            **facts,
+            problems_file=problems_file,
+            settings=settings,
+            outputs=Digest(run.outputs_sha256, ctx.rel(Path(outputs_path))),
+            totals={k2: v for k2, v in run.totals().items() if k2 != "mode"},
+            mode=run.mode,
         )
-        entry["mode"] = run.mode
-        run.ledger_seq = ledger.append(ctx.ledger, kinds.SOLVE_OUTPUTS, entry)["seq"]
+        run.ledger_seq = entries.write(ctx.ledger, entry).seq
         return run
 
     return finish
@@ -431,9 +431,9 @@ class Solved:
     writes the ledger."""
 
     record: SolveRecord
-    body: dict  # the ledger entry's inputs and outputs
+    entry: SolveEntry  # the ledger entry, but for what the recording side adds (manifest, engine facts)
     chain: list[str]  # the artifacts grafted, noted as recorded once the entry is written
-    facts: dict = field(default_factory=dict)  # the entry's environment, model and drift (RunContext.engine_facts)
+    facts: dict = field(default_factory=dict)  # the entry's environment, model and drift (runs.context.engine_facts)
 
 
 def query_job(ctx: RunContext, engine: Engine, p: Problem, *, where: str) -> list[int]:
@@ -456,18 +456,16 @@ def prompt_settings(prompt: PromptSection) -> dict | None:
 
 def record_solve(ctx: RunContext, store: Store | None, s: Solved) -> SolveRecord:
     """Append a solved problem's ledger entry; returns its record with the entry's seq."""
-    entry = ctx.entry_base()
-    entry.update(s.facts)
-    entry.update(s.body)
+    entry = replace(s.entry, manifest=ctx.manifest_ref(), **s.facts)
 
-    def after(_: dict) -> None:
+    def after(_: SolveEntry) -> None:
         if s.chain:
             assert store is not None  # (a chain is grafted from the library: its store is open)
             store.mark_recorded(s.chain)
 
     # A failed append leaves new links in the store, unrecorded: another run may already graft them (see
     # store.local); `kvgraft store gc` is the only deleter.
-    s.record.ledger_seq = ledger.append(ctx.ledger, kinds.SOLVE, entry, after=after)["seq"]
+    s.record.ledger_seq = entries.write(ctx.ledger, entry, after=after).seq
     return s.record
 
 
@@ -554,7 +552,7 @@ def begin_problem(
     return b
 
 
-def finish_problem(engine: Engine, b: Begun, problems_file: dict, settings: dict) -> Solved:
+def finish_problem(engine: Engine, b: Begun, problems_file: Digest, settings: dict) -> Solved:
     """A decoded problem's answer, record and ledger body."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     p, hits, chain, query, logits, kind = b.problem, b.hits, b.chain, b.query, b.logits, b.kind
@@ -587,35 +585,31 @@ def finish_problem(engine: Engine, b: Begun, problems_file: dict, settings: dict
         b.cpu_s + time.process_time() - cpu0,
         (energy1 - energy0) / 1000 if energy0 is not None and energy1 is not None else None,
     )
-    body = dict(
-        inputs={
-            "problems_file": problems_file,
-            "record": {**digest(p.record_sha256), "id": p.id, "line": p.line},
-            "query_ids": {**digest(token_ids_sha256(query)), "count": len(query)},
-            "library": {
-                "hit": rec.hit,
-                "artifacts": rec.artifacts,
-                "chain": rec.chain,
-                "scores": [repr(h.score) for h in hits if h.score is not None],
-                "new_links": [sha for _, sha in chain.new_links] if chain else [],
-            },
-            "settings": settings,
+    entry = SolveEntry(
+        problems_file=problems_file,
+        record=Digest.of(p.record_sha256, id=p.id, line=p.line),
+        query_ids=Digest.of(token_ids_sha256(query), count=len(query)),
+        library={
+            "hit": rec.hit,
+            "artifacts": rec.artifacts,
+            "chain": rec.chain,
+            "scores": [repr(h.score) for h in hits if h.score is not None],
+            "new_links": [sha for _, sha in chain.new_links] if chain else [],
         },
-        outputs={
-            "query_logits": digest(tensor_sha256(logits)),
-            "generated_ids": {**digest(token_ids_sha256(gen)), "count": len(gen)},
-            "output": digest(sha256_bytes(output.encode())),
-            "costs": {
-                "grafted_tokens": rec.grafted_tokens,
-                "prefill_tokens": rec.prefill_tokens,
-                "decode_tokens": rec.decode_tokens,
-                "wall_s": rec.wall_s,
-                "cpu_s": rec.cpu_s,
-                "energy_j": rec.energy_j,
-            },
+        settings=settings,
+        query_logits=Digest(tensor_sha256(logits)),
+        generated_ids=Digest.of(token_ids_sha256(gen), count=len(gen)),
+        output=Digest(sha256_bytes(output.encode())),
+        costs={
+            "grafted_tokens": rec.grafted_tokens,
+            "prefill_tokens": rec.prefill_tokens,
+            "decode_tokens": rec.decode_tokens,
+            "wall_s": rec.wall_s,
+            "cpu_s": rec.cpu_s,
+            "energy_j": rec.energy_j,
         },
     )
-    return Solved(rec, body, chain.shas if chain else [])
+    return Solved(rec, entry, chain.shas if chain else [])
 
 
 def graft_question(engine: Engine, store: Store, hits: list, question: str, exact: bool):

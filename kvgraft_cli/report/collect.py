@@ -19,11 +19,35 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from ..ledger import kinds
+from ..ledger import entries, kinds
+from ..ledger.entries import (
+    DepositEntry,
+    Digest,
+    Entry,
+    EntryError,
+    GraftCheckEntry,
+    ProbeEntry,
+    ReplayServedEntry,
+    ScoreEntry,
+    ServeEntry,
+    SolveEntry,
+    SolveOutputsEntry,
+)
 from ..ledger.log import split_lines
 from ..util import jsonio
 from .served import TIMES, TOKENS, summarize
 
+# The kinds the page draws: a line of one of them that is not what its kind records is listed as skipped
+SHOWN = (
+    kinds.DEPOSIT,
+    kinds.SOLVE,
+    kinds.SOLVE_OUTPUTS,
+    kinds.GRAFT_CHECK,
+    kinds.PROBE,
+    kinds.SCORE,
+    kinds.SERVE,
+    kinds.REPLAY_SERVED,
+)
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest is a few KB; a larger "manifest" is not read for its model's name
 
 
@@ -101,18 +125,18 @@ class _Models:
         self.base_dir = base_dir
         self._names: dict[tuple[str, str], dict[str, str | None]] = {}
 
-    def of(self, entry: dict) -> dict[str, Any]:
+    def of(self, entry: Entry) -> dict[str, Any]:
         """The model and manifest an entry records, with the manifest's names when readable, and the manifest as
         the page names it (``manifest_shown``: :func:`shown_path`)."""
-        model = _obj(entry.get("model"), "model")
-        manifest = _obj(entry.get("manifest"), "manifest")
+        model = entry.model or {}
+        manifest = entry.manifest
         label = {
             "model_sha256": text(model.get("sha256")),
             "tokenizer_sha256": text(model.get("tokenizer_sha256")),
-            "manifest_source": text(manifest.get("source")),
-            "manifest_path": text(manifest.get("path")),
-            "manifest_sha256": text(manifest.get("sha256")),
-            "compute_sha256": text(manifest.get("compute_sha256")),
+            "manifest_source": text(manifest.source if manifest else None),
+            "manifest_path": text(manifest.path if manifest else None),
+            "manifest_sha256": text(manifest.sha256 if manifest else None),
+            "compute_sha256": text(manifest.compute_sha256 if manifest else None),
         }
         label.update(self._read(label["manifest_path"], label["manifest_source"], label["manifest_sha256"]))
         # What the page shows (render.py): no absolute path of the machine the ledger was written on. The recorded
@@ -212,36 +236,41 @@ def collect(ledger: Path, data: bytes, verification: dict[str, Any]) -> ReportDa
     """The report's content from the ledger's bytes (``data``, read once) and the verifier's JSON report."""
     report = ReportData(str(ledger), verification)
     models = _Models(Path(ledger).parent)
-    pending: list[tuple[int, dict]] = []  # solve entries waiting for their run's solve-outputs line
+    pending: list[tuple[int, SolveEntry]] = []  # solve entries waiting for their run's solve-outputs line
     solve_runs: list[dict[str, Any]] = []
     served: dict[tuple, dict[str, Any]] = {}  # serve lines by the model and manifest that answered them
-    for line, entry in read_entries(data):
-        if entry is None:
+    for line, raw in read_entries(data):
+        if raw is None:
             report.unreadable.append(line)
             continue
-        kind = entry.get("kind")
+        kind = raw.get("kind")
         kind = kind if isinstance(kind, str) else "(no kind)"
         report.kinds[kind] = report.kinds.get(kind, 0) + 1
         try:
-            if kind == kinds.DEPOSIT:
+            entry = entries.parse(raw, f"line {line}")
+            if isinstance(entry, DepositEntry):
                 report.deposits.append(_deposit(line, entry, models))
-            elif kind == kinds.SOLVE:
+            elif isinstance(entry, SolveEntry):
                 pending.append((line, entry))
-            elif kind == kinds.SOLVE_OUTPUTS:
+            elif isinstance(entry, SolveOutputsEntry):
                 solve_runs.append(_solve_run(line, entry, models, pending))
                 pending = []
-            elif kind == kinds.GRAFT_CHECK:
+            elif isinstance(entry, GraftCheckEntry):
                 report.graft_checks.append(_graft_check(line, entry, models))
-            elif kind == kinds.PROBE:
+            elif isinstance(entry, ProbeEntry):
                 report.probes.append(_probe(line, entry, models))
-            elif kind == kinds.SCORE:
+            elif isinstance(entry, ScoreEntry):
                 report.scores.append(_score(line, entry))
-            elif kind == kinds.SERVE:
+            elif isinstance(entry, ServeEntry):
                 model, request = models.of(entry), _serve(line, entry)
                 key = tuple(model[k] for k in ("model_sha256", "manifest_sha256", "compute_sha256", "manifest_shown"))
                 served.setdefault(key, {"model": model, "requests": []})["requests"].append(request)
-            elif kind == kinds.REPLAY_SERVED:
+            elif isinstance(entry, ReplayServedEntry):
                 report.served_replays.append(_replay_served(line, entry, models))
+        except EntryError as e:
+            if kind in entries.KINDS and kind not in SHOWN:  # a kind the page does not draw: nothing skipped
+                continue
+            report.skipped.append({"line": line, "kind": kind, "reason": e.message.removeprefix(f"line {line}: ")})
         except (Malformed, AttributeError, TypeError) as e:
             report.skipped.append({"line": line, "kind": kind, "reason": str(e)})
     report.comparisons, report.runs = _pair(solve_runs)
@@ -250,63 +279,51 @@ def collect(ledger: Path, data: bytes, verification: dict[str, Any]) -> ReportDa
     return report
 
 
-def _digest(d: Any) -> dict[str, Any]:
+def _digest(d: Digest | None) -> dict[str, Any]:
     """A recorded digest as {path, sha256}."""
-    d = _obj(d, "a digest")
-    return {"path": text(d.get("path")), "sha256": text(d.get("sha256"))}
+    if d is None:
+        raise Malformed("a digest is missing")
+    return {"path": text(d.path), "sha256": text(d.sha256)}
 
 
-def _deposit(line: int, e: dict, models: _Models) -> dict[str, Any]:
+def _deposit(line: int, e: DepositEntry, models: _Models) -> dict[str, Any]:
     """A deposit line: id, status, verification, tokens, artifact."""
-    inputs, outputs = _obj(e.get("inputs"), "inputs"), _obj(e.get("outputs"), "outputs")
-    record, artifact = _obj(inputs.get("record"), "inputs.record"), _obj(outputs.get("artifact"), "outputs.artifact")
-    verification = _obj(e.get("verification"), "verification")
     return {
         "line": line,
-        "id": text(record.get("id")),
-        "status": text(e.get("status")),
-        "verification": text(verification.get("status")),
-        "tokens": count(_obj(inputs.get("token_ids"), "inputs.token_ids").get("count")),
-        "artifact": text(artifact.get("sha256")),
-        "artifact_path": text(artifact.get("path")),
-        "payload_bytes": count(artifact.get("payload_bytes")),
+        "id": text(e.record.get("id")),
+        "status": text(e.status),
+        "verification": text(e.verification.status),
+        "tokens": count(e.token_ids.get("count")),
+        "artifact": text(e.artifact.sha256),
+        "artifact_path": text(e.artifact.path),
+        "payload_bytes": count(e.artifact.get("payload_bytes")),
         "model": models.of(e),
     }
 
 
-def _solve_run(line: int, e: dict, models: _Models, pending: list[tuple[int, dict]]) -> dict[str, Any]:
+def _solve_run(line: int, e: SolveOutputsEntry, models: _Models, pending: list[tuple[int, SolveEntry]]) -> dict:
     """A solve-outputs line with its per-problem solve lines: those just before it on the same problems file and
     settings (one process writes a run's lines in a row)."""
-    inputs, outputs = _obj(e.get("inputs"), "inputs"), _obj(e.get("outputs"), "outputs")
-    totals = _obj(outputs.get("totals"), "outputs.totals")
-    problems_file = _digest(inputs.get("problems_file"))
-    settings = inputs.get("settings")
+    totals = e.totals
+    problems_file = _digest(e.problems_file)
     problems = []
     for pline, p in pending:
-        try:
-            pin = _obj(p.get("inputs"), "inputs")
-            if (
-                _digest(pin.get("problems_file"))["sha256"] != problems_file["sha256"]
-                or pin.get("settings") != settings
-            ):
-                continue
-            costs = _obj(_obj(p.get("outputs"), "outputs").get("costs"), "outputs.costs")
-            problems.append(
-                {
-                    "line": pline,
-                    "id": text(_obj(pin.get("record"), "inputs.record").get("id")),
-                    "hit": text(_obj(pin.get("library"), "inputs.library").get("hit")),
-                    "decode_tokens": count(costs.get("decode_tokens")),
-                }
-            )
-        except Malformed:
-            continue  # a solve line that is not what its kind records: not drawn (its run's totals still are)
-    mode = text(e.get("mode")) or ("library" if _obj(settings, "inputs.settings").get("library") else "baseline")
+        if p.problems_file.sha256 != e.problems_file.sha256 or p.settings != e.settings:
+            continue
+        problems.append(
+            {
+                "line": pline,
+                "id": text(p.record.get("id")),
+                "hit": text(p.library.get("hit")),
+                "decode_tokens": count(p.costs.get("decode_tokens")),
+            }
+        )
+    mode = text(e.mode) or ("library" if e.settings.get("library") else "baseline")
     return {
         "line": line,
         "mode": mode,
         "problems_file": problems_file,
-        "outputs": _digest(outputs.get("outputs")),
+        "outputs": _digest(e.outputs),
         "problems": count(totals.get("problems")),
         "correct": count(totals.get("correct")),
         "scored": count(totals.get("scored")),
@@ -346,17 +363,15 @@ def _pair(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[s
     return comparisons, alone
 
 
-def _graft_check(line: int, e: dict, models: _Models) -> dict[str, Any]:
+def _graft_check(line: int, e: GraftCheckEntry, models: _Models) -> dict[str, Any]:
     """A graft-check line: its recorded result."""
-    inputs = _obj(e.get("inputs"), "inputs")
-    result = _obj(_obj(e.get("outputs"), "outputs").get("result"), "outputs.result")
+    result = e.result
     schedule = result.get("schedule")
     schedule = _obj(schedule, "result.schedule").get("schedule") if isinstance(schedule, dict) else schedule
-    chain = inputs.get("chain")
     return {
         "line": line,
-        "artifact": text(_obj(inputs.get("artifact"), "inputs.artifact").get("sha256")),
-        "chain_links": len(chain) if isinstance(chain, list) else None,
+        "artifact": text(e.artifact.sha256),
+        "chain_links": len(e.chain) if e.chain is not None else None,
         "samples": count(result.get("samples")),
         "sha_equal": count(result.get("sha_equal")),
         "max_kl": num(result.get("max_kl")),
@@ -369,15 +384,14 @@ def _graft_check(line: int, e: dict, models: _Models) -> dict[str, Any]:
         "schedule": text(schedule),
         "single_pass_max_abs_diff": num(result.get("single_pass_max_abs_diff")),
         "passed": result.get("passed") if isinstance(result.get("passed"), bool) else None,
-        "max_new_tokens": count(inputs.get("max_new_tokens")),
+        "max_new_tokens": count(e.max_new_tokens),
         "model": models.of(e),
     }
 
 
-def _probe(line: int, e: dict, models: _Models) -> dict[str, Any]:
+def _probe(line: int, e: ProbeEntry, models: _Models) -> dict[str, Any]:
     """A probe line: its per-offset results."""
-    inputs = _obj(e.get("inputs"), "inputs")
-    result = _obj(_obj(e.get("outputs"), "outputs").get("result"), "outputs.result")
+    result = e.result
     offsets = result.get("offsets")
     if not isinstance(offsets, list):
         raise Malformed("outputs.result.offsets is not a list")
@@ -400,7 +414,7 @@ def _probe(line: int, e: dict, models: _Models) -> dict[str, Any]:
         raise Malformed("an offset's result has no offset")
     return {
         "line": line,
-        "artifact": text(_obj(inputs.get("artifact"), "inputs.artifact").get("sha256")),
+        "artifact": text(e.artifact.sha256),
         "method": text(result.get("method")),
         "positions": text(result.get("positions")),
         "prefix_tokens": count(result.get("prefix_tokens")),
@@ -413,22 +427,20 @@ def _probe(line: int, e: dict, models: _Models) -> dict[str, Any]:
     }
 
 
-def _score(line: int, e: dict) -> dict[str, Any]:
+def _score(line: int, e: ScoreEntry) -> dict[str, Any]:
     """A score line: its result and how it was scored."""
     from ..eval.scoring import ScoreSettings
 
-    inputs = _obj(e.get("inputs"), "inputs")
-    settings = _obj(inputs.get("settings"), "inputs.settings")
-    outputs = _obj(e.get("outputs"), "outputs")
-    result = _obj(outputs.get("result"), "outputs.result")
+    settings = _obj(e.settings, "inputs.settings")
+    result = _obj(e.result, "outputs.result")
     # How it was scored, read as the scorer (and `verify`) reads it: an entry without rules predates score rules 2
     # and was scored by rules 1 with the exact grader.
     how = ScoreSettings.from_recorded(settings, result)
     return {
         "line": line,
-        "outputs": _digest(inputs.get("outputs")),
-        "answers": _digest(inputs.get("answers")),
-        "records": _digest(outputs.get("records")),
+        "outputs": _digest(e.outputs),
+        "answers": _digest(e.answers),
+        "records": _digest(e.records),
         "grader": text(how.grader),
         "grader_version": text(how.grader_version),
         "rules": text(how.rules),
@@ -463,18 +475,15 @@ def _length(value: Any, what: str) -> int:
     return len(value)
 
 
-def _serve(line: int, e: dict) -> dict[str, Any]:
+def _serve(line: int, e: ServeEntry) -> dict[str, Any]:
     """A serve line (one request `kvgraft serve` answered): its library hit, prompt cache use, tokens and times
     (report/served.py summarizes them; the model is its group's)."""
-    inputs, outputs = _obj(e.get("inputs"), "inputs"), _obj(e.get("outputs"), "outputs")
-    cache = _obj(inputs.get("prompt_cache"), "inputs.prompt_cache")
-    settings = _obj(inputs.get("settings"), "inputs.settings")
-    costs = _obj(outputs.get("costs"), "outputs.costs")
+    cache, settings, costs = e.prompt_cache, e.settings, e.costs
     return {
         "line": line,
-        "endpoint": text(_obj(inputs.get("request"), "inputs.request").get("endpoint")),
-        "hit": text(_obj(inputs.get("library"), "inputs.library").get("hit")),
-        "finish_reason": text(outputs.get("finish_reason")),
+        "endpoint": text(e.request.get("endpoint")),
+        "hit": text(e.library.get("hit")),
+        "finish_reason": text(e.finish_reason),
         "chunk": count(cache.get("chunk")),
         "cache_chunks": _length(cache.get("chunks"), "inputs.prompt_cache.chunks"),
         "deposited": _length(cache.get("deposited"), "inputs.prompt_cache.deposited"),
@@ -487,10 +496,9 @@ def _serve(line: int, e: dict) -> dict[str, Any]:
     }
 
 
-def _replay_served(line: int, e: dict, models: _Models) -> dict[str, Any]:
+def _replay_served(line: int, e: ReplayServedEntry, models: _Models) -> dict[str, Any]:
     """A replay-served line: which served lines `kvgraft replay --served` computed again, and how many matched."""
-    served = _obj(_obj(e.get("inputs"), "inputs").get("served"), "inputs.served")
-    outputs = _obj(e.get("outputs"), "outputs")
+    served = e.served
     return {
         "line": line,
         "ledger": shown_path(text(served.get("ledger")), models.base_dir),
@@ -498,7 +506,7 @@ def _replay_served(line: int, e: dict, models: _Models) -> dict[str, Any]:
         "first_seq": count(served.get("first_seq")),
         "last_seq": count(served.get("last_seq")),
         "count": count(served.get("count")),
-        "matched": count(outputs.get("matched")),
-        "mismatched": count(outputs.get("mismatched")),
+        "matched": count(e.matched),
+        "mismatched": count(e.mismatched),
         "model": models.of(e),
     }

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from ..errors import InputError
+from ..ledger.entries import named_files
 from ..util.fsio import inside, same_file
 from .collect import read_entries
 from .render import MARKER
@@ -29,12 +29,8 @@ def owned_files(ledger: Path, data: bytes) -> tuple[list[Path], list[Path]]:
     for _, entry in read_entries(data):
         if entry is None:
             continue
-        named: list[Any] = [entry.get("manifest")]
-        for part in ("inputs", "outputs"):
-            if isinstance(entry.get(part), dict):
-                named += list(entry[part].values())
-        for d in named:
-            if isinstance(d, dict) and isinstance(d.get("path"), str) and d["path"] and "\x00" not in d["path"]:
+        for _, d in named_files(entry, hashed=False):
+            if d["path"] and "\x00" not in d["path"]:
                 p = base / d["path"]
                 files.append(p)
                 if p.suffix == ".kvg" and "objects" in p.parts:

@@ -23,35 +23,42 @@ from typing import Any
 
 from ..errors import ArtifactError, CheckFailed, InputError, IntegrityError
 from ..eval.problems import Problem, normalize_key, verify_solution
-from ..ledger import kinds, merkle
+from ..ledger import entries, merkle
 from ..ledger import log as ledger
+from ..ledger.entries import DepositEntry, Digest, Entry, EntryError, ImportEntry, SolveEntry
 from ..ledger.proofs import LedgerTree
 from ..store import bundle as fmt
 from ..store.local import link_key, prefix_key, problem_key
 from ..util import jsonio
-from ..util.hashing import digest, sha256_bytes, sha256_file
+from ..util.hashing import sha256_bytes, sha256_file
 from .context import RunContext
 from .owned import check_output
 
 DEFAULT_ORIGIN = "kvgraft-ledger"
 
 
+def typed(entry: Any) -> Entry | None:
+    """A ledger line as its typed entry, or None for one that is not what its kind records (such a line backs
+    nothing: `kvgraft verify` reports it)."""
+    try:
+        return entries.parse(entry)
+    except EntryError:
+        return None
+
+
 def recorded_by(entry: Any) -> set[str]:
     """The artifacts a ledger entry records (puts on the record as stored): a deposit's ``outputs.artifact``, a
     solve's chain (``inputs.library.chain`` and ``new_links``), an import's ``outputs["artifact.<sha256>"]``."""
-    if not isinstance(entry, dict):
-        return set()
-    kind, ins, outs = entry.get("kind"), entry.get("inputs"), entry.get("outputs")
-    ins, outs = (ins if isinstance(ins, dict) else {}), (outs if isinstance(outs, dict) else {})
+    e = typed(entry)
     found: list[Any] = []
-    if kind == kinds.DEPOSIT and isinstance(outs.get("artifact"), dict):
-        found.append(outs["artifact"].get("sha256"))
-    elif kind == kinds.SOLVE and isinstance(ins.get("library"), dict):
+    if isinstance(e, DepositEntry):
+        found.append(e.artifact.sha256)
+    elif isinstance(e, SolveEntry):
         for k in ("chain", "new_links"):
-            v = ins["library"].get(k)
+            v = e.library.get(k)
             found += v if isinstance(v, list) else []
-    elif kind == kinds.IMPORT:
-        found += [d.get("sha256") for k, d in outs.items() if k.startswith("artifact.") and isinstance(d, dict)]
+    elif isinstance(e, ImportEntry):
+        found += list(e.artifacts)
     return {s for s in found if isinstance(s, str)}
 
 
@@ -82,38 +89,35 @@ def backing(entry: dict, sha: str) -> Backing:
     """What ``entry`` (a ledger line that records ``sha``) says about it. A deposit line: its verification status,
     its record's id and its reference answer. An import line of this version: the verified flag, problem ids and
     reference its importer derived and recorded per artifact. Anything else (a solve line's chain, an older import
-    line): no verification, no problem id."""
-    kind = str(entry.get("kind"))
-    seq = s if type(s := entry.get("seq")) is int else -1
-    ins, outs = (d if isinstance(d, dict) else {} for d in (entry.get("inputs"), entry.get("outputs")))
-    if kind == kinds.DEPOSIT:
-        v = vv if isinstance(vv := entry.get("verification"), dict) else {}
-        status, rec = v.get("status"), r if isinstance(r := ins.get("record"), dict) else {}
-        pid, ref = rec.get("id"), v.get("reference")
+    line, a line that is not what its kind records): no verification, no problem id."""
+    e = typed(entry)
+    kind = str(entry.get("kind")) if isinstance(entry, dict) else "?"
+    seq = e.seq if e is not None and type(e.seq) is int else -1
+    if isinstance(e, DepositEntry):
+        v, pid = e.verification, e.record.get("id")
         return Backing(
             seq,
             kind,
-            status == "verified",
-            f"status {str(status)[:40]!r}",
+            v.status == "verified",
+            f"status {v.status[:40]!r}",
             (pid,) if isinstance(pid, str) else None,
             True,
+            v.reference if isinstance(v.reference, str) else None,
+        )
+    d = e.artifacts.get(sha) if isinstance(e, ImportEntry) else None
+    if d is not None and isinstance(d.get("verified"), bool):
+        pids = d.get("problem_ids")
+        pids = tuple(pids) if isinstance(pids, list) and all(isinstance(p, str) for p in pids) else None
+        ref = d.get("reference")
+        return Backing(
+            seq,
+            kind,
+            d.get("verified"),
+            f"status {'verified' if d.get('verified') else 'unverified'!r}",
+            pids,
+            "reference" in d.facts,
             ref if isinstance(ref, str) else None,
         )
-    if kind == kinds.IMPORT:
-        d = a if isinstance(a := outs.get(f"artifact.{sha}"), dict) else {}
-        if isinstance(d.get("verified"), bool):
-            pids = d.get("problem_ids")
-            pids = tuple(pids) if isinstance(pids, list) and all(isinstance(p, str) for p in pids) else None
-            ref = d.get("reference")
-            return Backing(
-                seq,
-                kind,
-                d["verified"],
-                f"status {'verified' if d['verified'] else 'unverified'!r}",
-                pids,
-                "reference" in d,
-                ref if isinstance(ref, str) else None,
-            )
     return Backing(seq, kind, False, "no verification status", None, False, None)
 
 
@@ -624,7 +628,7 @@ def _write(
     ledger's append lock). A failure here (disk full) leaves complete, indexed, unrecorded objects, as a failed
     deposit does (store/local.py)."""
     report = ImportReport(str(bundle), staged.sha256, str(ctx.store), str(ctx.ledger), checkpoint)
-    outputs: dict[str, Any] = {}
+    arts: dict[str, Digest] = {}
     pin = ctx.manifest.machine_compute_sha256
     with ctx.open_store() as store:
         for a in sorted(staged.artifacts, key=lambda a: (a["start_position"], a["sha256"])):
@@ -648,16 +652,16 @@ def _write(
                 store.add_to_library(sha, d.library["problem_id"], a["manifest_sha256"], a["num_tokens"], d.library)
             file_sha = a["file_sha256"] if status == "imported" else sha256_file(dest)
             # What was derived is recorded, so a later export of this store is backed by this line.
-            outputs[f"artifact.{sha}"] = {
-                **digest(sha),
-                "path": ctx.rel(dest),
-                "file_sha256": file_sha,
-                "status": status,
-                "compute_sha256": a["manifest_sha256"],
-                "verified": d.verified,
-                "problem_ids": d.problem_ids,
+            arts[sha] = Digest.of(
+                sha,
+                ctx.rel(dest),
+                file_sha256=file_sha,
+                status=status,
+                compute_sha256=a["manifest_sha256"],
+                verified=d.verified,
+                problem_ids=d.problem_ids,
                 **({"reference": d.reference} if d.verified else {}),
-            }
+            )
             report.artifacts.append(
                 {
                     "sha256": sha,
@@ -670,28 +674,20 @@ def _write(
                     "path": str(dest),
                 }
             )
-        entry = ctx.entry_base()
-        entry.update(
-            inputs={
-                "bundle": {**digest(staged.sha256), "name": bundle.name, "bytes": staged.bytes},
-                "listing": digest(staged.listing_sha256),
-                "provenance": {
-                    **digest(sha256_bytes(staged.lines)),
-                    "lines": [ln["seq"] for ln in staged.listing["provenance"]["lines"]],
-                },
-                "checkpoint": {
-                    **digest(checkpoint["sha256"]),
-                    **{k: v for k, v in checkpoint.items() if k != "sha256"},
-                },
-                "settings": {"keep_foreign": keep_foreign},
-            },
-            outputs={
-                **outputs,
-                "counts": {s: sum(r["status"] == s for r in report.artifacts) for s in ("imported", "existing")}
-                | {"artifacts": len(report.artifacts), "foreign": sum(r["foreign"] for r in report.artifacts)},
-            },
+        entry = ImportEntry(
+            manifest=ctx.manifest_ref(),
+            bundle=Digest.of(staged.sha256, name=bundle.name, bytes=staged.bytes),
+            listing=Digest(staged.listing_sha256),
+            provenance=Digest.of(
+                sha256_bytes(staged.lines), lines=[ln["seq"] for ln in staged.listing["provenance"]["lines"]]
+            ),
+            checkpoint=Digest.of(checkpoint["sha256"], **{k: v for k, v in checkpoint.items() if k != "sha256"}),
+            settings={"keep_foreign": keep_foreign},
+            counts={s: sum(r["status"] == s for r in report.artifacts) for s in ("imported", "existing")}
+            | {"artifacts": len(report.artifacts), "foreign": sum(r["foreign"] for r in report.artifacts)},
+            artifacts=arts,
         )
         shas = [a["sha256"] for a in staged.artifacts]
-        written = ledger.append(ctx.ledger, kinds.IMPORT, entry, after=lambda _: store.mark_recorded(shas))
-    report.ledger_seq = written["seq"]
+        written = entries.write(ctx.ledger, entry, after=lambda _: store.mark_recorded(shas))
+    report.ledger_seq = written.seq
     return report

@@ -1,4 +1,5 @@
-"""What every command shares: the resolved manifest, store and ledger paths, and the ledger entry's common part."""
+"""What every command shares: the resolved manifest, store and ledger paths; what every ledger entry names of them
+(the manifest, paths relative to the ledger) and of the engine."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.manifest import Manifest
+from ..ledger.entries import ManifestRef
 from ..util.hashing import digest
 
 if TYPE_CHECKING:
@@ -80,26 +82,20 @@ class RunContext:
         except ValueError:  # another drive on Windows
             return str(Path(path).resolve())
 
-    def entry_base(self, engine=None) -> dict[str, Any]:
-        """The part of a ledger entry every engine command writes: manifest, environment, drift."""
+    def manifest_ref(self) -> ManifestRef:
+        """The manifest as every ledger entry names it (its path, so verify can re-hash it; none for a built-in)."""
         m = self.manifest
-        base: dict[str, Any] = {
-            "manifest": {
-                "source": m.source,
-                **digest(m.file_sha256),
-                "compute_sha256": m.compute_sha256,
-            },
-        }
-        if not m.source.startswith("builtin:"):
-            base["manifest"]["path"] = self.rel(Path(m.source))  # so verify can re-hash it
-        if engine is not None:
-            base["environment"] = engine.environment
-            base["model"] = {**digest(engine.hashes.model_sha256), "tokenizer_sha256": engine.hashes.tokenizer_sha256}
-            if engine.drift:
-                base["drift"] = engine.drift.items
-        return base
+        path = None if m.source.startswith("builtin:") else self.rel(Path(m.source))
+        return ManifestRef(m.source, m.file_sha256, m.compute_sha256, path)
 
-    def engine_facts(self, engine) -> dict[str, Any]:
-        """The parts of a ledger entry an engine decides (environment, model, drift): computed where the engine runs
-        (a Ray worker's, say), recorded where the ledger is."""
-        return {k: v for k, v in self.entry_base(engine).items() if k != "manifest"}
+
+def engine_facts(engine) -> dict[str, Any]:
+    """What an engine decides of a ledger entry (environment, model, drift), as keyword arguments of the entry:
+    computed where the engine runs (a Ray worker's, say), recorded where the ledger is."""
+    facts: dict[str, Any] = {
+        "environment": engine.environment,
+        "model": {**digest(engine.hashes.model_sha256), "tokenizer_sha256": engine.hashes.tokenizer_sha256},
+    }
+    if engine.drift:
+        facts["drift"] = engine.drift.items
+    return facts

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,12 +12,13 @@ from ..config.modelhash import context_window
 from ..engine.engine import Engine, load_engine, tensor_sha256, token_ids_sha256
 from ..errors import CheckFailed, IntegrityError, StoreError
 from ..eval.problems import Problem, Verdict, check_lengths, normalize_key, read_problems, verify_solution
-from ..ledger import kinds
+from ..ledger import entries
 from ..ledger import log as ledger
+from ..ledger.entries import DepositEntry, Digest, Verification
 from ..store import writers
 from ..store.local import Store, prefix_key, problem_key
-from ..util.hashing import digest, sha256_file
-from .context import RunContext
+from ..util.hashing import sha256_file
+from .context import RunContext, engine_facts
 
 if TYPE_CHECKING:
     from .workers.ray import RayPool
@@ -138,7 +139,7 @@ def deposit(
         for (p, verdict), ids in zip(plan, prefixes):
             if computed is None:
                 assert engine is not None  # (loaded above when there is no pool)
-                c = compute_deposit(ctx.manifest, engine, store, p, ids, recompute, level, ctx.engine_facts(engine))
+                c = compute_deposit(ctx.manifest, engine, store, p, ids, recompute, level, engine_facts(engine))
             else:
                 c = next(computed)  # the workers' results, in input order, as their shards finish
             r = record_deposit(ctx, store, report, p, verdict, c, recompute, settings, by_worker=computed is not None)
@@ -300,50 +301,38 @@ def record_deposit(
             verified=verified,
             library=library,
         )
-    entry = ctx.entry_base()
-    entry.update(c.engine)
-    entry.update(
-        inputs={
-            "problems_file": {"path": ctx.rel(Path(report.input)), **digest(report.input_sha256)},
-            "record": {**digest(p.record_sha256), "id": p.id, "line": p.line},
-            "token_ids": {**digest(c.ids_sha256), "count": c.num_tokens},
-            "settings": settings,
-        },
-        outputs={
-            "artifact": {**digest(sha), "path": ctx.rel(store.object_path(sha))},
-            "logits": {**digest(c.logits_sha256), "dtype": m.model.dtype, "position": c.num_tokens - 1},
-        },
-        verification={
-            "status": verdict.status,
-            "reason": verdict.reason,
-            "extracted": verdict.extracted,
-            "reference": p.answer,
-        },
+    out_bytes = {"payload_bytes": payload_len} if payload_len is not None else {}
+    entry = DepositEntry(
+        manifest=ctx.manifest_ref(),
+        **c.engine,
+        problems_file=Digest(report.input_sha256, ctx.rel(Path(report.input))),
+        record=Digest.of(p.record_sha256, id=p.id, line=p.line),
+        token_ids=Digest.of(c.ids_sha256, count=c.num_tokens),
+        settings=settings,
+        artifact=Digest.of(sha, ctx.rel(store.object_path(sha)), **out_bytes),
+        logits=Digest.of(c.logits_sha256, dtype=m.model.dtype, position=c.num_tokens - 1),
+        verification=Verification(verdict.status, verdict.reason, verdict.extracted, p.answer),
     )
-    if payload_len is not None:
-        entry["outputs"]["artifact"]["payload_bytes"] = payload_len
 
-    def first_record(e: dict) -> None:
+    def first_record(e: DepositEntry) -> DepositEntry:
         # Decided under the ledger's append lock: the first line to record an artifact says "deposited", whoever
         # wrote the object (a run whose append failed leaves its object for the next run to record).
-        e["status"] = "existing" if store.is_recorded(sha) else "deposited"
+        return replace(e, status="existing" if store.is_recorded(sha) else "deposited")
 
     # If the append fails, the object and index rows stay (unrecorded): another run may already name this
     # artifact in its own ledger line, so deleting it could leave that line pointing at nothing.
-    written = ledger.append(
-        ctx.ledger, kinds.DEPOSIT, entry, finalize=first_record, after=lambda _: store.mark_recorded([sha])
-    )
+    written = entries.write(ctx.ledger, entry, finalize=first_record, after=lambda _: store.mark_recorded([sha]))
     return DepositResult(
         p.id,
         p.line,
-        written["status"],
+        written.status or "",
         verdict.reason,
         verified,
         sha,
         c.num_tokens,
         store.object_path(sha).stat().st_size,
         c.logits_sha256,
-        written["seq"],
+        written.line_seq,
     )
 
 
@@ -390,7 +379,7 @@ def deposit_one(
     when already made); the ledger entry or nothing."""
     if ids is None:
         ids = prefix_job(ctx, engine, p, where=report.input)
-    c = compute_deposit(ctx.manifest, engine, store, p, ids, recompute, level, ctx.engine_facts(engine))
+    c = compute_deposit(ctx.manifest, engine, store, p, ids, recompute, level, engine_facts(engine))
     return record_deposit(ctx, store, report, p, verdict, c, recompute, settings)
 
 

@@ -12,11 +12,11 @@ from ..artifacts import format as kvg
 from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
 from ..engine.growcache import room_for
 from ..errors import InputError, KvgraftError, ModelMismatch
-from ..ledger import kinds
-from ..ledger import log as ledger
+from ..ledger import entries
+from ..ledger.entries import Digest, GraftCheckEntry, GraftEntry
 from ..store.local import check_chain
-from ..util.hashing import digest, sha256_bytes
-from .context import RunContext
+from ..util.hashing import sha256_bytes
+from .context import RunContext, engine_facts
 
 # Query texts for --check samples; each sample also gets a seeded random tail so every suffix differs.
 CHECK_QUERIES = (
@@ -197,22 +197,19 @@ def graft_generate(
     loaded.release()
     logits = engine.forward(cache, suffix)
     gen, steps = engine.greedy(cache, logits[-1], max_new_tokens, stop_at_eos=True)
-    entry = ctx.entry_base(engine)
-    entry.update(
-        inputs={
-            "artifact": {**digest(loaded.sha256)},
-            **_chain_input(loaded),
-            "suffix_ids": {**digest(token_ids_sha256(suffix)), "count": len(suffix)},
-        },
-        outputs={
-            "suffix_logits": digest(tensor_sha256(logits)),
-            "generated_ids": {**digest(token_ids_sha256(gen)), "ids": gen},
-            "decode_logits": digest(tensor_sha256(steps)),
-        },
+    entry = GraftEntry(
+        manifest=ctx.manifest_ref(),
+        **engine_facts(engine),
+        artifact=Digest(loaded.sha256),
+        chain=_chain_input(loaded),
+        suffix_ids=Digest.of(token_ids_sha256(suffix), count=len(suffix)),
+        suffix_logits=Digest(tensor_sha256(logits)),
+        generated_ids=Digest.of(token_ids_sha256(gen), ids=gen),
+        decode_logits=Digest(tensor_sha256(steps)),
     )
-    written = ledger.append(ctx.ledger, kinds.GRAFT, entry)
+    written = entries.write(ctx.ledger, entry)
     return GraftResult(
-        loaded.sha256, len(loaded.token_ids), query, gen, engine.decode_text(gen), written["seq"], loaded.identity
+        loaded.sha256, len(loaded.token_ids), query, gen, engine.decode_text(gen), written.line_seq, loaded.identity
     )
 
 
@@ -395,26 +392,23 @@ def graft_check(
         if on_sample:
             on_sample(s)
     report.fresh_logits_sha256 = sha256_bytes("\n".join(fresh_hashes).encode())
-    entry = ctx.entry_base(engine)
-    entry.update(
-        inputs={
-            "artifact": digest(loaded.sha256),
-            **_chain_input(loaded),
-            "samples": samples,
-            "max_new_tokens": max_new_tokens,
-            "suffixes": digest(sha256_bytes("\n".join(suffix_hashes).encode())),
-        },
-        outputs={
-            "fresh_logits": digest(report.fresh_logits_sha256),
-            "result": {k: v for k, v in report.summary().items() if k not in ("artifact", "ledger_seq")},
-        },
+    entry = GraftCheckEntry(
+        manifest=ctx.manifest_ref(),
+        **engine_facts(engine),
+        artifact=Digest(loaded.sha256),
+        chain=_chain_input(loaded),
+        samples=samples,
+        max_new_tokens=max_new_tokens,
+        suffixes=Digest(sha256_bytes("\n".join(suffix_hashes).encode())),
+        fresh_logits=Digest(report.fresh_logits_sha256),
+        result={k: v for k, v in report.summary().items() if k not in ("artifact", "ledger_seq")},
     )
-    report.ledger_seq = ledger.append(ctx.ledger, kinds.GRAFT_CHECK, entry)["seq"]
+    report.ledger_seq = entries.write(ctx.ledger, entry).line_seq
     return report
 
 
-def _chain_input(loaded: Loaded) -> dict:
+def _chain_input(loaded: Loaded) -> list[str] | None:
     """For a chain link: the links it continues, root first (a root artifact records nothing extra)."""
     if len(loaded.chain) == 1:
-        return {}
-    return {"chain": [sha for sha, _ in loaded.chain]}
+        return None
+    return [sha for sha, _ in loaded.chain]

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 def owner_of(
-    path: Path, ctx: RunContext | None = None, ledger: Path | None = None, inputs: dict[str, Path] | None = None
+    path: Path, ctx: RunContext | None = None, ledger: Path | None = None, reads: dict[str, Path] | None = None
 ) -> str | None:
     """What kvgraft file ``path`` is (``"the ledger"``, ``"the store ..."``, an input's name), or None when it is
     none of them. ``ctx`` gives the ledger, store and manifest; ``ledger`` a ledger without a context."""
@@ -45,7 +45,7 @@ def owner_of(
         source = ctx.manifest.source
         if not source.startswith("builtin:") and same_file(path, Path(source)):
             return f"the manifest {source}"
-    for name, p in (inputs or {}).items():
+    for name, p in (reads or {}).items():
         if same_file(path, Path(p)):
             return f"{name} {p}"
     return None
@@ -56,14 +56,14 @@ def check_output(
     option: str,
     ctx: RunContext | None = None,
     ledger: Path | None = None,
-    inputs: dict[str, Path] | None = None,
+    reads: dict[str, Path] | None = None,
     folder_must_exist: bool = False,
 ) -> None:
     """Refuse an output ``path`` (given as ``option``) that is a file kvgraft owns (:func:`owner_of`), whatever
     ``--force`` says, or whose folder is a file (and, with ``folder_must_exist``, a folder that does not exist: for
     writers that do not create it, as util.fsio.atomic_write_bytes does). Call it before any work."""
     path = Path(path)
-    owner = owner_of(path, ctx, ledger, inputs)
+    owner = owner_of(path, ctx, ledger, reads)
     if owner is not None:
         raise InputError(
             f"{option} {path} is {owner}; it would be overwritten",

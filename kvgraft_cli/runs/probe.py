@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass, field
 
 from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
 from ..errors import InputError, UnsupportedModel
-from ..ledger import kinds
-from ..ledger import log as ledger
-from ..util.hashing import digest, sha256_bytes
-from .context import RunContext
+from ..ledger import entries
+from ..ledger.entries import Digest, ProbeEntry
+from ..util.hashing import sha256_bytes
+from .context import RunContext, engine_facts
 from .graft import Loaded, check_suffixes, compare_logits, fit_artifact
 
 DEFAULT_OFFSETS = (0, 1, 2, 3, 8, 64, 512)
@@ -256,20 +256,17 @@ def probe(
         report.offsets.append(row)
         if on_offset:
             on_offset(row)
-    entry = ctx.entry_base(engine)
-    entry.update(
-        inputs={
-            "artifact": digest(loaded.sha256),
-            "offsets": sorted(set(offsets)),
-            "samples": samples,
-            "suffixes": digest(sha256_bytes("\n".join(token_ids_sha256(s) for s in suffixes).encode())),
-        },
-        outputs={
-            "reference_logits": digest(sha256_bytes("\n".join(ref_hashes).encode())),
-            "result": {k: v for k, v in report.to_json().items() if k not in ("artifact", "ledger_seq")},
-        },
+    entry = ProbeEntry(
+        manifest=ctx.manifest_ref(),
+        **engine_facts(engine),
+        artifact=Digest(loaded.sha256),
+        offsets=sorted(set(offsets)),
+        samples=samples,
+        suffixes=Digest(sha256_bytes("\n".join(token_ids_sha256(s) for s in suffixes).encode())),
+        reference_logits=Digest(sha256_bytes("\n".join(ref_hashes).encode())),
+        result={k: v for k, v in report.to_json().items() if k not in ("artifact", "ledger_seq")},
     )
-    report.ledger_seq = ledger.append(ctx.ledger, kinds.PROBE, entry)["seq"]
+    report.ledger_seq = entries.write(ctx.ledger, entry).seq
     return report
 
 

@@ -37,13 +37,26 @@ from ..config.manifest import (
     with_overrides,
 )
 from ..errors import InputError, KvgraftError, LedgerError
-from ..ledger import kinds
+from ..ledger import entries, kinds
 from ..ledger import log as ledger_mod
+from ..ledger.entries import (
+    DepositEntry,
+    Digest,
+    EntryError,
+    GraftCheckEntry,
+    RegisterEntry,
+    ReplayEntry,
+    ScoreEntry,
+    ServeEntry,
+    SolveEntry,
+    SolveOutputsEntry,
+)
 from ..util import jsonio
-from ..util.hashing import digest, sha256_bytes, sha256_file
-from .context import RunContext
+from ..util.hashing import sha256_bytes, sha256_file
+from .context import RunContext, engine_facts
 
-KINDS = (kinds.DEPOSIT, kinds.GRAFT_CHECK, kinds.SCORE, kinds.SOLVE, kinds.SOLVE_OUTPUTS, kinds.SERVE)
+# The entries a prereg is made from (--from-ledger)
+REPLAYABLE = (DepositEntry, GraftCheckEntry, ScoreEntry, SolveEntry, SolveOutputsEntry, ServeEntry)
 SERVE = kinds.SERVE  # a served request's ledger kind (serve.answer.KIND), and the prereg run that replays such lines
 
 
@@ -113,18 +126,16 @@ def prereg_manifest(pr: Prereg) -> Manifest:
     return m
 
 
-def register(ctx: RunContext, pr: Prereg) -> dict[str, Any]:
+def register(ctx: RunContext, pr: Prereg) -> RegisterEntry:
     """Append a ``register`` entry pinning the prereg's hash (before anything runs)."""
-    entry = ctx.entry_base()
-    entry.update(
-        inputs={
-            "prereg": {"path": ctx.rel(pr.path), **digest(pr.sha256)},
-            "name": pr.data["name"],
-            "runs": [r["id"] for r in pr.data["runs"]],
-            "targets": sorted(pr.data["targets"]),
-        }
+    entry = RegisterEntry(
+        manifest=ctx.manifest_ref(),
+        prereg=Digest(pr.sha256, ctx.rel(pr.path)),
+        name=pr.data["name"],
+        runs=[r["id"] for r in pr.data["runs"]],
+        targets=sorted(pr.data["targets"]),
     )
-    return ledger_mod.append(ctx.ledger, kinds.REGISTER, entry)
+    return entries.write(ctx.ledger, entry)
 
 
 def find_registration(ledger_path: Path, prereg_sha256: str) -> tuple[int, str] | None:
@@ -134,15 +145,11 @@ def find_registration(ledger_path: Path, prereg_sha256: str) -> tuple[int, str] 
     lines, _ = ledger_mod.split_lines(Path(ledger_path).read_bytes())
     for raw in lines:
         try:
-            e = jsonio.loads(raw)
-        except ValueError:
+            e = entries.parse(jsonio.loads(raw))
+        except (ValueError, EntryError):
             continue  # not an entry, so not a register entry (`kvgraft verify` reports the line)
-        if (
-            isinstance(e, dict)
-            and e.get("kind") == kinds.REGISTER
-            and (e.get("inputs") or {}).get("prereg", {}).get("sha256") == prereg_sha256
-        ):
-            return e["seq"], hashlib.sha256(raw).hexdigest()
+        if isinstance(e, RegisterEntry) and e.prereg.sha256 == prereg_sha256 and e.seq is not None:
+            return e.seq, hashlib.sha256(raw).hexdigest()
     return None
 
 
@@ -243,23 +250,20 @@ def replay(
             report.comparisons.append(Comparison(run["id"], what, (exp or {}).get(what), got.get(what)))
     if engine is not None and not report.passed:
         report.kernels = other_kernels((pr.data.get("kernels") or {}).get(target), engine.environment.get("kernels"))
-    entry = ctx.entry_base(engine)
     summary = report.to_json()
-    entry.update(
-        inputs={
-            "prereg": {"path": ctx.rel(pr.path), **digest(pr.sha256)},
-            "target": target,
-            "registration": {"seq": reg[0], **digest(reg[1])},
-        },
-        outputs={
-            "passed": report.passed,
-            "matched": summary["matched"],
-            "mismatched": summary["mismatched"],
-            "comparisons": summary["comparisons"],
-            **({"kernels": report.kernels} if report.kernels else {}),
-        },
+    entry = ReplayEntry(
+        manifest=ctx.manifest_ref(),
+        **(engine_facts(engine) if engine is not None else {}),
+        prereg=Digest(pr.sha256, ctx.rel(pr.path)),
+        target=target,
+        registration=Digest.of(reg[1], seq=reg[0]),
+        passed=report.passed,
+        matched=summary["matched"],
+        mismatched=summary["mismatched"],
+        comparisons=summary["comparisons"],
+        kernels=report.kernels or None,
     )
-    report.ledger_seq = ledger_mod.append(ctx.ledger, kinds.REPLAY, entry)["seq"]
+    report.ledger_seq = entries.write(ctx.ledger, entry).seq
     return report
 
 
@@ -371,16 +375,19 @@ def _prereg_from_ledger(
     ledger_path, out_dir = Path(ledger_path), Path(out_path).resolve().parent
     if not ledger_path.is_file():
         raise InputError(f"ledger not found: {ledger_path}")
-    entries = [e for e in ledger_mod.read(ledger_path)[from_seq:] if e.get("kind") in KINDS]
-    if not entries:
+    found = entries.read(ledger_path, REPLAYABLE, start=from_seq)
+    if not found:
         raise InputError(
             f"{ledger_path}: no deposit, graft-check, score, solve or served entries from line {from_seq + 1} on"
         )
 
-    def rel(p: str) -> str:
-        return os.path.relpath((ledger_path.resolve().parent / p).resolve(), out_dir)
+    def rel(p: str | None) -> str:
+        return os.path.relpath((ledger_path.resolve().parent / str(p)).resolve(), out_dir)
 
-    manifests = {(e["manifest"].get("path") or e["manifest"]["source"], e["manifest"]["sha256"]) for e in entries}
+    refs = {e.manifest for e in found}
+    if None in refs:
+        raise InputError(f"{ledger_path}: an entry records no manifest", f"run `kvgraft verify {ledger_path}`")
+    manifests = {(r.path or r.source, r.sha256) for r in refs if r is not None}
     if len(manifests) != 1:
         raise InputError(
             f"{ledger_path}: the entries use {len(manifests)} manifests",
@@ -389,73 +396,59 @@ def _prereg_from_ledger(
     ((mref, msha),) = manifests
     runs: dict[tuple, dict] = {}  # (kind, what tells its runs apart...) -> the run
     exp: dict[str, dict] = {}
-    solved: list[dict] = []  # the solve entries of a run, until its solve-outputs entry closes it
-    served: dict[tuple, list[dict]] = {}  # (k, min_score) -> the served requests answered under those settings
-    for e in entries:
-        ins, outs = e["inputs"], e["outputs"]
-        if e["kind"] == SERVE:
-            if outs["finish_reason"] != "cancelled":
-                s = ins["settings"]
-                served.setdefault((s["k"], s["min_score"]), []).append(e)
-            continue
-        if e["kind"] == kinds.SOLVE:
+    solved: list[SolveEntry] = []  # the solve entries of a run, until its solve-outputs entry closes it
+    served: dict[tuple, list[ServeEntry]] = {}  # (k, min_score) -> the served requests answered under those settings
+    for e in found:
+        if isinstance(e, ServeEntry):
+            if e.finish_reason != "cancelled":
+                served.setdefault((e.settings["k"], e.settings["min_score"]), []).append(e)
+        elif isinstance(e, SolveEntry):
             solved.append(e)
-            continue
-        if e["kind"] == kinds.SOLVE_OUTPUTS:
-            s = ins["settings"]
+        elif isinstance(e, SolveOutputsEntry):
+            s = e.settings
             n = sum(k[0] == kinds.SOLVE for k in runs) + 1
-            settings = {
-                "mapping": s["mapping"],
-                "k": s["k"],
-                "min_score": s["min_score"],
-                "library": s["library"],
-                "deposit_verified": s["deposit_verified"],
-                "limit": s["limit"],
-            }
+            keep = ("mapping", "k", "min_score", "library", "deposit_verified", "limit")
             rid = runs.setdefault(
                 (kinds.SOLVE, n),
                 {
                     "id": f"solve-{n}",
                     "kind": kinds.SOLVE,
-                    "input": rel(ins["problems_file"]["path"]),
-                    "input_sha256": ins["problems_file"]["sha256"],
-                    "outputs": rel(outs["outputs"]["path"]),
-                    "settings": settings,
+                    "input": rel(e.problems_file.path),
+                    "input_sha256": e.problems_file.sha256,
+                    "outputs": rel(e.outputs.path),
+                    "settings": {k: s[k] for k in keep},
                 },
             )["id"]
-            x = exp.setdefault(
-                rid, {"input_sha256": ins["problems_file"]["sha256"], "outputs_sha256": outs["outputs"]["sha256"]}
-            )
+            x = exp.setdefault(rid, {"input_sha256": e.problems_file.sha256, "outputs_sha256": e.outputs.sha256})
             for se in solved:
-                x[f"output {se['inputs']['record']['id']}"] = se["outputs"]["output"]["sha256"]
-                x[f"hit {se['inputs']['record']['id']}"] = se["inputs"]["library"]["hit"]
+                x[f"output {se.record.get('id')}"] = se.output.sha256
+                x[f"hit {se.record.get('id')}"] = se.library["hit"]
             solved = []
-            continue
-        if e["kind"] == kinds.DEPOSIT and "from" in (ins.get("settings") or {}):
+        elif isinstance(e, DepositEntry) and "from" in (e.settings or {}):
             continue  # a verified answer deposited by solve --deposit-verified: the solve run replays it
-        if e["kind"] == kinds.DEPOSIT:
-            if "settings" not in ins:
+        elif isinstance(e, DepositEntry):
+            if e.settings is None:
                 raise InputError(
-                    f"{ledger_path}:{e['seq'] + 1}: deposit entry without settings (older kvgraft)",
+                    f"{ledger_path}:{e.lineno}: deposit entry without settings (older kvgraft)",
                     "re-run the deposit, then make the prereg from the new entries",
                 )
-            key: tuple = (kinds.DEPOSIT, ins["problems_file"]["path"], json.dumps(ins["settings"], sort_keys=True))
+            key: tuple = (kinds.DEPOSIT, e.problems_file.path, json.dumps(e.settings, sort_keys=True))
             rid = runs.setdefault(
                 key,
                 {
-                    "id": f"deposit-{sum(k[0] == 'deposit' for k in runs) + 1}",
+                    "id": f"deposit-{sum(k[0] == kinds.DEPOSIT for k in runs) + 1}",
                     "kind": kinds.DEPOSIT,
-                    "input": rel(ins["problems_file"]["path"]),
-                    "input_sha256": ins["problems_file"]["sha256"],
-                    "settings": ins["settings"],
+                    "input": rel(e.problems_file.path),
+                    "input_sha256": e.problems_file.sha256,
+                    "settings": e.settings,
                 },
             )["id"]
-            x = exp.setdefault(rid, {"input_sha256": ins["problems_file"]["sha256"]})
-            x[f"artifact {ins['record']['id']}"] = outs["artifact"]["sha256"]
-            x[f"logits {ins['record']['id']}"] = outs["logits"]["sha256"]
-        elif e["kind"] == kinds.GRAFT_CHECK:
-            art = ins["artifact"]["sha256"]
-            key = (kinds.GRAFT_CHECK, art, ins["samples"], ins["max_new_tokens"])
+            x = exp.setdefault(rid, {"input_sha256": e.problems_file.sha256})
+            x[f"artifact {e.record.get('id')}"] = e.artifact.sha256
+            x[f"logits {e.record.get('id')}"] = e.logits.sha256
+        elif isinstance(e, GraftCheckEntry):
+            art = e.artifact.sha256
+            key = (kinds.GRAFT_CHECK, art, e.samples, e.max_new_tokens)
             # One artifact checked with other --samples or -n is another run: check-<12 hex>-2, -3, ... (the first
             # keeps the bare id; two runs under one id made the prereg invalid: "duplicate id").
             same = sum(k[0] == kinds.GRAFT_CHECK and k[1] == art for k in runs)
@@ -465,41 +458,41 @@ def _prereg_from_ledger(
                     "id": f"check-{art[:12]}" + (f"-{same + 1}" if same else ""),
                     "kind": kinds.GRAFT_CHECK,
                     "artifact": art,
-                    "samples": ins["samples"],
-                    "max_new_tokens": ins["max_new_tokens"],
+                    "samples": e.samples,
+                    "max_new_tokens": e.max_new_tokens,
                 },
             )["id"]
-            exp[rid] = {"fresh_logits": outs["fresh_logits"]["sha256"], "passed": outs["result"]["passed"]}
-        else:
-            key = (
-                kinds.SCORE,
-                ins["outputs"]["path"],
-                ins["answers"]["path"],
-                json.dumps(ins["settings"], sort_keys=True),
-            )
+            exp[rid] = {"fresh_logits": e.fresh_logits.sha256, "passed": e.result["passed"]}
+        elif isinstance(e, ScoreEntry):
+            if e.outputs is None or e.answers is None or e.records is None or e.result is None or e.settings is None:
+                raise InputError(
+                    f"{ledger_path}:{e.lineno}: score entry without its files, settings or result",
+                    f"run `kvgraft verify {ledger_path}`",
+                )
+            key = (kinds.SCORE, e.outputs.path, e.answers.path, json.dumps(e.settings, sort_keys=True))
             rid = runs.setdefault(
                 key,
                 {
-                    "id": f"score-{sum(k[0] == 'score' for k in runs) + 1}",
+                    "id": f"score-{sum(k[0] == kinds.SCORE for k in runs) + 1}",
                     "kind": kinds.SCORE,
-                    "outputs": rel(ins["outputs"]["path"]),
-                    "outputs_sha256": ins["outputs"]["sha256"],
-                    "answers": rel(ins["answers"]["path"]),
-                    "answers_sha256": ins["answers"]["sha256"],
-                    "settings": ins["settings"],
+                    "outputs": rel(e.outputs.path),
+                    "outputs_sha256": e.outputs.sha256,
+                    "answers": rel(e.answers.path),
+                    "answers_sha256": e.answers.sha256,
+                    "settings": e.settings,
                 },
             )["id"]
             exp[rid] = {
-                "outputs_sha256": ins["outputs"]["sha256"],
-                "answers_sha256": ins["answers"]["sha256"],
-                "records": outs["records"]["sha256"],
-                "n": outs["result"]["n"],
-                "correct": outs["result"]["correct"],
+                "outputs_sha256": e.outputs.sha256,
+                "answers_sha256": e.answers.sha256,
+                "records": e.records.sha256,
+                "n": e.result["n"],
+                "correct": e.result["correct"],
             }
     if served:
         if files is None:
             raise InputError(f"{ledger_path}: served requests need a requests file beside the prereg")
-        for n, ((k, min_score), group) in enumerate(sorted(served.items(), key=lambda x: x[1][0]["seq"]), 1):
+        for n, ((k, min_score), group) in enumerate(sorted(served.items(), key=lambda x: x[1][0].lineno), 1):
             requests = Path(out_path).with_name(f"{Path(out_path).stem}.{SERVE}-{n}.requests.jsonl")
             data, expected = _served_run(ledger_path, group)
             files[requests] = data
@@ -515,7 +508,7 @@ def _prereg_from_ledger(
     manifest_path = mref if mref.startswith(BUILTIN_PREFIX) else rel(mref)
     # The kernels the target's hashes came from (config.kernels, engine.fingerprint), so that a replay elsewhere can
     # say whether its kernels computed other bits: the first entry that records them (every engine line does now).
-    recorded = next((e["environment"]["kernels"] for e in entries if (e.get("environment") or {}).get("kernels")), None)
+    recorded = next((k for e in found if (k := (e.environment or {}).get("kernels"))), None)
     return {
         "kvgraft_prereg": 1,
         "name": name or f"{ledger_path.stem}-from-{from_seq}",
@@ -526,49 +519,49 @@ def _prereg_from_ledger(
     }
 
 
-def _served_run(ledger_path: Path, entries: list[dict]) -> tuple[bytes, dict[str, Any]]:
+def _served_run(ledger_path: Path, served: list[ServeEntry]) -> tuple[bytes, dict[str, Any]]:
     """The requests file of served ledger lines (one canonical ``{"endpoint", "body"}`` line per request, in ledger
     order) and what a replay must compute for request i (1-based): the hashes the server recorded."""
     from ..util.hashing import canonical_json
 
-    bodies = request_bodies(ledger_path, entries)
+    bodies = request_bodies(ledger_path, served)
     lines: list[bytes] = []
     expected: dict[str, Any] = {}
-    for i, e in enumerate(entries, 1):
-        ins, outs = e["inputs"], e["outputs"]
-        found = bodies.get(ins["request"]["sha256"])
+    for i, e in enumerate(served, 1):
+        sha = e.request.sha256
+        found = bodies.get(sha)
         if found is not None and found[1] is None:
             raise InputError(
-                f"{ledger_path}:{e['seq'] + 1}: served request {ins['request']['sha256'][:16]}... was logged as its "
+                f"{ledger_path}:{e.lineno}: served request {sha[:16]}... was logged as its "
                 "hash only (kvgraft serve --no-log-bodies)",
                 "a prereg needs every request's body: serve without --no-log-bodies",
             )
         if found is None:
             raise InputError(
-                f"{ledger_path}:{e['seq'] + 1}: the body of served request {ins['request']['sha256'][:16]}... is not "
-                f"in its requests log {ins['request'].get('log')}",
+                f"{ledger_path}:{e.lineno}: the body of served request {sha[:16]}... is not "
+                f"in its requests log {e.request.get('log')}",
                 "a prereg needs every request's body: keep the requests log beside the ledger",
             )
         lines.append(canonical_json({"endpoint": found[0], "body": found[1]}) + b"\n")
-        expected[f"request {i}"] = ins["request"]["sha256"]
-        expected[f"hit {i}"] = ins["library"]["hit"]
-        expected[f"prompt ids {i}"] = ins["prompt_ids"]["sha256"]
-        if outs.get("first_logits"):
-            expected[f"first-token logits {i}"] = outs["first_logits"]["sha256"]
-        expected[f"generated ids {i}"] = outs["generated_ids"]["sha256"]
-        expected[f"text {i}"] = outs["output"]["sha256"]
-        expected[f"finish reason {i}"] = outs["finish_reason"]
+        expected[f"request {i}"] = sha
+        expected[f"hit {i}"] = e.library["hit"]
+        expected[f"prompt ids {i}"] = e.prompt_ids.sha256
+        if e.first_logits is not None:
+            expected[f"first-token logits {i}"] = e.first_logits.sha256
+        expected[f"generated ids {i}"] = e.generated_ids.sha256
+        expected[f"text {i}"] = e.output.sha256
+        expected[f"finish reason {i}"] = e.finish_reason
     return b"".join(lines), expected
 
 
-def request_bodies(ledger_path: Path, entries: list[dict]) -> dict[str, tuple[str, dict | None]]:
+def request_bodies(ledger_path: Path, served: list[ServeEntry]) -> dict[str, tuple[str, dict | None]]:
     """sha256 -> (endpoint, body) from the requests logs served lines name (paths relative to the ledger's folder);
     body None: the server kept its hash only (serve --no-log-bodies). A torn or foreign line is skipped: its request
     was never answered, so no served line names it."""
     from ..util.limits import read_lines
 
     bodies: dict[str, tuple[str, dict | None]] = {}
-    logs = {e["inputs"]["request"].get("log") for e in entries}
+    logs = {e.request.get("log") for e in served}
     for name in sorted(x for x in logs if isinstance(x, str)):
         path = Path(ledger_path).parent / name
         if not path.is_file():

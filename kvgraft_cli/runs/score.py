@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ..engine.determinism import effective_environment
 from ..eval.scoring import ScoreResult, ScoreSettings, score, write_records
-from ..ledger import kinds
+from ..ledger import entries
 from ..ledger import log as ledger
-from ..util.hashing import digest, sha256_bytes, sha256_file
+from ..ledger.entries import Digest, ScoreEntry
+from ..util.hashing import sha256_bytes, sha256_file
 from .owned import check_output
 
 
@@ -28,7 +28,7 @@ def score_and_record(
     id_field: str = "id",
     output_field: str = "output",
     settings: ScoreSettings | None = None,
-) -> tuple[ScoreResult, str, dict[str, Any]]:
+) -> tuple[ScoreResult, str, ScoreEntry]:
     """Score, write the records file, append a ``score`` ledger entry. ``records_path`` None: the default
     (:func:`default_records_path`). ``settings`` None: the current rules, extractor and exact grader; a replay
     passes the recorded ones. Returns (result, records sha256, entry)."""
@@ -36,7 +36,7 @@ def score_and_record(
     settings = settings or ScoreSettings()
     if records_path is not None:  # never over an input, the ledger or the store's own files (runs.owned)
         check_output(
-            records_path, "--records", ctx, inputs={"the outputs file": outputs, "the answers file": answers_path}
+            records_path, "--records", ctx, reads={"the outputs file": outputs, "the answers file": answers_path}
         )
     result = score(outputs, answers_path, mapping, id_field, output_field, settings)
     in_hashes = (sha256_file(outputs), sha256_file(answers_path))  # before anything is written
@@ -44,19 +44,13 @@ def score_and_record(
     if records_path is None:
         records_path = default_records_path(ctx.store, outputs, sha256_bytes(result.records_bytes()))
     rec_sha = write_records(records_path, result)
-    entry = ctx.entry_base()
-    entry.update(
+    entry = ScoreEntry(
+        manifest=ctx.manifest_ref(),
         environment=effective_environment(ctx.manifest.runtime),
-        inputs={
-            "outputs": {"path": ctx.rel(outputs), **digest(in_hashes[0])},
-            "answers": {"path": ctx.rel(answers_path), **digest(in_hashes[1])},
-            "settings": {
-                "mapping": mapping,
-                "id_field": id_field,
-                "output_field": output_field,
-                **settings.to_settings(),
-            },
-        },
-        outputs={"records": {"path": ctx.rel(records_path), **digest(rec_sha)}, "result": result.summary()},
+        outputs=Digest(in_hashes[0], ctx.rel(outputs)),
+        answers=Digest(in_hashes[1], ctx.rel(answers_path)),
+        settings={"mapping": mapping, "id_field": id_field, "output_field": output_field, **settings.to_settings()},
+        records=Digest(rec_sha, ctx.rel(records_path)),
+        result=result.summary(),
     )
-    return result, rec_sha, ledger.append(ctx.ledger, kinds.SCORE, entry)
+    return result, rec_sha, entries.write(ctx.ledger, entry)

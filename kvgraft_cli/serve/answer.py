@@ -29,14 +29,14 @@ from ..engine.engine import Engine, tensor_sha256, token_ids_sha256
 from ..engine.growcache import BufferPool, enabled, pooled
 from ..errors import InputError, KvgraftError, UnsupportedModel
 from ..eval.problems import normalize_key
-from ..ledger import kinds
-from ..ledger import log as ledger
+from ..ledger import entries, kinds
+from ..ledger.entries import Digest, ServeEntry
 from ..library.retrieval import Found, find
 from ..library.solve import graft_question
-from ..runs.context import RunContext
+from ..runs.context import RunContext, engine_facts
 from ..store.local import Store, problem_key
 from ..store.remote import adopt_rows, export_rows
-from ..util.hashing import canonical_json, digest, sha256_bytes
+from ..util.hashing import canonical_json, sha256_bytes
 from . import promptcache, tenants
 from .protocol import Request, RequestError
 
@@ -162,7 +162,7 @@ class Server:
         self.chunk = promptcache.chunk_of(engine, options.chunk) if options.prompt_cache else None
         self.store: Store | None = None
         self.library = False
-        self.facts = ctx.engine_facts(engine)
+        self.facts = engine_facts(engine)
         self.limit = engine.max_positions or context_window(m.model_dir)
         self.requests_log = options.requests_log or default_requests_log(ctx.ledger)
         self.recorder = Recorder(ctx, self.facts, options, self.chunk, self.requests_log)
@@ -436,59 +436,53 @@ class Recorder:
             # (a failure only leaves them unindexed here, to be computed again elsewhere: the answer stands)
             sync(lambda _: adopt_rows(store, ans.index_rows), 0, "index a replica's prompt chunks")
             ans.index_rows = []
-        entry = self.ctx.entry_base()
-        entry.update(self.facts)
-        entry.update(
-            inputs={
-                "request": {
-                    **digest(req.sha256),
-                    "endpoint": req.endpoint,
-                    "log": self.ctx.rel(self.requests_log),
-                    **({"tenant": req.tenant} if req.tenant is not None else {}),
-                },
-                "prompt_ids": {**digest(token_ids_sha256(ids)), "count": len(ids)},
-                "library": {"hit": ans.hit, "artifacts": ans.artifacts, "chain": ans.chain},
-                "prompt_cache": {
-                    # where the chunks are (verify counts them there: cache, evicted or not, never records)
-                    "store": self.ctx.remote or self.ctx.rel(self.ctx.store),
-                    "chunk": self.chunk,
-                    "chunks": ans.cache_chunks,
-                    "deposited": ans.deposited_chunks,
-                    "refused": ans.refused_chunks,
-                },
-                "settings": {
-                    "k": self.options.k,
-                    "min_score": repr(self.options.min_score) if self.options.min_score is not None else None,
-                    "max_tokens": req.max_tokens,
-                    "stop": req.stop,
-                },
+        entry = ServeEntry(
+            manifest=self.ctx.manifest_ref(),
+            **self.facts,
+            request=Digest.of(
+                req.sha256,
+                endpoint=req.endpoint,
+                log=self.ctx.rel(self.requests_log),
+                **({"tenant": req.tenant} if req.tenant is not None else {}),
+            ),
+            prompt_ids=Digest.of(token_ids_sha256(ids), count=len(ids)),
+            library={"hit": ans.hit, "artifacts": ans.artifacts, "chain": ans.chain},
+            prompt_cache={
+                # where the chunks are (verify counts them there: cache, evicted or not, never records)
+                "store": self.ctx.remote or self.ctx.rel(self.ctx.store),
+                "chunk": self.chunk,
+                "chunks": ans.cache_chunks,
+                "deposited": ans.deposited_chunks,
+                "refused": ans.refused_chunks,
             },
-            outputs={
-                "first_logits": digest(ans.first_logits_sha256) if ans.first_logits_sha256 else None,
-                "generated_ids": {**digest(token_ids_sha256(ans.ids)), "count": len(ans.ids)},
-                "output": digest(sha256_bytes(ans.text.encode())),
-                "finish_reason": ans.finish_reason,
-                "costs": {
-                    "prompt_tokens": ans.prompt_tokens,
-                    "grafted_tokens": ans.grafted_tokens,
-                    "cached_tokens": ans.cached_tokens,
-                    "prefill_tokens": ans.prompt_tokens - ans.grafted_tokens - ans.cached_tokens,
-                    "decode_tokens": len(ans.ids),
-                    **ans.timings,
-                },
+            settings={
+                "k": self.options.k,
+                "min_score": repr(self.options.min_score) if self.options.min_score is not None else None,
+                "max_tokens": req.max_tokens,
+                "stop": req.stop,
+            },
+            first_logits=Digest(ans.first_logits_sha256) if ans.first_logits_sha256 else None,
+            generated_ids=Digest.of(token_ids_sha256(ans.ids), count=len(ans.ids)),
+            output=Digest(sha256_bytes(ans.text.encode())),
+            finish_reason=ans.finish_reason,
+            costs={
+                "prompt_tokens": ans.prompt_tokens,
+                "grafted_tokens": ans.grafted_tokens,
+                "cached_tokens": ans.cached_tokens,
+                "prefill_tokens": ans.prompt_tokens - ans.grafted_tokens - ans.cached_tokens,
+                "decode_tokens": len(ans.ids),
+                **ans.timings,
             },
         )
-        if entry["outputs"]["first_logits"] is None:
-            del entry["outputs"]["first_logits"]
         named = ans.chain + ans.cache_chunks + ans.deposited_chunks
 
-        def after(_: dict) -> None:
+        def after(_: ServeEntry) -> None:
             if named:
                 store.mark_recorded(named)
 
-        written = ledger.append(self.ctx.ledger, KIND, entry, after=after)
-        ans.ledger_seq = written["seq"]
-        ans.ledger_sha256 = sha256_bytes(canonical_json(written))
+        written = entries.write(self.ctx.ledger, entry, after=after)
+        ans.ledger_seq = written.seq
+        ans.ledger_sha256 = sha256_bytes(canonical_json(written.to_json()))
         return ans
 
 

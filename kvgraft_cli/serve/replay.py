@@ -19,9 +19,9 @@ from typing import Any
 from ..config.manifest import Manifest
 from ..engine.engine import Engine, token_ids_sha256
 from ..errors import InputError
-from ..ledger import kinds
-from ..ledger import log as ledger
-from ..runs.context import RunContext
+from ..ledger import entries
+from ..ledger.entries import ReplayServedEntry, ServeEntry
+from ..runs.context import RunContext, engine_facts
 from ..runs.replay import Prereg, file_check, request_bodies
 from ..util.hashing import canonical_json, sha256_bytes
 from ..util.limits import read_lines
@@ -74,29 +74,31 @@ class ServedReplay:
         }
 
 
-def served_entries(path: Path) -> list[dict]:
-    """The ``serve`` lines of a ledger (InputError when there are none)."""
-    entries = [e for e in ledger.read(path) if e.get("kind") == KIND]
-    if not entries:
+def served_entries(path: Path) -> list[ServeEntry]:
+    """The ``serve`` lines of a ledger (InputError when there are none, or one is not what a serve line records)."""
+    found = entries.read(path, (ServeEntry,))
+    if not found:
         raise InputError(
             f"{path} holds no served requests (no `{KIND}` lines)", "name the ledger `kvgraft serve` wrote"
         )
-    return entries
+    return found
 
 
-def served_manifest(path: Path, entries: list[dict]) -> Manifest:
+def served_manifest(path: Path, served: list[ServeEntry]) -> Manifest:
     """The manifest the server ran, as its lines name it (``manifest.path``, relative to the ledger's folder, or the
     embedded one) and checked against the file hash they record; InputError when the lines name several or the file
     changed since."""
     from ..config.manifest import BUILTIN_PREFIX, DEFAULT_MANIFEST, load_manifest
 
-    named = {(e["manifest"].get("path") or e["manifest"]["source"], e["manifest"]["sha256"]) for e in entries}
+    named = {(e.manifest.path or e.manifest.source, e.manifest.sha256) if e.manifest else None for e in served}
     if len(named) != 1:
         raise InputError(
             f"{path}: the served lines name {len(named)} manifests; a replay runs one",
             "split the ledger by manifest (`kvgraft ledger log --manifest ...`)",
         )
-    ref, sha = named.pop()
+    if None in named:
+        raise InputError(f"{path}: a served line records no manifest", f"run `kvgraft verify {path}`")
+    ref, sha = named.pop()  # type: ignore[misc]
     m = load_manifest(None) if ref == BUILTIN_PREFIX + DEFAULT_MANIFEST else load_manifest(Path(path).parent / ref)
     if m.file_sha256 != sha:
         raise InputError(
@@ -114,13 +116,13 @@ def replay_served(
 ) -> ServedReplay:
     """Replay every served request of ``served_ledger`` (see the module docstring); appends one ``replay-served``
     line to the context's ledger with the counts and the hash of the lines replayed."""
-    entries = served_entries(served_ledger)
-    bodies = request_bodies(served_ledger, entries)
+    served = served_entries(served_ledger)
+    bodies = request_bodies(served_ledger, served)
     report = ServedReplay(str(served_ledger))
     servers: dict[tuple, Server] = {}
     try:
-        for e in entries:
-            settings = e["inputs"]["settings"]
+        for e in served:
+            settings = e.settings
             key = (settings.get("k", 0), settings.get("min_score"))
             if key not in servers:
                 min_score = float(key[1]) if key[1] is not None else None
@@ -133,28 +135,27 @@ def replay_served(
     finally:
         for s in servers.values():
             s.close()
-    lines = b"".join(canonical_json(e) + b"\n" for e in entries)
-    entry = ctx.entry_base(engine)
-    entry.update(
-        inputs={
-            "served": {
-                "ledger": ctx.rel(Path(served_ledger)),
-                "lines_sha256": sha256_bytes(lines),
-                "first_seq": entries[0]["seq"],
-                "last_seq": entries[-1]["seq"],
-                "count": len(entries),
-            }
+    lines = b"".join(canonical_json(e.to_json()) + b"\n" for e in served)
+    entry = ReplayServedEntry(
+        manifest=ctx.manifest_ref(),
+        **engine_facts(engine),
+        served={
+            "ledger": ctx.rel(Path(served_ledger)),
+            "lines_sha256": sha256_bytes(lines),
+            "first_seq": served[0].seq,
+            "last_seq": served[-1].seq,
+            "count": len(served),
         },
-        outputs={"matched": len(report.rows) - report.mismatched, "mismatched": report.mismatched},
+        matched=len(report.rows) - report.mismatched,
+        mismatched=report.mismatched,
     )
-    report.ledger_seq = ledger.append(ctx.ledger, kinds.REPLAY_SERVED, entry)["seq"]
+    report.ledger_seq = entries.write(ctx.ledger, entry).seq
     return report
 
 
-def _compare(server: Server, e: dict, bodies: dict[str, tuple[str, dict | None]]) -> Compared:
-    ins, outs = e["inputs"], e["outputs"]
-    row = Compared(e["seq"], ins["request"].get("endpoint", "?"), ins["library"]["hit"], outs["finish_reason"])
-    found = bodies.get(ins["request"]["sha256"])
+def _compare(server: Server, e: ServeEntry, bodies: dict[str, tuple[str, dict | None]]) -> Compared:
+    row = Compared(e.lineno - 1, e.request.get("endpoint", "?"), e.library["hit"], e.finish_reason)
+    found = bodies.get(e.request.sha256)
     if found is None:
         row.mismatches.append("request body not in the requests log")
         return row
@@ -167,7 +168,7 @@ def _compare(server: Server, e: dict, bodies: dict[str, tuple[str, dict | None]]
     except RequestError as err:
         row.mismatches.append(f"request no longer parses: {err.message}")
         return row
-    if req.sha256 != ins["request"]["sha256"]:
+    if req.sha256 != e.request.sha256:
         row.mismatches.append("request body hash")
         return row
     try:
@@ -175,26 +176,26 @@ def _compare(server: Server, e: dict, bodies: dict[str, tuple[str, dict | None]]
     except RequestError as err:
         row.mismatches.append(f"request refused now: {err.message}")
         return row
-    want_ids = outs["generated_ids"]
+    want_ids = e.generated_ids
     got = {
         "hit": ans.hit,
         "prompt ids": token_ids_sha256(ans.prompt_ids),
         "first-token logits": ans.first_logits_sha256,
     }
     expected = {
-        "hit": ins["library"]["hit"],
-        "prompt ids": ins["prompt_ids"]["sha256"],
-        "first-token logits": (outs.get("first_logits") or {}).get("sha256"),
+        "hit": e.library["hit"],
+        "prompt ids": e.prompt_ids.sha256,
+        "first-token logits": e.first_logits.sha256 if e.first_logits else None,
     }
-    if outs["finish_reason"] == "cancelled":
+    if e.finish_reason == "cancelled":
         if expected["first-token logits"] is None:  # cancelled before any computation
             got.pop("first-token logits"), expected.pop("first-token logits")
-        got["generated ids (the prefix decoded before the cancel)"] = token_ids_sha256(ans.ids[: want_ids["count"]])
-        expected["generated ids (the prefix decoded before the cancel)"] = want_ids["sha256"]
+        got["generated ids (the prefix decoded before the cancel)"] = token_ids_sha256(ans.ids[: want_ids.get("count")])
+        expected["generated ids (the prefix decoded before the cancel)"] = want_ids.sha256
     else:
-        got["generated ids"], expected["generated ids"] = token_ids_sha256(ans.ids), want_ids["sha256"]
-        got["text"], expected["text"] = sha256_bytes(ans.text.encode()), outs["output"]["sha256"]
-        got["finish reason"], expected["finish reason"] = ans.finish_reason, outs["finish_reason"]
+        got["generated ids"], expected["generated ids"] = token_ids_sha256(ans.ids), want_ids.sha256
+        got["text"], expected["text"] = sha256_bytes(ans.text.encode()), e.output.sha256
+        got["finish reason"], expected["finish reason"] = ans.finish_reason, e.finish_reason
     row.mismatches = [what for what in expected if got[what] != expected[what]]
     return row
 

@@ -358,9 +358,10 @@ class Worker:
         self.error: dict | None = None
         try:
             from ...engine.engine import load_engine
+            from ..context import engine_facts
 
             self.engine = load_engine(self.ctx.manifest, self.ctx.allow_drift)
-            self.facts = self.ctx.engine_facts(self.engine)
+            self.facts = engine_facts(self.engine)
         except Exception as e:  # noqa: BLE001  (every outcome is reported as a record)
             self.error = _record(e)
 

@@ -1,0 +1,198 @@
+"""Ledger entries are typed (kvgraft_cli/ledger/entries.py): every line kvgraft writes reads back into its kind's
+class and writes out as the same bytes; the classes agree with the schema; and no code outside the entry types
+builds or takes apart a ledger entry by key (a grep a reader can repeat)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from kvgraft_cli.errors import LedgerError
+from kvgraft_cli.ledger import entries
+from kvgraft_cli.ledger.entries import (
+    KINDS,
+    Digest,
+    EntryError,
+    ManifestRef,
+    OtherEntry,
+    ScoreEntry,
+    ServeEntry,
+)
+from kvgraft_cli.util.hashing import canonical_json
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "ledger" / "reference.jsonl"
+
+
+def test_the_reference_ledger_reads_back_byte_for_byte():
+    lines = REFERENCE.read_bytes().splitlines()
+    typed = entries.read(REFERENCE)
+    assert len(typed) == len(lines) == 36
+    assert not any(isinstance(e, OtherEntry) for e in typed)
+    assert [canonical_json(e.to_json()) for e in typed] == lines
+    assert {e.kind for e in typed} == {"register", "deposit", "graft-check", "score", "replay"}
+
+
+def _sample(cls):
+    """An entry of ``cls`` with every field set (digests, lists, dicts of their kind's shape)."""
+    h = "ab" * 32
+    values = {}
+    for f in fields(cls):
+        if "at" not in f.metadata:
+            continue
+        typ = f.metadata["as"]
+        first = typ[0] if isinstance(typ, tuple) else typ
+        values[f.name] = {
+            Digest: Digest.of(h, "x/y.jsonl", count=3),
+            ManifestRef: ManifestRef("manifests/a.yaml", h, h, "../manifests/a.yaml"),
+            int: 7,
+            str: "s",
+            bool: True,
+            dict: {"k": [1, "2"], "n": None},
+            list: ["a", 1],
+        }.get(first)
+        if f.name == "verification":
+            values[f.name] = entries.Verification("verified", "ok", "1", "1")
+    return cls(**values)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_kind_reads_back_as_written(kind, tmp_path):
+    cls = KINDS[kind]
+    e = _sample(cls)
+    if kind == "import":
+        e = e.__class__(
+            **{**{f.name: getattr(e, f.name) for f in fields(e)}, "artifacts": {"cd" * 32: Digest("cd" * 32)}}
+        )
+    body = e.to_json()
+    assert cls.from_json(body) == e and cls.from_json(body).to_json() == body
+    written = entries.write(tmp_path / "l.jsonl", e)
+    raw = (tmp_path / "l.jsonl").read_bytes().rstrip(b"\n")
+    assert (written.seq, written.kind) == (0, kind) and canonical_json(written.to_json()) == raw
+    assert entries.parse(json.loads(raw)) == written
+    if kind == "import":
+        assert json.loads(raw)["outputs"]["artifact." + "cd" * 32] == {"sha256": "cd" * 32}
+
+
+def test_members_no_class_models_are_kept():
+    """A newer kvgraft's line (a member this one does not know, at any level) reads and writes back unchanged."""
+    line = json.loads(REFERENCE.read_bytes().splitlines()[1])  # a deposit
+    line["inputs"]["novel"] = {"sha256": "0" * 64}
+    line["outputs"]["later"] = 5
+    line["future"] = ["x"]
+    e = entries.parse(line)
+    assert e.extra == {"inputs": {"novel": {"sha256": "0" * 64}}, "outputs": {"later": 5}, "": {"future": ["x"]}}
+    assert e.to_json() == line
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d["outputs"].pop("artifact"), "a deposit entry without outputs.artifact"),
+        (lambda d: d["inputs"].update(record=[1]), "inputs.record is not a digest"),
+        (lambda d: d.update(verification={"status": 1}), "verification is not an object with a status string"),
+        (lambda d: d.update(inputs=[1]), "inputs is not an object"),
+        (lambda d: d["manifest"].update(path=5), "manifest.path is not a string"),
+        (lambda d: d["outputs"]["logits"].update(path=["x"]), "outputs.logits.path is not a string"),
+    ],
+)
+def test_a_line_that_is_not_what_its_kind_records_is_named(edit, message):
+    line = json.loads(REFERENCE.read_bytes().splitlines()[1])
+    edit(line)
+    with pytest.raises(EntryError, match=re.escape(message)) as e:
+        entries.parse(line, "ledger.jsonl:2")
+    assert isinstance(e.value, LedgerError) and e.value.message.startswith("ledger.jsonl:2: ")
+
+
+def test_an_entry_that_would_not_read_back_is_refused_before_writing(tmp_path):
+    """Can fail: a digest whose facts shadow its path, or a member that lands on a field of another type."""
+    bad = _sample(ScoreEntry)
+    bad = ScoreEntry(
+        **{**{f.name: getattr(bad, f.name) for f in fields(bad)}, "records": Digest("0" * 64, None, {"path": 5})}
+    )
+    with pytest.raises(EntryError, match="would not read back"):
+        entries.write(tmp_path / "l.jsonl", bad)
+    assert not (tmp_path / "l.jsonl").exists() or (tmp_path / "l.jsonl").read_bytes() == b""
+
+
+def test_the_classes_require_what_the_schema_requires():
+    """The schema's per-kind requirements (schemas/ledger-entry.schema.json) are required fields of the classes."""
+    schema = json.loads((ROOT / "kvgraft_cli" / "schemas" / "ledger-entry.schema.json").read_text())
+    for rule in schema["allOf"]:
+        kind = rule["if"]["properties"]["kind"]
+        for k in kind.get("enum", [kind.get("const")]):
+            cls = KINDS[k]
+            required = {f.name for f in fields(cls) if "at" in f.metadata and not f.metadata["optional"]}
+            for place in ("inputs", "outputs"):
+                want = set(rule["then"]["properties"].get(place, {}).get("required", []))
+                have = {f.name for f in fields(cls) if f.metadata.get("at") == place and f.name in required}
+                assert want <= have, (k, place, want - have)
+
+
+def test_serve_lines_keep_an_absent_first_logits_absent():
+    e = _sample(ServeEntry)
+    e2 = ServeEntry(**{**{f.name: getattr(e, f.name) for f in fields(e)}, "first_logits": None})
+    assert "first_logits" not in e2.to_json()["outputs"] and ServeEntry.from_json(e2.to_json()) == e2
+
+
+# -- no ledger entry built or read by key outside the entry types ---------------------------------------------------
+
+# An entry's sections named as strings or keywords, read by .get, subscripted off a call (json.loads(...)["outputs"])
+# or off the names lines go by; and raw appends (ledger.log.append) outside the ledger package.
+LEDGER_LITERAL = re.compile(
+    r"""["']inputs["']"""
+    r"""|\b(?:inputs|outputs|verification)=\{"""
+    r"""|\.get\(["'](?:outputs|verification)["']"""
+    r"""|\)\[["'](?:outputs|verification)["']\]"""
+    r"""|\b(?:e|entry|line|raw|se|written)\[["'](?:outputs|verification|status|kind|seq|manifest)["']\]"""
+    r"""|\b(?:ledger|log|ledger_mod|ledger_log)\.append\("""
+    r"""|\.entry_base\("""
+)
+
+
+def ledger_literals(root: Path) -> list[str]:
+    """``path:line: text`` of every ledger entry built or read by key outside kvgraft_cli/ledger/, under ``root``'s
+    kvgraft_cli/, scripts/ and benchmarks/."""
+    found = []
+    for top in ("kvgraft_cli", "scripts", "benchmarks"):
+        for path in sorted((root / top).rglob("*.py")):
+            if path.relative_to(root).parts[:2] == ("kvgraft_cli", "ledger"):
+                continue
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if LEDGER_LITERAL.search(line):
+                    found.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
+    return found
+
+
+def test_no_ledger_entry_is_built_or_read_by_key_outside_the_types():
+    assert ledger_literals(ROOT) == []
+
+
+def test_the_grep_sees_an_entry_built_or_read_by_key(tmp_path):
+    """Can fail: each way the writers and readers used to build or take apart an entry is named, file and line."""
+    for top in ("kvgraft_cli", "scripts", "benchmarks"):
+        (tmp_path / top).mkdir()
+    (tmp_path / "kvgraft_cli" / "ledger").mkdir()
+    (tmp_path / "kvgraft_cli" / "ledger" / "ok.py").write_text('x = {"inputs": 1}\n')  # the types' own home
+    (tmp_path / "kvgraft_cli" / "a.py").write_text(
+        "entry = ctx.entry_base(engine)\n"
+        'entry.update(inputs={"artifact": d})\n'
+        'ok = check(path, reads={"the file": p})\n'
+        'n = e["inputs"]["record"]["id"]\n'
+        "ledger.append(ctx.ledger, kinds.SCORE, entry)\n"
+    )
+    (tmp_path / "benchmarks" / "b.py").write_text(
+        'v = (e.get("outputs") or {}).get("costs")\nt = json.loads(lines[3])["outputs"]["costs"]\nrow = {"outputs": 1}\n'
+    )
+    assert ledger_literals(tmp_path) == [
+        "kvgraft_cli/a.py:1: entry = ctx.entry_base(engine)",
+        'kvgraft_cli/a.py:2: entry.update(inputs={"artifact": d})',
+        'kvgraft_cli/a.py:4: n = e["inputs"]["record"]["id"]',
+        "kvgraft_cli/a.py:5: ledger.append(ctx.ledger, kinds.SCORE, entry)",
+        'benchmarks/b.py:1: v = (e.get("outputs") or {}).get("costs")',
+        'benchmarks/b.py:2: t = json.loads(lines[3])["outputs"]["costs"]',
+    ]

@@ -10,6 +10,7 @@ What it does, in the order a program does it (docs/API.md has the examples, and 
     out = kv.engine.model.generate(input_ids=g.input_ids(question_ids), cache=g.cache, ...)
     check = kv.check_graft(dep.artifact)              # graft == fresh, byte for byte; a graft-check ledger line
     kvgraft.verify_ledger(kv.ledger).passed           # no torch needed: a laptop re-checks every hash
+    kvgraft.read_ledger(kv.ledger, kvgraft.DepositEntry)   # the lines, typed: one class per kind
 
 **Stable**: the names in ``__all__``, with the arguments and attributes documented here; changed only after a
 release that warns. **Not stable**: everything else under ``kvgraft_cli`` (its modules are the CLI's and the
@@ -29,6 +30,17 @@ from .audit.verify import VerifyReport
 from .audit.verify import verify_ledger as _verify_ledger
 from .config.manifest import Manifest, load_manifest
 from .errors import CheckFailed, InputError, IntegrityError, KvgraftError, ModelMismatch
+from .ledger import entries as _entries
+from .ledger.entries import (
+    DepositEntry,
+    Digest,
+    Entry,
+    EntryError,
+    GraftCheckEntry,
+    ScoreEntry,
+    ServeEntry,
+    SolveEntry,
+)
 from .runs.context import RunContext
 
 if TYPE_CHECKING:
@@ -40,15 +52,24 @@ if TYPE_CHECKING:
 __all__ = [
     "CheckFailed",
     "Deposit",
+    "DepositEntry",
+    "Digest",
+    "Entry",
+    "EntryError",
+    "GraftCheckEntry",
     "Grafted",
     "InputError",
     "IntegrityError",
     "KvgraftError",
     "Manifest",
     "ModelMismatch",
+    "ScoreEntry",
+    "ServeEntry",
     "Session",
+    "SolveEntry",
     "VerifyReport",
     "load_manifest",
+    "read_ledger",
     "verify_ledger",
 ]
 
@@ -58,6 +79,14 @@ def verify_ledger(path: str | Path, *, rehash: bool = True, full: bool = False) 
     names re-hashed (``rehash``; ``full`` re-reads files the verified-file cache would skip), every recorded score
     recomputed. The report's ``passed`` is the verdict; ``findings`` and ``mismatched`` say what failed."""
     return _verify_ledger(Path(path), rehash=rehash, full=full)
+
+
+def read_ledger(path: str | Path, *kinds: type[Entry]) -> list[Entry]:
+    """A ledger's lines as typed entries, in order (no torch; no verification: that is :func:`verify_ledger`):
+    each line as its kind's class (``DepositEntry``, ``GraftCheckEntry``, ``ScoreEntry``, ``SolveEntry``,
+    ``ServeEntry``, ...; a kind no class models as ``Entry``, its members kept). ``kinds``: only lines of those
+    classes. A line that is not what its kind records raises ``EntryError`` naming the file, line and field."""
+    return _entries.read(Path(path), tuple(kinds) or None)
 
 
 @dataclass(frozen=True)

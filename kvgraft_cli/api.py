@@ -74,11 +74,35 @@ __all__ = [
 ]
 
 
-def verify_ledger(path: str | Path, *, rehash: bool = True, full: bool = False) -> VerifyReport:
-    """Check a ledger as ``kvgraft verify`` does, without torch: every line's hash chain and schema, every file it
-    names re-hashed (``rehash``; ``full`` re-reads files the verified-file cache would skip), every recorded score
-    recomputed. The report's ``passed`` is the verdict; ``findings`` and ``mismatched`` say what failed."""
-    return _verify_ledger(Path(path), rehash=rehash, full=full)
+def verify_ledger(
+    path: str | Path,
+    *,
+    rehash: bool = True,
+    full: bool = False,
+    require_files: bool = False,
+    checkpoint: str | Path | None = None,
+    keys: list[str] | None = None,
+    origin: str | None = None,
+    since: str | Path | None = None,
+    cache: str | Path | bool | None = None,
+) -> VerifyReport:
+    """Check a ledger as ``kvgraft verify`` does (the command calls this), without torch: every line's hash chain
+    and schema, every file it names re-hashed (``rehash``; ``full`` re-reads files the verified-file cache would
+    skip; ``require_files``: a missing one fails), every recorded score recomputed; ``checkpoint`` (a signed note,
+    checked against ``keys`` and ``origin``), ``since`` (a base the ledger must be an append to); ``cache``: the
+    verified-file cache's path, False for none, None for the user's cache folder. The report's ``passed`` is the
+    verdict; ``findings`` and ``mismatched`` say what failed."""
+    return _verify_ledger(
+        Path(path),
+        checkpoint=Path(checkpoint) if checkpoint is not None else None,
+        keys=keys,
+        since=Path(since) if since is not None else None,
+        rehash=rehash,
+        full=full,
+        require_files=require_files,
+        cache=Path(cache) if isinstance(cache, (str, Path)) else cache,
+        origin=origin,
+    )
 
 
 def read_ledger(path: str | Path, *kinds: type[Entry]) -> list[Entry]:

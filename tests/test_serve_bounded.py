@@ -91,7 +91,7 @@ def _answer_of(d: dict) -> tuple:
 
 
 def test_a_bounded_cache_under_a_long_run_of_distinct_prompts(tmp_path):
-    """600 distinct prompts from 6 clients on two servers sharing one store bounded at 160 KiB (about 5 chunks of
+    """300 distinct prompts from 6 clients on two servers sharing one store bounded at 160 KiB (about 5 chunks of
     this model): the chunk files on disk, sampled all along, never exceed the bound by more than one request's
     chain per server; every request is answered and recorded; the ledger verifies; replay --served matches every
     line; a prompt evicted long ago is answered as the first time."""
@@ -99,7 +99,7 @@ def test_a_bounded_cache_under_a_long_run_of_distinct_prompts(tmp_path):
     bound = 160 << 10
     a = start(tmp_path, "-m", "serve.yaml", "--cache-max", "160K", "--queue", "64")
     b = start(tmp_path, "-m", "serve.yaml", "--cache-max", "160K", "--queue", "64")
-    n, clients = 600, 6
+    n, clients = 300, 6
     first = {}
     peak = [0]
     done = threading.Event()
@@ -139,10 +139,10 @@ def test_a_bounded_cache_under_a_long_run_of_distinct_prompts(tmp_path):
     assert peak[0] <= bound + 2 * chain, (peak[0], bound, chain)  # two servers: each at most one chain over
     final = sum(_chunk_files(tmp_path / "kvgraft-store").values())
     assert final <= bound, final
-    assert health["prompt_cache"]["max_bytes"] == bound and health["prompt_cache"]["evicted_chunks"] > 100
+    assert health["prompt_cache"]["max_bytes"] == bound and health["prompt_cache"]["evicted_chunks"] > 50
     assert again == {i: first[i] for i in range(12)}  # evicted long ago: computed cold again, the same bits
     assert len(lines) == 12 + n + 12  # nothing answered is missing
-    assert sum(len(e["inputs"]["prompt_cache"]["deposited"]) for e in lines) > 500
+    assert sum(len(e["inputs"]["prompt_cache"]["deposited"]) for e in lines) > 250
     verified = json.loads(run_cli("verify", "kvgraft-ledger.jsonl", "--json", cwd=tmp_path, check_rc=0).stdout)
     assert verified["passed"] and verified["files"]["missing"] == []  # an evicted chunk is no missing record
     named = {s for e in lines for s in e["inputs"]["prompt_cache"]["chunks"] + e["inputs"]["prompt_cache"]["deposited"]}
@@ -153,7 +153,7 @@ def test_a_bounded_cache_under_a_long_run_of_distinct_prompts(tmp_path):
         "not_in_store": len(named - kept),
         "not_checked": 0,
     }
-    assert len(named - kept) > 500
+    assert len(named - kept) > 250
     p = run_cli("replay", "--served", "kvgraft-ledger.jsonl", "--json", cwd=tmp_path, check_rc=0)
     replay = json.loads(p.stdout)
     assert replay["matched"] == len(lines) and replay["mismatched"] == 0

@@ -39,7 +39,7 @@ def verify(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Re-check a ledger without torch: canonical lines, schema, chain, Merkle root, append-only, file hashes."""
-    from ..audit.verify import verify_ledger
+    from ..api import verify_ledger
 
     if (key or origin is not None) and checkpoint is None:
         raise InputError("--key and --origin need --checkpoint (the signed note to check)")

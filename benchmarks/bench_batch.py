@@ -14,19 +14,10 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+from harness import cpu
 
 
 def main() -> None:
@@ -46,7 +37,7 @@ def main() -> None:
 
     refusal = engine.batch_refusal
     print(
-        f"{manifest.name} ({args.manifest}): {cpu_name()}, {torch.get_num_threads()} threads, "
+        f"{manifest.name} ({args.manifest}): {cpu()['model']}, {torch.get_num_threads()} threads, "
         f"ATen {torch.backends.cpu.get_cpu_capability()}, forward {engine.environment.get('forward')}"
     )
     if refusal:

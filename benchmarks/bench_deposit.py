@@ -133,7 +133,7 @@ def _run(manifest, args, tmp: Path) -> None:
                 token_ids=Digest.of(sha, count=len(ids)),
                 artifact=Digest(sha, f"scratch/{i}-{sha}.kvg"),
                 logits=Digest(sha),
-                verification=Verification("verified"),
+                verification=Verification.of("verified"),
             )
             entries.write(tmp / "scratch-ledger.jsonl", line)
             t_append = time.perf_counter() - t0

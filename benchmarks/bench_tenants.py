@@ -58,7 +58,7 @@ def first_token(folder: Path, seq: int, ledger: str = "kvgraft-serve-ledger.json
     from kvgraft_cli.ledger import entries
     from kvgraft_cli.ledger.entries import ServeEntry
 
-    (line,) = entries.read(folder / ledger, (ServeEntry,), start=seq)[:1]
+    line = next(e for e in entries.read(folder / ledger, (ServeEntry,), start=seq) if e.seq == seq)
     return float(line.costs["first_token_s"])  # (a ledger writes no floats: a string)
 
 

@@ -50,7 +50,7 @@ def build(tmp: Path, n_entries: int, total_mb: int, n_files: int) -> Path:
             token_ids=Digest.of(f"{i:064x}", count=100),
             artifact=art,
             logits=Digest.of(f"{i:064x}", dtype="float32", position=99),
-            verification=Verification("verified", None, "1", "1"),
+            verification=Verification.of("verified", None, "1", "1"),
         ).written_as(i, prev, "2026-11-30T00:00:00.000000+00:00")
         raw = canonical_json(entry.to_json())
         lines.append(raw)

@@ -348,9 +348,9 @@ def verify_ledger(
         for i, entry in enumerate(entries):
             if entry is not None and entry.get("kind") == kinds.SCORE:
                 try:
-                    score = entries_mod.parse_as(ScoreEntry, entry, f"line {i + 1}")
+                    score = entries_mod.parse_as(ScoreEntry, entry, "score entry")
                 except EntryError as e:
-                    report.findings.append(Finding(i + 1, "score", f"score entry: {e.message}"))
+                    report.findings.append(Finding(i + 1, "score", e.message))
                     continue
                 _check_score(report, i + 1, score, path.parent, verified, with_rules)
                 if with_rules is None and "rules" in (score.settings or {}):

@@ -11,7 +11,7 @@ import typer
 
 from ..errors import CheckFailed, InputError
 from ..ledger import entries
-from ..ledger.entries import Entry, EntryError
+from ..ledger.entries import Entry, EntryError, ManifestRef
 from ..util import jsonio
 from ._common import JSON_OPT, MANIFEST_OPT, at_most_max_count, ledger_path
 from ._help import Command, Group
@@ -81,7 +81,7 @@ def log(
         try:
             e = entries.parse(raw_entry)
         except EntryError as x:
-            if match is None:
+            if match is None or match(_manifest_of(raw_entry)):
                 rows.append(_bad_row(i, k, f"{x.message}: run `kvgraft verify`"))
             continue
         if match is not None and not match(e.manifest):
@@ -135,6 +135,14 @@ def _manifest_filter(value: str | None):
         "recorded path or source",
         "e.g. --manifest manifests/math500.yaml or --manifest 1a4160",
     )
+
+
+def _manifest_of(raw: dict) -> ManifestRef | None:
+    """The manifest a line that is not what its kind records names, if that part of it reads."""
+    try:
+        return ManifestRef.from_json(raw.get("manifest"), "manifest")
+    except EntryError:
+        return None
 
 
 def _bad_row(i: int, kind: Any, why: str) -> dict:
@@ -269,12 +277,13 @@ def diff(
     for p in (base, path):
         if not p.is_file():
             raise InputError(f"ledger not found: {p}")
-    new = appended_since(split_lines(base.read_bytes())[0], split_lines(path.read_bytes())[0])
+    base_lines = split_lines(base.read_bytes())[0]
+    new = appended_since(base_lines, split_lines(path.read_bytes())[0])
     if as_json:
         print_json({"base": str(base), "ledger": str(path), "appended": new})
         return
     rows = []
-    for i, raw in enumerate(new):
+    for i, raw in enumerate(new, len(base_lines)):  # (the line's own index in the newer ledger)
         try:
             rows.append(_row(i, entries.parse(raw)))
         except EntryError as x:

@@ -65,13 +65,15 @@ class Digest:
         path = value.get("path")
         if path is not None and not isinstance(path, str):
             raise EntryError(f"{where}.path is not a string")
-        return cls(value["sha256"], path, {k: v for k, v in value.items() if k not in ("sha256", "path")})
+        # (a "path": null stays a fact, so the line reads back as it was)
+        facts = {k: v for k, v in value.items() if k != "sha256" and not (k == "path" and path is not None)}
+        return cls(value["sha256"], path, facts)
 
 
 @dataclass(frozen=True)
 class ManifestRef:
     """The manifest a run used: where it came from, its file's hash, its compute pin, and the path verify re-hashes
-    (absent for the built-in manifests)."""
+    (absent for the built-in manifests); ``more``: members a newer kvgraft writes, kept."""
 
     WHAT: ClassVar[str] = "a manifest reference (source, sha256, compute_sha256)"
 
@@ -79,10 +81,11 @@ class ManifestRef:
     sha256: str
     compute_sha256: str
     path: str | None = None
+    more: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         out = {"source": self.source, "sha256": self.sha256, "compute_sha256": self.compute_sha256}
-        return out | ({"path": self.path} if self.path is not None else {})
+        return out | ({"path": self.path} if self.path is not None else {}) | dict(self.more)
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> ManifestRef:
@@ -91,35 +94,55 @@ class ManifestRef:
         for k in ("source", "sha256", "compute_sha256"):
             if not isinstance(value.get(k), str):
                 raise EntryError(f"{where}.{k} is not a string")
-        unknown = sorted(set(value) - {"source", "sha256", "compute_sha256", "path"})
-        if unknown:
-            raise EntryError(f"{where} has members no kvgraft writes: {', '.join(unknown)}")
-        if value.get("path") is not None and not isinstance(value["path"], str):
+        path = value.get("path")
+        if path is not None and not isinstance(path, str):
             raise EntryError(f"{where}.path is not a string")
-        return cls(value["source"], value["sha256"], value["compute_sha256"], value.get("path"))
+        known = {"source", "sha256", "compute_sha256"} | ({"path"} if path is not None else set())
+        more = {k: v for k, v in value.items() if k not in known}
+        return cls(value["source"], value["sha256"], value["compute_sha256"], path, more)
+
+
+VERDICT = ("reason", "extracted", "reference")
 
 
 @dataclass(frozen=True)
 class Verification:
-    """How a deposited solution was judged: ``verified`` or not, why, what was extracted, the reference."""
+    """How a deposited solution was judged: ``status`` (``verified`` or not) and the facts beside it, as recorded:
+    ``reason``, ``extracted`` and ``reference`` (the answer it was checked against), and any member a newer kvgraft
+    writes."""
 
-    WHAT: ClassVar[str] = "a verification (status, reason, extracted, reference)"
+    WHAT: ClassVar[str] = "a verification (an object with a status string)"
 
     status: str
-    reason: str | None = None
-    extracted: str | None = None
-    reference: str | None = None
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls, status: str, reason: str | None = None, extracted: str | None = None, reference: str | None = None
+    ) -> Verification:
+        """The verification a deposit writes: every one of its facts, null where there is none."""
+        return cls(status, {"reason": reason, "extracted": extracted, "reference": reference})
+
+    @property
+    def reason(self) -> Any:
+        return self.facts.get("reason")
+
+    @property
+    def extracted(self) -> Any:
+        return self.facts.get("extracted")
+
+    @property
+    def reference(self) -> Any:
+        return self.facts.get("reference")
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "reason": self.reason, "extracted": self.extracted, "reference": self.reference}
+        return {"status": self.status, **self.facts}
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> Verification:
         if not isinstance(value, dict) or not isinstance(value.get("status"), str):
             raise EntryError(f"{where} is not an object with a status string")
-        if set(value) != {"status", "reason", "extracted", "reference"}:
-            raise EntryError(f"{where} does not hold exactly status, reason, extracted and reference")
-        return cls(value["status"], value["reason"], value["extracted"], value["reference"])
+        return cls(value["status"], {k: v for k, v in value.items() if k != "status"})
 
 
 def _at(place: str, typ: Any, optional: bool = False) -> Any:
@@ -214,9 +237,13 @@ class Entry:
             parts[f.metadata["at"]][f.name] = _dump(value)
         body = parts[TOP]
         places = self._places()
+        required = {f.metadata["at"] for f in fields(self) if "at" in f.metadata and not f.metadata["optional"]}
         for place in (INPUTS, OUTPUTS):
-            if place in places:
-                body[place] = parts[place] | dict(self.extra.get(place, {}))
+            members = parts[place] | dict(self.extra.get(place, {}))
+            # (a place whose every field is optional is written when it holds something: a line without it reads
+            # back without it)
+            if place in places and (members or place in required):
+                body[place] = members
         body.update(self.extra.get(TOP, {}))
         if self.seq is not None:
             body.update(seq=self.seq, prev=self.prev, kind=self.kind, time=self.time)
@@ -248,13 +275,23 @@ class Entry:
                 raise EntryError(f"{where}: a {cls.KIND or value.get('kind')} entry without {name}")
             kwargs[f.name] = _load(f.metadata["as"], src[place][f.name], f"{where}: {name}")
             used[place].add(f.name)
+        # seq, prev, kind and time: the written line's, when it has all four as the append writes them; else
+        # whatever of them it has is kept as it is (a line of another writer, read back to its own bytes)
+        seq, prev, time = value.get("seq"), value.get("prev"), value.get("time")
+        whole = (
+            type(seq) is int
+            and (prev is None or isinstance(prev, str))
+            and isinstance(time, str)
+            and all(k in value for k in WRITTEN)
+        )
+        if not whole:
+            used[TOP] -= set(WRITTEN)
         extra = {p: rest for p, d in src.items() if (rest := {k: v for k, v in d.items() if k not in used[p]})}
-        seq = value.get("seq")
-        written = {"seq": seq, "prev": value.get("prev"), "time": value.get("time")} if seq is not None else {}
-        return cls._make(value, kwargs, extra, written)
+        written = {"seq": seq, "prev": prev, "time": time} if whole else {}
+        return cls._make(value, kwargs, extra, written, where)
 
     @classmethod
-    def _make(cls: type[E], value: dict, kwargs: dict, extra: dict, written: dict) -> E:
+    def _make(cls: type[E], value: dict, kwargs: dict, extra: dict, written: dict, where: str) -> E:
         return cls(**kwargs, **written, extra=extra)
 
     def written_as(self: E, seq: int, prev: str | None, time: str) -> E:
@@ -289,7 +326,7 @@ class OtherEntry(Entry):
         return self.other_kind
 
     @classmethod
-    def _make(cls, value: dict, kwargs: dict, extra: dict, written: dict) -> OtherEntry:
+    def _make(cls, value: dict, kwargs: dict, extra: dict, written: dict, where: str) -> OtherEntry:
         return cls(**kwargs, **written, extra=extra, other_kind=value.get("kind"))
 
 
@@ -533,13 +570,15 @@ class ImportEntry(Entry):
         return body
 
     @classmethod
-    def _make(cls, value: dict, kwargs: dict, extra: dict, written: dict) -> ImportEntry:
+    def _make(cls, value: dict, kwargs: dict, extra: dict, written: dict, where: str) -> ImportEntry:
         outs = dict(extra.get(OUTPUTS, {}))
-        arts = {
-            k[len(ARTIFACT_PREFIX) :]: Digest.from_json(outs.pop(k), f"outputs.{k}")
-            for k in list(outs)
-            if k.startswith(ARTIFACT_PREFIX)
-        }
+        arts = {}
+        for k in [k for k in outs if k.startswith(ARTIFACT_PREFIX)]:
+            try:
+                arts[k[len(ARTIFACT_PREFIX) :]] = Digest.from_json(outs[k], f"{where}: outputs.{k}")
+            except EntryError:
+                continue  # not a digest: kept as it is, recording nothing
+            del outs[k]
         extra = {p: d for p, d in ({**extra, OUTPUTS: outs}).items() if d}
         return cls(**kwargs, **written, extra=extra, artifacts=arts)
 
@@ -633,9 +672,14 @@ def read(path: Any, kinds_wanted: tuple[type[E], ...] | None = None, start: int 
     """The complete lines of a ledger from line ``start`` (0-based) on, typed (ledger.log.read; no verification:
     that is `kvgraft verify`); ``kinds_wanted``: only lines of those classes. EntryError names the file and line of
     a line that is not what its kind records."""
+    names = None if kinds_wanted is None else {c.KIND for c in kinds_wanted}
     lines = ledger_log.read(path)
-    got = [parse(e, f"{path}:{i + 1}") for i, e in enumerate(lines) if i >= start]
-    return [e for e in got if kinds_wanted is None or isinstance(e, kinds_wanted)]  # type: ignore[misc]
+    # Only the lines of the kinds asked for are parsed: a malformed line of another kind is no reader's business
+    return [
+        parse(e, f"{path}:{i + 1}")  # type: ignore[misc]
+        for i, e in enumerate(lines)
+        if i >= start and (names is None or (isinstance(k := e.get("kind"), str) and k in names))
+    ]
 
 
 def named_files(line: Any, hashed: bool = True) -> list[tuple[str, Any]]:

@@ -311,7 +311,7 @@ def record_deposit(
         settings=settings,
         artifact=Digest.of(sha, ctx.rel(store.object_path(sha)), **out_bytes),
         logits=Digest.of(c.logits_sha256, dtype=m.model.dtype, position=c.num_tokens - 1),
-        verification=Verification(verdict.status, verdict.reason, verdict.extracted, p.answer),
+        verification=Verification.of(verdict.status, verdict.reason, verdict.extracted, p.answer),
     )
 
     def first_record(e: DepositEntry) -> DepositEntry:

@@ -42,6 +42,7 @@ from ..ledger import log as ledger_mod
 from ..ledger.entries import (
     DepositEntry,
     Digest,
+    Entry,
     EntryError,
     GraftCheckEntry,
     RegisterEntry,
@@ -381,13 +382,20 @@ def _prereg_from_ledger(
             f"{ledger_path}: no deposit, graft-check, score, solve or served entries from line {from_seq + 1} on"
         )
 
-    def rel(p: str | None) -> str:
-        return os.path.relpath((ledger_path.resolve().parent / str(p)).resolve(), out_dir)
+    current: list[Entry] = []  # the entry being read, for errors
 
-    refs = {e.manifest for e in found}
-    if None in refs:
+    def rel(p: str | None) -> str:
+        if p is None:
+            e = current[-1]
+            raise InputError(
+                f"{ledger_path}:{e.lineno}: a {e.kind} entry names a file by its hash without its path",
+                f"run `kvgraft verify {ledger_path}`",
+            )
+        return os.path.relpath((ledger_path.resolve().parent / p).resolve(), out_dir)
+
+    if any(e.manifest is None for e in found):
         raise InputError(f"{ledger_path}: an entry records no manifest", f"run `kvgraft verify {ledger_path}`")
-    manifests = {(r.path or r.source, r.sha256) for r in refs if r is not None}
+    manifests = {(e.manifest.path or e.manifest.source, e.manifest.sha256) for e in found if e.manifest}
     if len(manifests) != 1:
         raise InputError(
             f"{ledger_path}: the entries use {len(manifests)} manifests",
@@ -399,96 +407,110 @@ def _prereg_from_ledger(
     solved: list[SolveEntry] = []  # the solve entries of a run, until its solve-outputs entry closes it
     served: dict[tuple, list[ServeEntry]] = {}  # (k, min_score) -> the served requests answered under those settings
     for e in found:
-        if isinstance(e, ServeEntry):
-            if e.finish_reason != "cancelled":
-                served.setdefault((e.settings["k"], e.settings["min_score"]), []).append(e)
-        elif isinstance(e, SolveEntry):
-            solved.append(e)
-        elif isinstance(e, SolveOutputsEntry):
-            s = e.settings
-            n = sum(k[0] == kinds.SOLVE for k in runs) + 1
-            keep = ("mapping", "k", "min_score", "library", "deposit_verified", "limit")
-            rid = runs.setdefault(
-                (kinds.SOLVE, n),
-                {
-                    "id": f"solve-{n}",
-                    "kind": kinds.SOLVE,
-                    "input": rel(e.problems_file.path),
-                    "input_sha256": e.problems_file.sha256,
-                    "outputs": rel(e.outputs.path),
-                    "settings": {k: s[k] for k in keep},
-                },
-            )["id"]
-            x = exp.setdefault(rid, {"input_sha256": e.problems_file.sha256, "outputs_sha256": e.outputs.sha256})
-            for se in solved:
-                x[f"output {se.record.get('id')}"] = se.output.sha256
-                x[f"hit {se.record.get('id')}"] = se.library["hit"]
-            solved = []
-        elif isinstance(e, DepositEntry) and "from" in (e.settings or {}):
-            continue  # a verified answer deposited by solve --deposit-verified: the solve run replays it
-        elif isinstance(e, DepositEntry):
-            if e.settings is None:
-                raise InputError(
-                    f"{ledger_path}:{e.lineno}: deposit entry without settings (older kvgraft)",
-                    "re-run the deposit, then make the prereg from the new entries",
-                )
-            key: tuple = (kinds.DEPOSIT, e.problems_file.path, json.dumps(e.settings, sort_keys=True))
-            rid = runs.setdefault(
-                key,
-                {
-                    "id": f"deposit-{sum(k[0] == kinds.DEPOSIT for k in runs) + 1}",
-                    "kind": kinds.DEPOSIT,
-                    "input": rel(e.problems_file.path),
-                    "input_sha256": e.problems_file.sha256,
-                    "settings": e.settings,
-                },
-            )["id"]
-            x = exp.setdefault(rid, {"input_sha256": e.problems_file.sha256})
-            x[f"artifact {e.record.get('id')}"] = e.artifact.sha256
-            x[f"logits {e.record.get('id')}"] = e.logits.sha256
-        elif isinstance(e, GraftCheckEntry):
-            art = e.artifact.sha256
-            key = (kinds.GRAFT_CHECK, art, e.samples, e.max_new_tokens)
-            # One artifact checked with other --samples or -n is another run: check-<12 hex>-2, -3, ... (the first
-            # keeps the bare id; two runs under one id made the prereg invalid: "duplicate id").
-            same = sum(k[0] == kinds.GRAFT_CHECK and k[1] == art for k in runs)
-            rid = runs.setdefault(
-                key,
-                {
-                    "id": f"check-{art[:12]}" + (f"-{same + 1}" if same else ""),
-                    "kind": kinds.GRAFT_CHECK,
-                    "artifact": art,
-                    "samples": e.samples,
-                    "max_new_tokens": e.max_new_tokens,
-                },
-            )["id"]
-            exp[rid] = {"fresh_logits": e.fresh_logits.sha256, "passed": e.result["passed"]}
-        elif isinstance(e, ScoreEntry):
-            if e.outputs is None or e.answers is None or e.records is None or e.result is None or e.settings is None:
-                raise InputError(
-                    f"{ledger_path}:{e.lineno}: score entry without its files, settings or result",
-                    f"run `kvgraft verify {ledger_path}`",
-                )
-            key = (kinds.SCORE, e.outputs.path, e.answers.path, json.dumps(e.settings, sort_keys=True))
-            rid = runs.setdefault(
-                key,
-                {
-                    "id": f"score-{sum(k[0] == kinds.SCORE for k in runs) + 1}",
-                    "kind": kinds.SCORE,
-                    "outputs": rel(e.outputs.path),
+        current.append(e)
+        try:
+            if isinstance(e, ServeEntry):
+                if e.finish_reason != "cancelled":
+                    served.setdefault((e.settings["k"], e.settings["min_score"]), []).append(e)
+            elif isinstance(e, SolveEntry):
+                solved.append(e)
+            elif isinstance(e, SolveOutputsEntry):
+                s = e.settings
+                n = sum(k[0] == kinds.SOLVE for k in runs) + 1
+                keep = ("mapping", "k", "min_score", "library", "deposit_verified", "limit")
+                rid = runs.setdefault(
+                    (kinds.SOLVE, n),
+                    {
+                        "id": f"solve-{n}",
+                        "kind": kinds.SOLVE,
+                        "input": rel(e.problems_file.path),
+                        "input_sha256": e.problems_file.sha256,
+                        "outputs": rel(e.outputs.path),
+                        "settings": {k: s[k] for k in keep},
+                    },
+                )["id"]
+                x = exp.setdefault(rid, {"input_sha256": e.problems_file.sha256, "outputs_sha256": e.outputs.sha256})
+                for se in solved:
+                    x[f"output {se.record.get('id')}"] = se.output.sha256
+                    x[f"hit {se.record.get('id')}"] = se.library["hit"]
+                solved = []
+            elif isinstance(e, DepositEntry) and "from" in (e.settings or {}):
+                continue  # a verified answer deposited by solve --deposit-verified: the solve run replays it
+            elif isinstance(e, DepositEntry):
+                if e.settings is None:
+                    raise InputError(
+                        f"{ledger_path}:{e.lineno}: deposit entry without settings (older kvgraft)",
+                        "re-run the deposit, then make the prereg from the new entries",
+                    )
+                key: tuple = (kinds.DEPOSIT, e.problems_file.path, json.dumps(e.settings, sort_keys=True))
+                rid = runs.setdefault(
+                    key,
+                    {
+                        "id": f"deposit-{sum(k[0] == kinds.DEPOSIT for k in runs) + 1}",
+                        "kind": kinds.DEPOSIT,
+                        "input": rel(e.problems_file.path),
+                        "input_sha256": e.problems_file.sha256,
+                        "settings": e.settings,
+                    },
+                )["id"]
+                x = exp.setdefault(rid, {"input_sha256": e.problems_file.sha256})
+                x[f"artifact {e.record.get('id')}"] = e.artifact.sha256
+                x[f"logits {e.record.get('id')}"] = e.logits.sha256
+            elif isinstance(e, GraftCheckEntry):
+                art = e.artifact.sha256
+                key = (kinds.GRAFT_CHECK, art, e.samples, e.max_new_tokens)
+                # One artifact checked with other --samples or -n is another run: check-<12 hex>-2, -3, ... (the first
+                # keeps the bare id; two runs under one id made the prereg invalid: "duplicate id").
+                same = sum(k[0] == kinds.GRAFT_CHECK and k[1] == art for k in runs)
+                rid = runs.setdefault(
+                    key,
+                    {
+                        "id": f"check-{art[:12]}" + (f"-{same + 1}" if same else ""),
+                        "kind": kinds.GRAFT_CHECK,
+                        "artifact": art,
+                        "samples": e.samples,
+                        "max_new_tokens": e.max_new_tokens,
+                    },
+                )["id"]
+                exp[rid] = {"fresh_logits": e.fresh_logits.sha256, "passed": e.result["passed"]}
+            elif isinstance(e, ScoreEntry):
+                if (
+                    e.outputs is None
+                    or e.answers is None
+                    or e.records is None
+                    or e.result is None
+                    or e.settings is None
+                ):
+                    raise InputError(
+                        f"{ledger_path}:{e.lineno}: score entry without its files, settings or result",
+                        f"run `kvgraft verify {ledger_path}`",
+                    )
+                key = (kinds.SCORE, e.outputs.path, e.answers.path, json.dumps(e.settings, sort_keys=True))
+                rid = runs.setdefault(
+                    key,
+                    {
+                        "id": f"score-{sum(k[0] == kinds.SCORE for k in runs) + 1}",
+                        "kind": kinds.SCORE,
+                        "outputs": rel(e.outputs.path),
+                        "outputs_sha256": e.outputs.sha256,
+                        "answers": rel(e.answers.path),
+                        "answers_sha256": e.answers.sha256,
+                        "settings": e.settings,
+                    },
+                )["id"]
+                exp[rid] = {
                     "outputs_sha256": e.outputs.sha256,
-                    "answers": rel(e.answers.path),
                     "answers_sha256": e.answers.sha256,
-                    "settings": e.settings,
-                },
-            )["id"]
-            exp[rid] = {
-                "outputs_sha256": e.outputs.sha256,
-                "answers_sha256": e.answers.sha256,
-                "records": e.records.sha256,
-                "n": e.result["n"],
-                "correct": e.result["correct"],
-            }
+                    "records": e.records.sha256,
+                    "n": e.result["n"],
+                    "correct": e.result["correct"],
+                }
+        except (KeyError, TypeError, AttributeError) as x:  # a result or settings object of another shape
+            raise InputError(
+                f"{ledger_path}:{e.lineno}: a {e.kind} entry without what a prereg takes from it ({x!r})",
+                f"run `kvgraft verify {ledger_path}`",
+            ) from None
+
     if served:
         if files is None:
             raise InputError(f"{ledger_path}: served requests need a requests file beside the prereg")
@@ -544,7 +566,7 @@ def _served_run(ledger_path: Path, served: list[ServeEntry]) -> tuple[bytes, dic
             )
         lines.append(canonical_json({"endpoint": found[0], "body": found[1]}) + b"\n")
         expected[f"request {i}"] = sha
-        expected[f"hit {i}"] = e.library["hit"]
+        expected[f"hit {i}"] = e.library.get("hit")
         expected[f"prompt ids {i}"] = e.prompt_ids.sha256
         if e.first_logits is not None:
             expected[f"first-token logits {i}"] = e.first_logits.sha256

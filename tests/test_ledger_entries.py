@@ -47,12 +47,12 @@ def _sample(cls):
         typ = f.metadata["as"]
         first = typ[0] if isinstance(typ, tuple) else typ
         values[f.name] = {
-            Digest: Digest.of(h, "x/y.jsonl", count=3),
+            Digest: Digest.of(h, "x/y.jsonl", count=3, ids=[1, 2]),
             ManifestRef: ManifestRef("manifests/a.yaml", h, h, "../manifests/a.yaml"),
             int: 7,
             str: "s",
             bool: True,
-            dict: {"k": [1, "2"], "n": None},
+            dict: {"k": [1, "2"], "n": 2, "correct": 1, "passed": True, "exact_offsets": [0], "none": None},
             list: ["a", 1],
         }.get(first)
         if f.name == "verification":
@@ -74,7 +74,7 @@ def test_every_kind_reads_back_as_written(kind, tmp_path):
     raw = (tmp_path / "l.jsonl").read_bytes().rstrip(b"\n")
     assert (written.seq, written.kind) == (0, kind) and canonical_json(written.to_json()) == raw
     assert entries.parse(json.loads(raw)) == written
-    assert written.summary() or kind == "probe"  # `ledger log`'s "what" (a probe's names its exact offsets only)
+    assert written.summary()  # `ledger log`'s "what"
     assert written.shown_digests() or kind == "replay-served"  # and the hashes it shows
     if kind == "import":
         assert json.loads(raw)["outputs"]["artifact." + "cd" * 32] == {"sha256": "cd" * 32}

@@ -9,6 +9,7 @@ and solve's ``--batch`` default (engine.decoding.DEFAULT_BATCH) rests on. Nothin
 
 Usage:
     python benchmarks/bench_batch.py [-m manifests/smollm2-serve.yaml] [--sizes 1 2 4 8 16] [--steps 16] [--rounds 3]
+        [--profile [N]]   (where the largest size's step goes: torch's profiler, the N busiest operators)
 """
 
 from __future__ import annotations
@@ -26,6 +27,15 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--profile",
+        type=int,
+        nargs="?",
+        const=12,
+        metavar="N",
+        help="after the table, where a batched step's time goes at the largest size: torch's profiler over "
+        "--steps steps, its N busiest operators by own CPU time (default 12)",
+    )
     args = ap.parse_args()
 
     from kvgraft_cli.config.manifest import load_manifest
@@ -71,6 +81,27 @@ def main() -> None:
             f"{b:>3} {t * 1e3:>9.1f} {t / b * 1e3:>8.1f} {b / t:>9.1f} {b / a:>12.1f} {a / t:>7.2f}x "
             f"{'yes' if same else 'NO':>10}"
         )
+    if args.profile:
+        _profile(engine, lean, caches, max(args.sizes), args.steps, args.profile)
+
+
+def _profile(engine, lean, caches, b: int, steps: int, top: int) -> None:
+    """The busiest operators of ``steps`` batched steps of ``b`` rows, by own CPU time, each with its share."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with engine._infer():
+        cs, ids = caches(b), [11 + i for i in range(b)]
+        lean.step(cs, ids)  # warm: the scratch buffers made
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                lean.step(cs, ids)
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events) or 1
+    print(f"\nwhere a step of {b} rows goes ({steps} steps profiled; own CPU time):")
+    print(f"{'operator':<40} {'share':>6} {'calls/step':>11} {'us/call':>8}")
+    for e in events[:top]:
+        share = e.self_cpu_time_total / total
+        print(f"{e.key:<40} {share:>6.1%} {e.count / steps:>11.0f} {e.self_cpu_time_total / e.count:>8.1f}")
 
 
 if __name__ == "__main__":

@@ -52,8 +52,13 @@ HELP_ONLY = {
 SMOKE: dict[str, tuple[list[str], list[str], list[str] | None]] = {
     "bench_attention": (["--smoke"], [r"^float32, 16 .* True\s+True$"], None),
     "bench_batch": (
-        ["-m", "{q4}", "--sizes", "2", "--steps", "2", "--rounds", "1"],
-        [r"forward lean$", r"^\s+2\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+x\s+yes$"],
+        ["-m", "{q4}", "--sizes", "2", "--steps", "2", "--rounds", "1", "--profile", "3"],
+        [
+            r"forward lean$",
+            r"^\s+2\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+x\s+yes$",
+            r"^where a step of 2 rows goes \(2 steps profiled; own CPU time\):$",
+            r"^aten::\w+\s+[\d.]+%\s+\d+\s+[\d.]+$",
+        ],
         None,
     ),
     "bench_deposit": (["--smoke"], [r"^math-0\s+\d+\s+[\d.]+", r"deposit / prefill = [\d.]+ by stages"], None),

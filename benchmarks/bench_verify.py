@@ -43,7 +43,7 @@ def build(tmp: Path, n_entries: int, total_mb: int, n_files: int) -> Path:
         art = Digest(refs[i][1], refs[i][0]) if i < n_files else Digest(f"{i:064x}")
         entry = DepositEntry(
             manifest=ManifestRef("builtin:default.yaml", "a" * 64, "b" * 64),
-            model={"sha256": "c" * 64, "tokenizer_sha256": "d" * 64},
+            model=Digest.of("c" * 64, tokenizer_sha256="d" * 64),
             environment=env,
             problems_file=Digest("e" * 64),
             record=Digest.of(f"{i:064x}", id=f"p{i}", line=i),

@@ -198,7 +198,7 @@ class Entry:
 
     manifest: ManifestRef | None = top(ManifestRef, optional=True)
     environment: dict | None = top(dict, optional=True)
-    model: dict | None = top(dict, optional=True)
+    model: Digest | None = top(Digest, optional=True)  # the model hash; tokenizer_sha256 beside it
     drift: list | None = top(list, optional=True)
     seq: int | None = None
     prev: str | None = None

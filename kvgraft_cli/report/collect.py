@@ -128,11 +128,10 @@ class _Models:
     def of(self, entry: Entry) -> dict[str, Any]:
         """The model and manifest an entry records, with the manifest's names when readable, and the manifest as
         the page names it (``manifest_shown``: :func:`shown_path`)."""
-        model = entry.model or {}
-        manifest = entry.manifest
+        model, manifest = entry.model, entry.manifest
         label = {
-            "model_sha256": text(model.get("sha256")),
-            "tokenizer_sha256": text(model.get("tokenizer_sha256")),
+            "model_sha256": text(model.sha256 if model else None),
+            "tokenizer_sha256": text(model.get("tokenizer_sha256") if model else None),
             "manifest_source": text(manifest.source if manifest else None),
             "manifest_path": text(manifest.path if manifest else None),
             "manifest_sha256": text(manifest.sha256 if manifest else None),

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.manifest import Manifest
-from ..ledger.entries import ManifestRef
-from ..util.hashing import digest
+from ..ledger.entries import Digest, ManifestRef
 
 if TYPE_CHECKING:
     from ..store.local import Store
@@ -94,7 +93,7 @@ def engine_facts(engine) -> dict[str, Any]:
     computed where the engine runs (a Ray worker's, say), recorded where the ledger is."""
     facts: dict[str, Any] = {
         "environment": engine.environment,
-        "model": {**digest(engine.hashes.model_sha256), "tokenizer_sha256": engine.hashes.tokenizer_sha256},
+        "model": Digest.of(engine.hashes.model_sha256, tokenizer_sha256=engine.hashes.tokenizer_sha256),
     }
     if engine.drift:
         facts["drift"] = engine.drift.items

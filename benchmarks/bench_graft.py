@@ -114,44 +114,33 @@ def _config(name: str):
     return build_config() if name == "tiny" else _llama_config(name) if name in LLAMA else _smol_config()
 
 
-def _smol_config():
+def _smol_config(**shape):
+    """SmolLM-135M's config (``shape``: fields that differ, as LlamaConfig takes them)."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=8192,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
+        **{
+            "vocab_size": 49152,
+            "hidden_size": 576,
+            "intermediate_size": 1536,
+            "num_hidden_layers": 30,
+            "num_attention_heads": 9,
+            "num_key_value_heads": 3,
+            "max_position_embeddings": 8192,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": True,
+            "pad_token_id": 0,
+            "eos_token_id": 1,
+            "bos_token_id": 2,
+            **shape,
+        }
     )
 
 
 def _smoke_config():
     """SmolLM-135M's shape at its smallest, for the benchmarks' ``--smoke`` runs (tests/test_benchmarks.py): the same
     9 query heads over 3 KV heads, 2 layers of hidden 72, a vocabulary of 512 (the byte-level tokenizer's 260 fit)."""
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=512,
-        hidden_size=72,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=8192,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-    )
+    return _smol_config(vocab_size=512, hidden_size=72, intermediate_size=128, num_hidden_layers=2)
 
 
 # Published shapes (config.json of meta-llama/Llama-3.2-1B and Llama-3.1-8B), random weights.

@@ -28,13 +28,11 @@ import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench_serve import _fresh_dir  # a new folder, or --dir when it does not exist yet
-from harness import write_json
+from harness import fresh_dir, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = REPO / "data" / "math500" / "math500.jsonl"
@@ -54,7 +52,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, help="the benchmark's folder (must not exist; default: a new temporary one)")
     ap.add_argument("--json", type=Path, help="write every response's record and the summary here")
     args = ap.parse_args()
-    work = _fresh_dir(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-replicas-"))
+    work = fresh_dir(args.dir, "bench-replicas-")
     manifest = args.manifest.resolve()
     model = _model_name(manifest)
     print(f"folder: {work}")

@@ -45,12 +45,11 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
 
-from harness import cpu, write_json  # benchmarks/, this script's folder, is first on sys.path
+from harness import cpu, fresh_dir, write_json  # benchmarks/, this script's folder, is first on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = REPO / "data" / "math500" / "math500.jsonl"
@@ -82,7 +81,7 @@ def main() -> None:
     from peers.llama_build import ensure_built  # benchmarks/, this script's folder, is first on sys.path
 
     t_start = time.perf_counter()
-    work = _fresh_dir(args.dir)
+    work = fresh_dir(args.dir, "bench-serve-")
     print(f"benchmark folder: {work}")
     build = ensure_built()
     gguf = _gguf(args.manifest)
@@ -141,15 +140,6 @@ def main() -> None:
 
 
 # -- setup ---------------------------------------------------------------------------------------------------------
-def _fresh_dir(path: Path | None) -> Path:
-    if path is None:
-        return Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    if path.exists():
-        raise SystemExit(f"{path} exists; the benchmark starts from a fresh folder")
-    path.mkdir(parents=True)
-    return path.resolve()
-
-
 def _gguf(manifest: Path) -> str:
     from kvgraft_cli.config.gguf import resolve_gguf
     from kvgraft_cli.config.manifest import load_manifest
@@ -197,8 +187,10 @@ def _deposit(args, work: Path) -> dict:
         rc = subprocess.run(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT).returncode
     if rc:
         raise SystemExit(f"kvgraft deposit exited {rc}; see {work / 'deposit.log'}")
-    lines = [json.loads(x) for x in (work / "ledger.jsonl").read_text().splitlines() if x.strip()]
-    statuses = [x.get("status") for x in lines if x.get("kind") == "deposit"]
+    from kvgraft_cli.ledger import entries
+    from kvgraft_cli.ledger.entries import DepositEntry
+
+    statuses = [e.status for e in entries.read(work / "ledger.jsonl", (DepositEntry,))]
     return {
         "command": " ".join(cmd),
         "seconds": round(time.perf_counter() - t0, 1),

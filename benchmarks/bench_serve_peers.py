@@ -56,13 +56,12 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 from bench_serve import _free_port, _gguf, _pct  # benchmarks/, this script's folder, is first on sys.path
-from harness import cpu, write_json
+from harness import cpu, fresh_dir, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = REPO / "data" / "math500" / "math500.jsonl"
@@ -99,7 +98,7 @@ def main() -> None:
     t_start = time.perf_counter()
     if "kvgraft" in args.servers:
         _check_kvgraft_args(args.kvgraft_args)
-    work = _fresh_dir(args.dir)
+    work = fresh_dir(args.dir, "bench-serve-peers-")
     print(f"benchmark folder: {work}")
     build: dict = {}
     if "llama-server" in args.servers:
@@ -160,15 +159,6 @@ def main() -> None:
 
 
 # -- setup ---------------------------------------------------------------------------------------------------------
-def _fresh_dir(path: Path | None) -> Path:
-    if path is None:
-        return Path(tempfile.mkdtemp(prefix="bench-serve-peers-"))
-    if path.exists():
-        raise SystemExit(f"{path} exists; the benchmark starts from a fresh folder")
-    path.mkdir(parents=True)
-    return path.resolve()
-
-
 def _kvgraft_bin() -> str:
     return str(Path(sys.executable).with_name("kvgraft"))
 

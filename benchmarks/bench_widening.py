@@ -21,9 +21,9 @@ statement and worked solution 1,000-1,400 characters, the tokenizer is byte-leve
 with real MATH problems mixed in (every 7th problem, from data/math500/math500.jsonl when present, those whose
 worked solution states a final answer). Every solution is checked by kvgraft's own verify_solution; each store is
 the first problems of the same deposit order until it holds its size in tokens, deposited by runs.deposit.deposit
-(the default manifest, one engine, chunks of --chunk problems written under STORE_ROOT/problem-chunks/ so each ledger line
-names a file that is there). Each store has its own ledger (STORE_ROOT/sN.ledger.jsonl). An interrupted fill
-resumes with --reuse (a store's entries are the first problems of the order); --reuse with full stores only
+(the default manifest, one engine, chunks of --chunk problems written under STORE_ROOT/problem-chunks/ so each
+ledger line names a file that is there). Each store has its own ledger (STORE_ROOT/sN.ledger.jsonl). An interrupted
+fill resumes with --reuse (a store's entries are the first problems of the order); --reuse with full stores only
 measures. Queries: half exact hits (problems of the smallest store, so in every store), half new problems of the
 same families (related hits).
 """
@@ -205,8 +205,8 @@ def fill(root: Path, sizes: list[int], problems: Problems, chunk: int) -> dict:
     manifest = load_manifest(None)
     engine = None
     template = manifest.prompt.prefix
-    inputs = root / "problem-chunks"
-    inputs.mkdir(parents=True, exist_ok=True)
+    chunks_dir = root / "problem-chunks"
+    chunks_dir.mkdir(parents=True, exist_ok=True)
     done_info, projected = {}, False
     for size in sorted(sizes):
         store, ledger = _store_paths(root, size)
@@ -228,7 +228,7 @@ def fill(root: Path, sizes: list[int], problems: Problems, chunk: int) -> dict:
                 p = Problem(0, rec["id"], rec["problem"], rec["solution"], rec["answer"], "")
                 need -= len(engine.prefix_ids(render_prefix(template, p), where=rec["id"]))
                 batch.append(rec)
-            path = inputs / f"s{size}-{i:06d}.jsonl"
+            path = chunks_dir / f"s{size}-{i:06d}.jsonl"
             path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in batch))
             report = deposit(ctx, path, engine=engine)
             t = report.totals()

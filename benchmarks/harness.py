@@ -71,6 +71,19 @@ def interleaved(runs: dict[str, Callable[[], Any]], repeat: int) -> dict[str, li
     return laps
 
 
+def fresh_dir(path: Path | None, prefix: str) -> Path:
+    """A benchmark's folder: ``path`` made new (SystemExit when it exists: a run starts from nothing), or a new
+    temporary one named ``prefix``...."""
+    import tempfile
+
+    if path is None:
+        return Path(tempfile.mkdtemp(prefix=prefix))
+    if path.exists():
+        raise SystemExit(f"{path} exists; the benchmark starts from a fresh folder")
+    path.mkdir(parents=True)
+    return path.resolve()
+
+
 def cpu() -> dict[str, Any]:
     """This machine's CPU as /proc/cpuinfo names it (kvgraft_cli.config.kernels.read_cpu, the reader kernel
     identities use): model, logical CPUs, and the instruction sets that decide which kernels run (AVX2, AVX-512's

@@ -10,6 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+from source_grep import TOPS, grep_sources
 
 from kvgraft_cli.errors import LedgerError
 from kvgraft_cli.ledger import entries
@@ -148,7 +149,8 @@ def test_serve_lines_keep_an_absent_first_logits_absent():
 LEDGER_LITERAL = re.compile(
     r"""["']inputs["']"""
     r"""|\b(?:inputs|outputs|verification)=\{"""
-    r"""|\.get\(["'](?:outputs|verification)["']"""
+    r"""|\.get\(["'](?:outputs|verification|status)["']"""
+    r"""|\.get\(["']kind["']\)\s*[!=]=\s*["']"""
     r"""|\)\[["'](?:outputs|verification)["']\]"""
     r"""|\b(?:e|entry|line|raw|se|written)\[["'](?:outputs|verification|status|kind|seq|manifest)["']\]"""
     r"""|\b(?:ledger|log|ledger_mod|ledger_log)\.append\("""
@@ -159,15 +161,7 @@ LEDGER_LITERAL = re.compile(
 def ledger_literals(root: Path) -> list[str]:
     """``path:line: text`` of every ledger entry built or read by key outside kvgraft_cli/ledger/, under ``root``'s
     kvgraft_cli/, scripts/ and benchmarks/."""
-    found = []
-    for top in ("kvgraft_cli", "scripts", "benchmarks"):
-        for path in sorted((root / top).rglob("*.py")):
-            if path.relative_to(root).parts[:2] == ("kvgraft_cli", "ledger"):
-                continue
-            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-                if LEDGER_LITERAL.search(line):
-                    found.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
-    return found
+    return grep_sources(root, LEDGER_LITERAL, "ledger")
 
 
 def test_no_ledger_entry_is_built_or_read_by_key_outside_the_types():
@@ -176,7 +170,7 @@ def test_no_ledger_entry_is_built_or_read_by_key_outside_the_types():
 
 def test_the_grep_sees_an_entry_built_or_read_by_key(tmp_path):
     """Can fail: each way the writers and readers used to build or take apart an entry is named, file and line."""
-    for top in ("kvgraft_cli", "scripts", "benchmarks"):
+    for top in TOPS:
         (tmp_path / top).mkdir()
     (tmp_path / "kvgraft_cli" / "ledger").mkdir()
     (tmp_path / "kvgraft_cli" / "ledger" / "ok.py").write_text('x = {"inputs": 1}\n')  # the types' own home
@@ -189,6 +183,7 @@ def test_the_grep_sees_an_entry_built_or_read_by_key(tmp_path):
     )
     (tmp_path / "benchmarks" / "b.py").write_text(
         'v = (e.get("outputs") or {}).get("costs")\nt = json.loads(lines[3])["outputs"]["costs"]\nrow = {"outputs": 1}\n'
+        'st = [x.get("status") for x in lines if x.get("kind") == "deposit"]\n'
     )
     assert ledger_literals(tmp_path) == [
         "kvgraft_cli/a.py:1: entry = ctx.entry_base(engine)",
@@ -197,6 +192,7 @@ def test_the_grep_sees_an_entry_built_or_read_by_key(tmp_path):
         "kvgraft_cli/a.py:5: ledger.append(ctx.ledger, kinds.SCORE, entry)",
         'benchmarks/b.py:1: v = (e.get("outputs") or {}).get("costs")',
         'benchmarks/b.py:2: t = json.loads(lines[3])["outputs"]["costs"]',
+        'benchmarks/b.py:4: st = [x.get("status") for x in lines if x.get("kind") == "deposit"]',
     ]
 
 

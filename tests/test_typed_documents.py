@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from source_grep import TOPS, grep_sources
 
 from kvgraft_cli.config.manifest import load_manifest
 from kvgraft_cli.config.sections import SECTIONS, DecodeSection, PromptSection
@@ -23,17 +24,9 @@ DOCUMENT_READ = re.compile(
 
 
 def document_reads(root: Path) -> list[str]:
-    """``path:line: text`` of every read of a manifest's document outside config/, under ``root``'s kvgraft_cli/ and
-    scripts/."""
-    found = []
-    for top in ("kvgraft_cli", "scripts", "benchmarks"):
-        for path in sorted((root / top).rglob("*.py")):
-            if path.relative_to(root).parts[:2] == ("kvgraft_cli", "config"):
-                continue
-            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-                if DOCUMENT_READ.search(line):
-                    found.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
-    return found
+    """``path:line: text`` of every read of a manifest's document outside config/, under ``root``'s kvgraft_cli/,
+    scripts/ and benchmarks/."""
+    return grep_sources(root, DOCUMENT_READ, "config")
 
 
 def test_nothing_outside_config_reads_the_manifest_by_key():
@@ -42,7 +35,7 @@ def test_nothing_outside_config_reads_the_manifest_by_key():
 
 def test_the_grep_sees_a_read_by_key(tmp_path):
     """Can fail: a copy with one read by key put back is named, file and line."""
-    for top in ("kvgraft_cli", "scripts", "benchmarks"):
+    for top in TOPS:
         (tmp_path / top).mkdir()
     (tmp_path / "kvgraft_cli" / "x.py").write_text('a = 1\nn = engine.manifest.data["decode"]["max_new_tokens"]\n')
     (tmp_path / "scripts" / "y.py").write_text(

@@ -662,9 +662,9 @@ def write(
         assert after is not None
         after(cls.from_json(line))
 
-    line = ledger_log.append(
-        path, entry.kind, body_of(entry), finalize=fin if finalize else None, after=done if after else None
-    )
+    # (with ``finalize`` the entry written is the one it returns: that one is checked, under the lock)
+    body = entry.to_json() if finalize else body_of(entry)
+    line = ledger_log.append(path, entry.kind, body, finalize=fin if finalize else None, after=done if after else None)
     return cls.from_json(line)
 
 

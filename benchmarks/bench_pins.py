@@ -7,7 +7,9 @@ grouped attention) in copies that differ in the kernel pins (``runtime.env``: no
 imported): the first N tokens of MATH-500's worked solutions prefilled, then D tokens decoded greedily (a fixed
 count, whatever the model says). The copies alternate round by round, so a noisy neighbour hits all alike. Reported
 per copy and length: decode tokens per second (median over rounds), the ratio to the first copy, and the hash of the
-decoded ids (the same every round; copies with one hash computed the same tokens). --manifest takes another q4
+decoded ids (the same every round; copies with one hash computed the same tokens). Under the avx2 pins the int4
+product is int4mm.c's (kvgraft_cli/engine/ckernels.py) but in the last copy, which runs ATen's own AVX2 kernel: the
+same ids, at ATen's 8 lanes. --manifest takes another q4
 manifest with grouped attention instead. Usage:
     python benchmarks/bench_pins.py [--lengths 512 1024] [--decode 64] [--rounds 3] [--threads 1] [--manifest M]
                                     [--json OUT] [--smoke]
@@ -34,11 +36,14 @@ REPO = Path(__file__).resolve().parents[1]
 MANIFEST = REPO / "manifests" / "smollm2-math500-q4.yaml"
 MATH = REPO / "data" / "math500" / "math500.jsonl"
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# name -> (kernel pins, attention's products, KVGRAFT_INT4_KERNEL): under the avx2 pins the int4 product runs in
+# int4mm.c (ATen's AVX2 bits at the CPU's widest vectors) unless told "aten" (ATen's own AVX2 kernel: the same bits)
 COPIES = {
-    "native, blas": ({}, "blas"),
-    "native, aten": ({}, "aten"),
-    "avx2, blas": (AVX2, "blas"),
-    "avx2, aten": (AVX2, "aten"),
+    "native, blas": ({}, "blas", "auto"),
+    "native, aten": ({}, "aten", "auto"),
+    "avx2, blas": (AVX2, "blas", "auto"),
+    "avx2, aten": (AVX2, "aten", "auto"),
+    "avx2, aten, ATen's int4": (AVX2, "aten", "aten"),
 }
 
 
@@ -68,6 +73,7 @@ def child(manifest: str, lengths: list[int], decode: int) -> None:
                 got.append(nxt)
                 last = eng.forward(cache, [nxt], last_only=True)[-1]
             out[str(n)] = {"decode_s": time.perf_counter() - t0, "ids": token_ids_sha256(got)}
+    out["int4_kernel"] = eng.environment.get("int4_kernel")
     print(json.dumps(out))
 
 
@@ -97,27 +103,29 @@ def main() -> None:
         base["model"]["path"] = str((a.manifest.resolve().parent / path).resolve())  # the copies live elsewhere
     folder = Path(tempfile.mkdtemp(prefix="bench-pins-"))
     paths = {}
-    for name, (env, products) in copies.items():
+    for name, (env, products, _) in copies.items():
         m = json.loads(json.dumps(base))
         m["runtime"]["threads"] = a.threads
         m["runtime"]["env"] = {k: env.get(k) for k in m["runtime"]["env"]}
         m["model"]["attn_products"] = products
         paths[name] = folder / (hashlib.sha256(name.encode()).hexdigest()[:8] + ".yaml")
         paths[name].write_text(yaml.safe_dump(m, sort_keys=False))
-    pinned = {k for env, _ in COPIES.values() for k in env}
+    pinned = {k for env, _, _ in COPIES.values() for k in env} | {"KVGRAFT_INT4_KERNEL"}
     environ = {k: v for k, v in os.environ.items() if k not in pinned}
     runs: dict[str, list[dict]] = {n: [] for n in copies}
     for r in range(a.rounds):
         for name in copies:
             cmd = [sys.executable, __file__, "--child", str(paths[name]), "--lengths", *map(str, a.lengths),
                    "--decode", str(a.decode)]  # fmt: skip
-            p = subprocess.run(cmd, capture_output=True, text=True, env=environ)
+            p = subprocess.run(
+                cmd, capture_output=True, text=True, env={**environ, "KVGRAFT_INT4_KERNEL": copies[name][2]}
+            )
             if p.returncode != 0:
                 raise SystemExit(f"{name}: rc={p.returncode}\n{p.stderr[-3000:]}")
             res = json.loads(p.stdout.strip().splitlines()[-1])
             runs[name].append(res)
             shown = ", ".join(f"{n}: {a.decode / res[str(n)]['decode_s']:.1f} tok/s" for n in a.lengths)
-            print(f"round {r + 1} {name:<13} {shown}", flush=True)
+            print(f"round {r + 1} {name:<24} {shown} (int4: {res['int4_kernel']})", flush=True)
     first = next(iter(copies))
     print(
         f"\n{cpu_model()}, {os.cpu_count()} CPUs, {a.threads} thread(s), {a.decode} tokens decoded after N, "
@@ -125,13 +133,14 @@ def main() -> None:
     )
     table: dict = {}
     for n in a.lengths:
-        print(f"\nN = {n}\n{'copy':<13} {'tok/s':>7} {'vs ' + first:>16}  ids")
+        print(f"\nN = {n}\n{'copy':<24} {'int4':<7} {'tok/s':>7} {'vs ' + first:>16}  ids")
         ref = statistics.median(a.decode / x[str(n)]["decode_s"] for x in runs[first])
         for name in copies:
             rate = statistics.median(a.decode / x[str(n)]["decode_s"] for x in runs[name])
             ids = sorted({x[str(n)]["ids"][:12] for x in runs[name]})
-            table.setdefault(str(n), {})[name] = {"tokens_per_s": rate, "ratio": rate / ref, "ids": ids}
-            print(f"{name:<13} {rate:>7.1f} {rate / ref:>15.2f}x  {', '.join(ids)}")
+            int4 = runs[name][0]["int4_kernel"]
+            table.setdefault(str(n), {})[name] = {"tokens_per_s": rate, "ratio": rate / ref, "ids": ids, "int4": int4}
+            print(f"{name:<24} {int4 or '-':<7} {rate:>7.1f} {rate / ref:>15.2f}x  {', '.join(ids)}")
     if a.json:
         write_json(a.json, {"cpu": cpu_model(), "threads": a.threads, "lengths": table}, **vars(a))
 

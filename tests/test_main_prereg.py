@@ -80,8 +80,8 @@ def test_the_main_jobs_prereg_replays_hash_for_hash(tmp_path):
     assert {e["environment"]["forward"] for e in entries if "environment" in e and "forward" in e["environment"]} == {
         "lean"
     }
-    # The int4 product ran in kvgraft's own kernel (int4mm.c) at the CPU's widest vectors wherever a C compiler built
-    # it, and ATen's made the prereg: so this replay is int4mm.c's check on the real model, end to end
+    # The int4 product and attention's products ran in kvgraft's C kernels (engine.ckernels) at the CPU's widest vectors
+    # wherever a C compiler built them, and ATen's made the prereg: so this replay is their check on the real model
     ran = {e["environment"]["int4_kernel"] for e in entries if "forward" in e.get("environment", {})}
     widest = "avx512" if "avx512f" in Path("/proc/cpuinfo").read_text() else "avx2"
     assert ran == ({widest} if shutil.which("cc") or shutil.which("gcc") else {"aten"}), ran

@@ -36,11 +36,22 @@ ATEN_TEMP = 1 << 18
 
 
 def scores(q, key, aten: bool):
-    """Q·Kᵀ: ``q`` [b, kv, m, d], ``key`` [b, kv, n, d] -> [b, kv, m, n] (``aten``: ATen's mul and sum over d)."""
+    """Q·Kᵀ: ``q`` [b, kv, m, d], ``key`` [b, kv, n, d] -> [b, kv, m, n] (``aten``: ATen's mul and sum over d, whose
+    bits engine.ckernels computes without the temporary where it runs)."""
     import torch
 
     if not aten:
         return torch.matmul(q, key.transpose(2, 3))
+    from .ckernels import scores as fast
+
+    out = fast(q, key)
+    return aten_scores(q, key) if out is None else out
+
+
+def aten_scores(q, key):
+    """Q·Kᵀ as ATen's elementwise product and sum over d."""
+    import torch
+
     rows = _rows(key)
     # Each output's sum is over its own d products, in an order that does not depend on how many rows share the call
     parts = [_product(q[:, :, i : i + rows].unsqueeze(3), key.unsqueeze(2)).sum(-1) for i in range(0, q.shape[2], rows)]
@@ -49,11 +60,21 @@ def scores(q, key, aten: bool):
 
 def mix(weights, value, aten: bool):
     """weights·V: ``weights`` [b, kv, m, n], ``value`` [b, kv, n, d] -> [b, kv, m, d] (``aten``: ATen's mul and sum
-    over n)."""
+    over n, whose bits engine.ckernels computes without the temporary where it runs)."""
     import torch
 
     if not aten:
         return torch.matmul(weights, value)
+    from .ckernels import mix as fast
+
+    out = fast(weights, value)
+    return aten_mix(weights, value) if out is None else out
+
+
+def aten_mix(weights, value):
+    """weights·V as ATen's elementwise product and sum over n."""
+    import torch
+
     rows = _rows(value)
     w = weights
     parts = [

@@ -596,8 +596,9 @@ def engine_from_model(
 
     engine.environment["forward"] = "lean" if attach(engine) else "transformers"
     if manifest.model.weights == "q4" and str(device).split(":")[0] == "cpu":
-        # Which code ran the int4 product: int4mm.c's vector path or ATen's kernel (the same bits; int4kernel.py)
-        from .int4kernel import status
+        # Which code ran the int4 product and attention's ATen products: the C kernels' vector path or ATen's kernels
+        # (the same bits; ckernels.py)
+        from .ckernels import status
 
         engine.environment["int4_kernel"] = status().path
     from .fingerprint import kernels_record

@@ -1,4 +1,4 @@
-/* The int4 product of the avx2 profile, at the width of the CPU it runs on (kvgraft_cli/engine/int4kernel.py).
+/* The int4 product of the avx2 profile, at the width of the CPU it runs on (kvgraft_cli/engine/ckernels.py).
  *
  * C[m, n] = bf16( sum over k, in order, of  a[m, k] * w[n, k] ), with every operation the one ATen's AVX2 kernel
  * (aten._weight_int4pack_mm_for_cpu under ATEN_CPU_CAPABILITY=avx2) performs, in the same order:

@@ -26,7 +26,7 @@ Determinism: the kernel's row for one token does not depend on how many rows are
 rows; tests/test_quantized.py), it is deterministic run to run at a pinned thread count, and which code path it takes is
 ATen's CPU capability, which the manifest's profile pins (``ATEN_CPU_CAPABILITY``; under the portable profile's
 ``default`` it is the scalar path, many times slower than AVX-512's: the same section of docs/PERFORMANCE.md). Under
-the avx2 profile the product runs in kvgraft's own kernel (int4kernel.py, int4mm.c): ATen's AVX2 bits, computed at
+the avx2 profile the product runs in kvgraft's own kernel (ckernels.py, int4mm.c): ATen's AVX2 bits, computed at
 the width of the CPU's widest vectors. The
 conversion is pinned by ``model.weights_sha256``: the SHA-256 of the canonical tensors (codes packed two to a byte,
 bfloat16 scales and zeros) computed at every load, so a changed GGUF reader or rounding shows up as drift. Before
@@ -283,7 +283,7 @@ def _int4_linear_class():
 def _build_int4_linear_class():
     import torch
 
-    from .int4kernel import int4_mm
+    from .ckernels import int4_mm
 
     class _Int4Linear(torch.nn.Module):
         """A linear layer whose weight is one or more int4 planes (module docstring); bias in the model's dtype."""
@@ -306,7 +306,7 @@ def _build_int4_linear_class():
         def forward(self, x):
             shape = x.shape
             a = x.reshape(-1, self.in_features).to(torch.bfloat16)
-            mm = int4_mm  # ATen's kernel's bits, at the CPU's width where it can (int4kernel.py)
+            mm = int4_mm  # ATen's kernel's bits, at the CPU's width where it can (ckernels.py)
             y = mm(a, self.packed[0], GROUP, self.scales_zeros[0]).to(x.dtype)
             for packed, sz in zip(self.packed[1:], self.scales_zeros[1:]):  # Q8_0's second plane
                 y = y + mm(a, packed, GROUP, sz).to(x.dtype)

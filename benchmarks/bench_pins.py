@@ -8,8 +8,8 @@ imported): the first N tokens of MATH-500's worked solutions prefilled, then D t
 count, whatever the model says). The copies alternate round by round, so a noisy neighbour hits all alike. Reported
 per copy and length: decode tokens per second (median over rounds), the ratio to the first copy, and the hash of the
 decoded ids (the same every round; copies with one hash computed the same tokens). Under the avx2 pins the int4
-product is int4mm.c's (kvgraft_cli/engine/ckernels.py) but in the last copy, which runs ATen's own AVX2 kernel: the
-same ids, at ATen's 8 lanes. --manifest takes another q4
+product and attention's ATen products are kvgraft's C kernels' (kvgraft_cli/engine/ckernels.py) but in the last copy,
+which runs ATen's own AVX2 kernels: the same ids, at ATen's 8 lanes and through its temporaries. --manifest takes another q4
 manifest with grouped attention instead. Usage:
     python benchmarks/bench_pins.py [--lengths 512 1024] [--decode 64] [--rounds 3] [--threads 1] [--manifest M]
                                     [--json OUT] [--smoke]
@@ -36,14 +36,15 @@ REPO = Path(__file__).resolve().parents[1]
 MANIFEST = REPO / "manifests" / "smollm2-math500-q4.yaml"
 MATH = REPO / "data" / "math500" / "math500.jsonl"
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-# name -> (kernel pins, attention's products, KVGRAFT_INT4_KERNEL): under the avx2 pins the int4 product runs in
-# int4mm.c (ATen's AVX2 bits at the CPU's widest vectors) unless told "aten" (ATen's own AVX2 kernel: the same bits)
+# name -> (kernel pins, attention's products, KVGRAFT_CKERNELS): under the avx2 pins the int4 product and attention's
+# ATen products run in kvgraft's C kernels (ATen's AVX2 bits at the CPU's widest vectors) unless told "aten" (ATen's
+# own AVX2 kernels: the same bits)
 COPIES = {
     "native, blas": ({}, "blas", "auto"),
     "native, aten": ({}, "aten", "auto"),
     "avx2, blas": (AVX2, "blas", "auto"),
     "avx2, aten": (AVX2, "aten", "auto"),
-    "avx2, aten, ATen's int4": (AVX2, "aten", "aten"),
+    "avx2, aten, ATen's own": (AVX2, "aten", "aten"),
 }
 
 
@@ -73,7 +74,7 @@ def child(manifest: str, lengths: list[int], decode: int) -> None:
                 got.append(nxt)
                 last = eng.forward(cache, [nxt], last_only=True)[-1]
             out[str(n)] = {"decode_s": time.perf_counter() - t0, "ids": token_ids_sha256(got)}
-    out["int4_kernel"] = eng.environment.get("int4_kernel")
+    out["ckernels"] = eng.environment.get("ckernels")
     print(json.dumps(out))
 
 
@@ -110,7 +111,7 @@ def main() -> None:
         m["model"]["attn_products"] = products
         paths[name] = folder / (hashlib.sha256(name.encode()).hexdigest()[:8] + ".yaml")
         paths[name].write_text(yaml.safe_dump(m, sort_keys=False))
-    pinned = {k for env, _, _ in COPIES.values() for k in env} | {"KVGRAFT_INT4_KERNEL"}
+    pinned = {k for env, _, _ in COPIES.values() for k in env} | {"KVGRAFT_CKERNELS"}
     environ = {k: v for k, v in os.environ.items() if k not in pinned}
     runs: dict[str, list[dict]] = {n: [] for n in copies}
     for r in range(a.rounds):
@@ -118,14 +119,14 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--child", str(paths[name]), "--lengths", *map(str, a.lengths),
                    "--decode", str(a.decode)]  # fmt: skip
             p = subprocess.run(
-                cmd, capture_output=True, text=True, env={**environ, "KVGRAFT_INT4_KERNEL": copies[name][2]}
+                cmd, capture_output=True, text=True, env={**environ, "KVGRAFT_CKERNELS": copies[name][2]}
             )
             if p.returncode != 0:
                 raise SystemExit(f"{name}: rc={p.returncode}\n{p.stderr[-3000:]}")
             res = json.loads(p.stdout.strip().splitlines()[-1])
             runs[name].append(res)
             shown = ", ".join(f"{n}: {a.decode / res[str(n)]['decode_s']:.1f} tok/s" for n in a.lengths)
-            print(f"round {r + 1} {name:<24} {shown} (int4: {res['int4_kernel']})", flush=True)
+            print(f"round {r + 1} {name:<24} {shown} (C kernels: {res['ckernels']})", flush=True)
     first = next(iter(copies))
     print(
         f"\n{cpu_model()}, {os.cpu_count()} CPUs, {a.threads} thread(s), {a.decode} tokens decoded after N, "
@@ -133,14 +134,14 @@ def main() -> None:
     )
     table: dict = {}
     for n in a.lengths:
-        print(f"\nN = {n}\n{'copy':<24} {'int4':<7} {'tok/s':>7} {'vs ' + first:>16}  ids")
+        print(f"\nN = {n}\n{'copy':<24} {'C':<7} {'tok/s':>7} {'vs ' + first:>16}  ids")
         ref = statistics.median(a.decode / x[str(n)]["decode_s"] for x in runs[first])
         for name in copies:
             rate = statistics.median(a.decode / x[str(n)]["decode_s"] for x in runs[name])
             ids = sorted({x[str(n)]["ids"][:12] for x in runs[name]})
-            int4 = runs[name][0]["int4_kernel"]
-            table.setdefault(str(n), {})[name] = {"tokens_per_s": rate, "ratio": rate / ref, "ids": ids, "int4": int4}
-            print(f"{name:<24} {int4 or '-':<7} {rate:>7.1f} {rate / ref:>15.2f}x  {', '.join(ids)}")
+            ck = runs[name][0]["ckernels"]
+            table.setdefault(str(n), {})[name] = {"tokens_per_s": rate, "ratio": rate / ref, "ids": ids, "ckernels": ck}
+            print(f"{name:<24} {ck or '-':<7} {rate:>7.1f} {rate / ref:>15.2f}x  {', '.join(ids)}")
     if a.json:
         write_json(a.json, {"cpu": cpu_model(), "threads": a.threads, "lengths": table}, **vars(a))
 

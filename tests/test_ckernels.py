@@ -10,7 +10,7 @@ are compared with ATen at 1 and 2 threads:
   and others (head sizes of 128, 80 and 40; keys past multi_row_sum's levels), with NaN and infinities.
 Then the guards: copies with other arithmetic (the int4 accumulation as a multiply and an add, each rounded;
 attention's sums in another order) are caught by the check at load and ATen's kernels run; no compiler, ATen's
-capability above AVX2 and KVGRAFT_INT4_KERNEL=aten all run ATen's kernels and say why. The real model's end-to-end
+capability above AVX2 and KVGRAFT_CKERNELS=aten all run ATen's kernels and say why. The real model's end-to-end
 bits under the C kernels are tests/test_main_prereg.py's: the committed pre-registration, made under ATen's kernels on
 another CPU, replayed hash for hash.
 """
@@ -119,19 +119,19 @@ CHILD = textwrap.dedent(
             else:
                 paths.append(text)
         K.SOURCES = tuple(paths)
-        reset(KVGRAFT_INT4_KERNEL=width)
+        reset(KVGRAFT_CKERNELS=width)
         out[f"{name}_{width}"] = K.status().__dict__
     K.SOURCES = (int4, attn)
-    reset(KVGRAFT_INT4_KERNEL=None)
+    reset(KVGRAFT_CKERNELS=None)
 
     path = os.environ["PATH"]
     reset(PATH="/nonexistent", CC=None)
     out["no_compiler"] = K.status().__dict__
-    reset(PATH=path, KVGRAFT_INT4_KERNEL="aten")
+    reset(PATH=path, KVGRAFT_CKERNELS="aten")
     out["aten"] = K.status().__dict__
-    reset(KVGRAFT_INT4_KERNEL="avx2")
+    reset(KVGRAFT_CKERNELS="avx2")
     out["forced_avx2"] = K.status().__dict__
-    reset(KVGRAFT_INT4_KERNEL="avx-1024")
+    reset(KVGRAFT_CKERNELS="avx-1024")
     try:
         K.status()
     except InputError as e:
@@ -143,7 +143,7 @@ CHILD = textwrap.dedent(
 
 def _child(tmp_path, **env):
     full = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(REPO), **env}
-    full.pop("KVGRAFT_INT4_KERNEL", None)
+    full.pop("KVGRAFT_CKERNELS", None)
     full.update(env)
     p = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], env=full, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -160,10 +160,10 @@ def test_the_c_kernels_give_atens_avx2_bits_and_their_guards_hold(tmp_path):
     assert len(broken) == 3
     assert all(v["path"] == "aten" and "differed from ATen's kernel" in v["why"] for v in broken.values()), broken
     assert out["no_compiler"] == {"path": "aten", "why": "no C compiler (cc or gcc) to build the C kernels"}
-    assert out["aten"] == {"path": "aten", "why": "KVGRAFT_INT4_KERNEL=aten"}
+    assert out["aten"] == {"path": "aten", "why": "KVGRAFT_CKERNELS=aten"}
     assert "scores" in broken[next(k for k in broken if k.startswith("lanes_"))]["why"], broken
     assert out["forced_avx2"] == {"path": "avx2", "why": ""}
-    assert "KVGRAFT_INT4_KERNEL='avx-1024' is not one of" in out["bogus"]
+    assert "KVGRAFT_CKERNELS='avx-1024' is not one of" in out["bogus"]
 
 
 def test_above_avx2_atens_own_kernel_runs(tmp_path):

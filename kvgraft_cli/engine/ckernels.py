@@ -14,7 +14,7 @@ temporaries, so it gives ATen's AVX2 bits on any x86-64 CPU with AVX2 and FMA, a
 runs where ATen's kernels would give those bits (ATen's capability is AVX2 in this process, so the int4 codes are in
 ATen's AVX2 packing and its sums are 8 lanes wide), and only after products on fixed inputs, at several shapes, rows
 and threads, came out byte-equal to ATen's own (once a process); otherwise ATen's kernels run: the same bits, slower.
-A model's outputs are therefore the same with it or without it; the ledger's ``environment.int4_kernel`` names which
+A model's outputs are therefore the same with it or without it; the ledger's ``environment.ckernels`` names which
 ran.
 
 The C sources are compiled on first use with the system's C compiler (``$CC``, ``cc`` or ``gcc``) into the user's
@@ -22,7 +22,7 @@ cache (``~/.cache/kvgraft/kernels``, named by the hash of the sources, the flags
 a second, and loaded after torch, so their OpenMP threads are torch's own. No compiler, a failed compile or a failed
 check: ATen's kernels, and :func:`status` says why.
 
-``KVGRAFT_INT4_KERNEL`` chooses: ``auto`` (the default: the widest path the CPU has), ``avx512``, ``avx2`` (that
+``KVGRAFT_CKERNELS`` chooses: ``auto`` (the default: the widest path the CPU has), ``avx512``, ``avx2`` (that
 path, refused if the CPU lacks it) or ``aten`` (ATen's kernels always).
 """
 
@@ -168,13 +168,13 @@ def _mix(weights, value, width: int, threads: int):
 
 def _decide() -> Status:
     global _LIB
-    want = (os.environ.get("KVGRAFT_INT4_KERNEL") or "auto").strip().lower()
+    want = (os.environ.get("KVGRAFT_CKERNELS") or "auto").strip().lower()
     if want not in CHOICES:
         from ..errors import InputError
 
-        raise InputError(f"KVGRAFT_INT4_KERNEL={want!r} is not one of {', '.join(CHOICES)}", hint="unset it for auto")
+        raise InputError(f"KVGRAFT_CKERNELS={want!r} is not one of {', '.join(CHOICES)}", hint="unset it for auto")
     if want == "aten":
-        return Status("aten", "KVGRAFT_INT4_KERNEL=aten")
+        return Status("aten", "KVGRAFT_CKERNELS=aten")
     import torch
 
     cap = torch.backends.cpu.get_cpu_capability()
@@ -190,7 +190,7 @@ def _decide() -> Status:
         if _WIDTH[want] > width:
             from ..errors import InputError
 
-            raise InputError(f"KVGRAFT_INT4_KERNEL={want}: this CPU has no such vectors", hint="unset it for auto")
+            raise InputError(f"KVGRAFT_CKERNELS={want}: this CPU has no such vectors", hint="unset it for auto")
         path = want
     if not path:
         return Status("aten", "this CPU lacks AVX2 or FMA")
@@ -226,8 +226,11 @@ def _load():
     folder = (base if base is not None else Path(tempfile.gettempdir()) / "kvgraft") / "kernels"
     lib = folder / f"kvgraft-{key}.so"
     if not lib.is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".kvgraft-", suffix=".so")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".kvgraft-", suffix=".so")
+        except OSError as e:
+            raise _NoKernel(f"cannot write the C kernels into {folder}: {e}") from None
         os.close(fd)
         try:
             sources = [str(p) for p in SOURCES]

@@ -595,12 +595,13 @@ def engine_from_model(
     from .lean import attach
 
     engine.environment["forward"] = "lean" if attach(engine) else "transformers"
-    if manifest.model.weights == "q4" and str(device).split(":")[0] == "cpu":
+    uses = manifest.model.weights == "q4" or manifest.model.attn_products == "aten"
+    if uses and str(device).split(":")[0] == "cpu":
         # Which code ran the int4 product and attention's ATen products: the C kernels' vector path or ATen's kernels
         # (the same bits; ckernels.py)
         from .ckernels import status
 
-        engine.environment["int4_kernel"] = status().path
+        engine.environment["ckernels"] = status().path
     from .fingerprint import kernels_record
 
     engine.environment["kernels"] = kernels_record(engine)

@@ -73,6 +73,21 @@ def _one_problem(folder: Path) -> Path:
     return p
 
 
+@pytest.fixture(scope="module")
+def one_deposited(tmp_path_factory) -> Path:
+    """A folder where the CLI deposited the first example (one.jsonl) into store s with ledger l.jsonl: made once, and
+    copied into each test that starts from it (a deposit is a process of 3-4 s; the copy is the same bytes)."""
+    d = tmp_path_factory.mktemp("one-deposited")
+    _one_problem(d)
+    run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", cwd=d, check_rc=0)
+    return d
+
+
+def _from(deposited: Path, folder: Path) -> None:
+    """``one_deposited``'s files, copied into ``folder`` (the store's files and its index alike)."""
+    shutil.copytree(deposited, folder, dirs_exist_ok=True)
+
+
 def _objects(store: Path) -> list[Path]:
     return sorted((store / "objects").rglob("*.kvg"))
 
@@ -134,11 +149,10 @@ def test_the_first_record_after_a_crash_says_deposited(tmp_path):
     assert [e["status"] for e in entries] == ["deposited", "existing"]
 
 
-def test_a_store_from_before_recording_reads_its_artifacts_as_recorded(tmp_path):
+def test_a_store_from_before_recording_reads_its_artifacts_as_recorded(tmp_path, one_deposited):
     """A store made before the ``recorded`` column: opening it for writing adds the column, and its artifacts
     count as recorded (so a re-deposit says "existing", as it did)."""
-    _one_problem(tmp_path)
-    run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path, check_rc=0)
+    _from(one_deposited, tmp_path)
     import sqlite3
 
     db = sqlite3.connect(tmp_path / "s" / "index.sqlite")
@@ -217,13 +231,12 @@ def test_store_gc_deletes_only_what_nothing_names(tmp_path):
     assert not fresh_orphan.exists() and named.exists() and all(p.exists() for p in indexed)
 
 
-def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path):
+def test_a_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path, one_deposited):
     """Writing an object fails (here: the file size limit, EFBIG, as ENOSPC would): exit 2, one line, no
     temporary file, no index row, no ledger line."""
-    _one_problem(tmp_path)
+    _from(one_deposited, tmp_path)
     problems = tmp_path / "two.jsonl"
     problems.write_text("".join(EXAMPLES.read_text().splitlines(keepends=True)[1:3]))
-    run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path, check_rc=0)
     before = sorted(p.name for p in (tmp_path / "s").rglob("*") if p.is_file())
     ledger_before = (tmp_path / "l.jsonl").read_bytes()
 
@@ -261,13 +274,12 @@ def _without_root_powers():
             raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
 
 
-def test_a_read_only_store_serves_reads_and_refuses_writes_in_one_line(tmp_path):
+def test_a_read_only_store_serves_reads_and_refuses_writes_in_one_line(tmp_path, one_deposited):
     try:
         subprocess.run([sys.executable, "-c", "pass"], preexec_fn=_without_root_powers, check=True)
     except (OSError, subprocess.SubprocessError) as e:  # a root that may not drop capabilities: cannot be read-only
         pytest.skip(f"cannot make a folder read-only to this process ({e})")
-    _one_problem(tmp_path)
-    run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path, check_rc=0)
+    _from(one_deposited, tmp_path)
     (tmp_path / "two.jsonl").write_text("".join(EXAMPLES.read_text().splitlines(keepends=True)[1:3]))
     store = tmp_path / "s"
     try:
@@ -308,9 +320,8 @@ def test_a_torn_ledger_refusal_names_ledger_repair(tmp_path):
     assert not (tmp_path / "s").exists()  # refused before any work
 
 
-def test_verify_warns_loudly_about_missing_files(tmp_path):
-    _one_problem(tmp_path)
-    run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path, check_rc=0)
+def test_verify_warns_loudly_about_missing_files(tmp_path, one_deposited):
+    _from(one_deposited, tmp_path)
     shutil.rmtree(tmp_path / "s")
     r = run_cli("verify", "l.jsonl", cwd=tmp_path, check_rc=0)
     assert re.search(r"WARN 1 of \d+ referenced files are missing", r.stdout), r.stdout
@@ -384,9 +395,8 @@ def test_an_artifact_no_ledger_line_recorded_is_not_served_until_one_does(tmp_pa
     assert json.loads(run_cli("store", "stats", "--store", "s", "--json", cwd=tmp_path).stdout)["unrecorded"] == 0
 
 
-def test_store_gc_refuses_a_ledger_it_cannot_read_and_skips_what_is_not_a_file(tmp_path):
-    _one_problem(tmp_path)
-    run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path, check_rc=0)
+def test_store_gc_refuses_a_ledger_it_cannot_read_and_skips_what_is_not_a_file(tmp_path, one_deposited):
+    _from(one_deposited, tmp_path)
     odd = tmp_path / "s" / "objects" / "ab" / "x.kvg.tmp"
     odd.mkdir(parents=True)
     _old(odd)

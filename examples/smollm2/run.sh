@@ -9,8 +9,9 @@
 #   3. score: all four outputs files, with math-verify (the grader the README recommends);
 #   4. verify: every ledger line and the files it names, without torch;
 #   5. report: the ledger drawn as one self-contained HTML page (report.html: open it in a browser).
-# Takes about 3 minutes on 2 cores (167 s on an AMD EPYC, 202 s on an Intel Xeon, 2026-12-06; the baselines' reasoning
-# is most of it; README). Usage: bash examples/smollm2/run.sh [DIR]
+# Takes about 2 minutes on 2 cores (118 s on an AMD EPYC, 2026-12-07, with kvgraft's C kernels; 268 s with ATen's
+# own kernels and one problem at a time; the baselines' reasoning is most of it; README).
+# Usage: bash examples/smollm2/run.sh [DIR]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-smollm2-run}

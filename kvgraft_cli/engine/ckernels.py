@@ -299,16 +299,17 @@ _ATTENTION_SHAPES = ((1, 3, 3, 1, 64), (1, 2, 1, 19, 80), (2, 3, 4, 300, 64), (1
 
 
 def _check(width: int) -> str:
-    """'' if the C kernels' ``width`` path gives ATen's bits on :func:`check_inputs` (each shape, row count, 1 and 2
-    threads) and :func:`check_attention_inputs`, else what differed."""
+    """'' if the C kernels' ``width`` path gives ATen's bits on :func:`check_inputs` (each shape and row count) and
+    :func:`check_attention_inputs`, at 1 and 2 threads and this process's count, else what differed."""
     import torch
 
     from .attention import aten_mix, aten_scores
 
+    counts = sorted({1, 2, torch.get_num_threads()})  # and the count this process runs at, the manifest's
     g = torch.Generator().manual_seed(44)
     for shape in _ATTENTION_SHAPES:
         q, key, weights, value = check_attention_inputs(*shape, g)
-        for threads in (1, 2):
+        for threads in counts:
             with _with_threads(threads):  # ATen's bits at the thread count the manifest pins
                 want = aten_scores(q, key), aten_mix(weights, value)
             if not torch.equal(_scores(q, key, width, threads).view(torch.int32), want[0].view(torch.int32)):
@@ -321,7 +322,7 @@ def _check(width: int) -> str:
         for m in _CHECK_ROWS:
             a, packed, sz = check_inputs(n, k, m, g)
             want = torch.ops.aten._weight_int4pack_mm_for_cpu(a, packed, 32, sz).view(torch.int16)
-            for threads in (1, 2):
+            for threads in counts:
                 if not torch.equal(_run(a, packed, sz, width, threads).view(torch.int16), want):
                     return f"int4 {m}x{k} by {k}x{n}, {threads} thread(s)"
     return ""

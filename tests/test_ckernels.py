@@ -71,7 +71,7 @@ CHILD = textwrap.dedent(
                     differed.append([n, k, m, "int4_mm"])
     # Attention's products (model.attn_products: aten) at the real model's shapes (3 KV heads of 64, 3 query heads
     # each: a token, a prefill chunk of 16) and others (d of 128, 80 and 40; n past 16, 256 and 4096 rows)
-    from kvgraft_cli.engine.attention import aten_mix, aten_scores
+    from kvgraft_cli.engine.attention import aten_mix, aten_scores  # engine.attention's own, rows at a time
 
     shapes = ((1, 3, 3, 1, 64), (1, 3, 3, 17, 64), (1, 3, 3, 512, 64), (1, 3, 48, 300, 64), (2, 3, 3, 1030, 64),
               (1, 4, 2, 300, 128), (1, 2, 2, 33, 80), (1, 2, 1, 4100, 40))

@@ -93,7 +93,7 @@ def _run(a, packed, scales_zeros, width: int, threads: int):
 
 def scores(q, key):
     """``engine.attention.aten_scores(q, key)``'s bits (q [b, h, m, d], key [b, h, n, d], float32), or None where the
-    C code does not run (then the caller computes them with ATen)."""
+    C code does not run (then the caller computes them with ATen; this module imports nothing of engine.attention)."""
     if not _attention_ok(q, key):
         return None
     return _scores(q, key, _WIDTH[status().path], _threads())
@@ -141,11 +141,7 @@ def _scores(q, key, width: int, threads: int):
     qs, ks = q.stride(), key.stride()
     rc = _LIB.kvg_scores(q.data_ptr(), key.data_ptr(), out.data_ptr(), bsz, h, m, n, d, qs[0], qs[1], qs[2], ks[0],
                          ks[1], ks[2], width, threads)  # fmt: skip
-    if rc != 0:
-        from .attention import aten_scores
-
-        return aten_scores(q, key)
-    return out
+    return out if rc == 0 else None  # a shape the C code does not take: the caller computes it with ATen
 
 
 def _mix(weights, value, width: int, threads: int):
@@ -159,11 +155,7 @@ def _mix(weights, value, width: int, threads: int):
     ws, vs = weights.stride(), value.stride()
     rc = _LIB.kvg_mix(weights.data_ptr(), value.data_ptr(), out.data_ptr(), bsz, h, m, n, d, ws[0], ws[1], ws[2],
                       vs[0], vs[1], vs[2], width, threads)  # fmt: skip
-    if rc != 0:
-        from .attention import aten_mix
-
-        return aten_mix(weights, value)
-    return out
+    return out if rc == 0 else None
 
 
 def _decide() -> Status:
@@ -298,12 +290,17 @@ def check_attention_inputs(b: int, h: int, m: int, n: int, d: int, g):
 _ATTENTION_SHAPES = ((1, 3, 3, 1, 64), (1, 2, 1, 19, 80), (2, 3, 4, 300, 64), (1, 1, 2, 4099, 40), (1, 2, 3, 70, 8))
 
 
+def aten_products(q, key, weights, value):
+    """Q·Kᵀ and weights·V as engine.attention's ``aten`` products compute them: ATen's elementwise product and sum
+    (its query rows taken all at once here: how many it takes at a time does not change a bit, tests/
+    test_attention_products.py)."""
+    return (q.unsqueeze(3) * key.unsqueeze(2)).sum(-1), (weights.unsqueeze(-1) * value.unsqueeze(2)).sum(-2)
+
+
 def _check(width: int) -> str:
     """'' if the C kernels' ``width`` path gives ATen's bits on :func:`check_inputs` (each shape and row count) and
     :func:`check_attention_inputs`, at 1 and 2 threads and this process's count, else what differed."""
     import torch
-
-    from .attention import aten_mix, aten_scores
 
     counts = sorted({1, 2, torch.get_num_threads()})  # and the count this process runs at, the manifest's
     g = torch.Generator().manual_seed(44)
@@ -311,11 +308,11 @@ def _check(width: int) -> str:
         q, key, weights, value = check_attention_inputs(*shape, g)
         for threads in counts:
             with _with_threads(threads):  # ATen's bits at the thread count the manifest pins
-                want = aten_scores(q, key), aten_mix(weights, value)
-            if not torch.equal(_scores(q, key, width, threads).view(torch.int32), want[0].view(torch.int32)):
-                return f"attention scores {shape}, {threads} thread(s)"
-            if not torch.equal(_mix(weights, value, width, threads).view(torch.int32), want[1].view(torch.int32)):
-                return f"attention mix {shape}, {threads} thread(s)"
+                want = aten_products(q, key, weights, value)
+            got = _scores(q, key, width, threads), _mix(weights, value, width, threads)
+            for what, x, y in (("scores", got[0], want[0]), ("mix", got[1], want[1])):
+                if x is None or not torch.equal(x.view(torch.int32), y.view(torch.int32)):
+                    return f"attention {what} {shape}, {threads} thread(s)"
 
     g = torch.Generator().manual_seed(44)
     for n, k in _CHECK_SHAPES:

@@ -9,8 +9,8 @@ count, whatever the model says). The copies alternate round by round, so a noisy
 per copy and length: decode tokens per second (median over rounds), the ratio to the first copy, and the hash of the
 decoded ids (the same every round; copies with one hash computed the same tokens). Under the avx2 pins the int4
 product and attention's ATen products are kvgraft's C kernels' (kvgraft_cli/engine/ckernels.py) but in the last copy,
-which runs ATen's own AVX2 kernels: the same ids, at ATen's 8 lanes and through its temporaries. --manifest takes another q4
-manifest with grouped attention instead. Usage:
+which runs ATen's own AVX2 kernels: the same ids, at ATen's 8 lanes and through its temporaries. --manifest takes
+another q4 manifest with grouped attention instead. Usage:
     python benchmarks/bench_pins.py [--lengths 512 1024] [--decode 64] [--rounds 3] [--threads 1] [--manifest M]
                                     [--json OUT] [--smoke]
 """

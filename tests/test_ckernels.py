@@ -84,8 +84,8 @@ CHILD = textwrap.dedent(
             with K._with_threads(threads):
                 want = aten_scores(q, key).view(torch.int32), aten_mix(weights, value).view(torch.int32)
             for width in widths:
-                got = K._scores(q, key, width, threads).view(torch.int32), K._mix(weights, value, width, threads).view(torch.int32)
-                for what, x, y in (("scores", got[0], want[0]), ("mix", got[1], want[1])):
+                got = K._scores(q, key, width, threads), K._mix(weights, value, width, threads)
+                for what, x, y in (("scores", got[0].view(torch.int32), want[0]), ("mix", got[1].view(torch.int32), want[1])):
                     compared += 1
                     if not torch.equal(x, y):
                         differed.append([what, *shape, width, threads, int((x != y).sum())])
@@ -107,7 +107,8 @@ CHILD = textwrap.dedent(
             )
     lanes = a.replace("for (int l = 0; l < 8; l++) f += a[0][l];", "for (int l = 7; l >= 0; l--) f += a[0][l];")
     lanes = lanes.replace("f[j] += t[l][j];", "f[j] += t[7 - l][j];")
-    copies = {"unfused": (unfused, attn), "lanes": (int4, lanes), "levels": (int4, a.replace("#define STEP 16", "#define STEP 32"))}
+    levels = a.replace("#define STEP 16", "#define STEP 32")
+    copies = {"unfused": (unfused, attn), "lanes": (int4, lanes), "levels": (int4, levels)}
     width = "avx512" if lib.kvg_int4_isa() == 512 else "avx2"
     flags = K.FLAGS
     K.FLAGS = tuple("-O0" if f == "-O3" else f for f in flags)  # 0.5 s a compile, not 3: the same IEEE operations

@@ -21,6 +21,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from . import ckernels  # stdlib only at import: the library is built and checked on first use
+
 NAME = "grouped"
 # model.attn_products: which code computes attention's two products (Q·Kᵀ and weights·V). ``blas`` (absent): torch's
 # matmul, which hands float32 products to MKL, whose blocking and kernels follow the CPU it runs on (cache sizes,
@@ -42,9 +44,7 @@ def scores(q, key, aten: bool):
 
     if not aten:
         return torch.matmul(q, key.transpose(2, 3))
-    from .ckernels import scores as fast
-
-    out = fast(q, key)
+    out = ckernels.scores(q, key)
     return aten_scores(q, key) if out is None else out
 
 
@@ -65,9 +65,7 @@ def mix(weights, value, aten: bool):
 
     if not aten:
         return torch.matmul(weights, value)
-    from .ckernels import mix as fast
-
-    out = fast(weights, value)
+    out = ckernels.mix(weights, value)
     return aten_mix(weights, value) if out is None else out
 
 

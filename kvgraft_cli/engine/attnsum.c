@@ -1,4 +1,4 @@
-/* Attention's two products under model.attn_products: aten, without their temporaries (kvgraft_cli/engine/ckernels.py).
+/* Attention's two products under model.attn_products: aten, without their temporaries (engine/ckernels.py).
  *
  * engine.attention computes Q·Kᵀ as (q * k).sum(-1) and weights·V as (w * v).sum(-2): ATen's float32 multiply into a
  * temporary, then ATen's sum (aten/src/ATen/native/cpu/SumKernel.cpp, cascade_sum) under ATEN_CPU_CAPABILITY=avx2,
@@ -7,8 +7,8 @@
  *
  * scores (the sum over d, contiguous: vectorized_inner_sum with 8-lane vectors): the d products as V = d/8 vectors
  * P0..P(V-1); four accumulators a_k = sum over i < V/4 of P(4i+k), each from +0 (then ATen adds multi_row_sum's
- * empty upper levels, +0 three times: an identity on such a sum); the vectors past 4*(V/4) added to a_0; a_0 + a_1, + a_2, + a_3; then a scalar from
- * +0 adds the 8 lanes in order; the output, filled with 0 first, adds it.
+ * empty upper levels, +0 three times: an identity on such a sum); the vectors past 4*(V/4) added to a_0;
+ * a_0 + a_1, + a_2, + a_3; then a scalar from +0 adds the 8 lanes in order; the output, filled with 0 first, adds it.
  *
  * mix (the sum over n, a stride of d floats: vectorized_outer_sum): lanes of d in whole groups of 32 take
  * multi_row_sum over the n rows (a running sum a level, carried up every 16 rows: 16, 256, 4096), the lanes past

@@ -19,7 +19,7 @@ ran.
 
 The C sources are compiled on first use with the system's C compiler (``$CC``, ``cc`` or ``gcc``) into the user's
 cache (``~/.cache/kvgraft/kernels``, named by the hash of the sources, the flags and the compiler's version), in about
-a second, and loaded after torch, so their OpenMP threads are torch's own. No compiler, a failed compile or a failed
+3 s, and loaded after torch, so their OpenMP threads are torch's own. No compiler, a failed compile or a failed
 check: ATen's kernels, and :func:`status` says why.
 
 ``KVGRAFT_CKERNELS`` chooses: ``auto`` (the default: the widest path the CPU has), ``avx512``, ``avx2`` (that
@@ -28,6 +28,7 @@ path, refused if the CPU lacks it) or ``aten`` (ATen's kernels always).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -325,19 +326,14 @@ def _check(width: int) -> str:
     return ""
 
 
-class _with_threads:
-    """torch's thread count set for a block, and set back."""
+@contextlib.contextmanager
+def _with_threads(n: int):
+    """torch's thread count set to ``n`` for a block, and set back."""
+    import torch
 
-    def __init__(self, n: int):
-        self.n = n
-
-    def __enter__(self):
-        import torch
-
-        self.was = torch.get_num_threads()
-        torch.set_num_threads(self.n)
-
-    def __exit__(self, *exc):
-        import torch
-
-        torch.set_num_threads(self.was)
+    was = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(was)

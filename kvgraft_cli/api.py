@@ -20,15 +20,15 @@ documented (a ``Session.engine``'s own methods, say).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .audit.verify import VerifyReport
 from .audit.verify import verify_ledger as _verify_ledger
-from .config.manifest import Manifest, load_manifest
+from .config.manifest import Manifest, load_manifest, with_overrides
 from .errors import CheckFailed, InputError, IntegrityError, KvgraftError, ModelMismatch
 from .ledger import entries as _entries
 from .ledger.entries import (
@@ -46,7 +46,8 @@ from .runs.context import RunContext
 if TYPE_CHECKING:
     from .engine.engine import Engine
     from .runs.deposit import DepositReport
-    from .runs.graft import CheckReport
+    from .runs.graft import CheckReport, GraftResult, Loaded
+    from .runs.probe import ProbeReport
     from .store.local import Store
 
 __all__ = [
@@ -156,9 +157,12 @@ class Session:
         store: str | Path | None = None,
         ledger: str | Path | None = None,
         allow_drift: bool = False,
+        overrides: dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(manifest, Manifest):
             manifest = load_manifest(manifest)
+        if overrides:  # dotted paths, as the CLI's flags give them ({"input.problem": "question"}), re-validated
+            manifest = with_overrides(manifest, overrides)
         self.run = RunContext.make(manifest, store, Path(ledger) if ledger is not None else None, allow_drift)
         self._engine: Engine | None = None
         # The manifest's pins go into the environment now, before the program imports torch
@@ -182,8 +186,14 @@ class Session:
         if self._engine is None:
             from .engine.engine import load_engine
 
-            self._engine = load_engine(self.manifest, self.run.allow_drift, self._drift)
+            with self._loading():
+                self._engine = load_engine(self.manifest, self.run.allow_drift, self._drift)
         return self._engine
+
+    def _loading(self) -> AbstractContextManager[Any]:
+        """Around the engine's load (the CLI's sessions pause garbage collection there; a program's are left as
+        they are)."""
+        return nullcontext()
 
     @contextmanager
     def store(self, create: bool = False) -> Iterator[Store]:
@@ -192,13 +202,51 @@ class Session:
             yield store
 
     def deposit_problems(
-        self, path: str | Path, *, limit: int | None = None, allow_unverified: bool = False
+        self,
+        path: str | Path,
+        *,
+        limit: int | None = None,
+        allow_unverified: bool = False,
+        recompute: bool = False,
+        codec: str = "auto",
+        ray: bool | str = False,
+        workers: int | None = None,
+        on_start: Callable[[int], None] | None = None,
+        on_progress: Callable[[Any], None] | None = None,
     ) -> DepositReport:
         """``kvgraft deposit``: every problem of a JSON Lines file whose solution verifies becomes an artifact in
-        the store, indexed for ``solve``, with a ``deposit`` ledger line (the file is checked whole first)."""
+        the store, indexed for ``solve``, with a ``deposit`` ledger line (the file is checked whole first).
+        ``recompute``: prefill again what the store holds, and fail unless the bytes are the same; ``codec``: how
+        new files are written (``auto``, ``raw``, ``zstd``, ``shuffle-zstd``; the identity is the same); ``ray``:
+        compute on Ray workers (True: a local instance; a string: the cluster's address), ``workers`` of them;
+        ``on_start(n)`` and ``on_progress(result)`` report as it goes."""
         from .runs.deposit import deposit
 
-        return deposit(self.run, Path(path), limit=limit, allow_unverified=allow_unverified, engine=self.engine)
+        with self.ray_pool(ray, workers) as pool:
+            return deposit(
+                self.run,
+                Path(path),
+                limit=limit,
+                allow_unverified=allow_unverified,
+                recompute=recompute,
+                codec=codec,
+                pool=pool,
+                engine=None if pool is not None else (lambda: self.engine),  # loaded once the file checks out
+                on_start=on_start,
+                on_progress=on_progress,
+            )
+
+    def ray_pool(self, ray: bool | str = False, workers: int | None = None) -> Any:
+        """The Ray workers a run may use, as a context manager (None inside it where ``ray`` is False): True for a
+        local instance, a string for a cluster's address; ``workers``: how many (default: what the CPUs hold).
+        Nothing starts until a run needs it; one pool serves several runs (``solve --compare``)."""
+        if ray is False or ray is None:
+            if workers is not None:
+                raise InputError("workers are for Ray runs", "add --ray (or --ray-address ADDRESS)")
+            return nullcontext()
+        from .runs.workers.ray import RayPool
+
+        return RayPool(self.run, ray if isinstance(ray, str) else None, workers)
 
     def deposit_prompt(self, text: str) -> Deposit:
         """Any text as a deposited prefix (with BOS where the manifest adds one): prefilled by the manifest's
@@ -214,21 +262,67 @@ class Session:
             path = store.object_path(sha)
         return Deposit(sha, len(ids), tuple(ids), logits_sha, path, stored)
 
-    def graft(self, artifact: str | Path) -> Grafted:
+    def open(self, artifact: str | Path | None = None) -> Loaded:
+        """Read an artifact and re-hash it, without the model (a damaged file or a wrong reference is refused in
+        milliseconds, before a model loads): its identity, a unique prefix of it, a problem id or a .kvg file;
+        None for the latest deposit. ``graft``, ``check_graft``, ``generate`` and ``probe`` take what this
+        returns as well as a reference."""
+        from .runs.graft import open_artifact
+
+        return open_artifact(self.run, None if artifact is None else str(artifact))
+
+    def _opened(self, artifact: str | Path | Loaded | None) -> Loaded:
+        from .runs.graft import Loaded
+
+        return artifact if isinstance(artifact, Loaded) else self.open(artifact)
+
+    def graft(self, artifact: str | Path | Loaded) -> Grafted:
         """A fresh transformers cache holding an artifact (its identity, a prefix of it, or a .kvg file; a chain
         link with the links before it), re-hashed as it is read and refused unless it was computed under this
         manifest on kernels that give this machine's bits (ModelMismatch naming both)."""
-        from .runs.graft import fit_artifact, open_artifact
+        from .runs.graft import fit_artifact
 
+        opened = self._opened(artifact)
         engine = self.engine
-        loaded = fit_artifact(open_artifact(self.run, str(artifact)), self.run, engine)
+        loaded = fit_artifact(opened, self.run, engine)
         cache = engine.restore_chain(loaded.artifacts, grow=False)
         return Grafted(loaded.sha256, loaded.token_ids, cache)
 
-    def check_graft(self, artifact: str | Path, *, samples: int = 8, max_new_tokens: int = 16) -> CheckReport:
+    def check_graft(
+        self,
+        artifact: str | Path | Loaded | None = None,
+        *,
+        samples: int = 8,
+        max_new_tokens: int = 16,
+        on_sample: Callable[[Any], None] | None = None,
+    ) -> CheckReport:
         """``kvgraft graft --check``: for ``samples`` questions, the grafted cache's logits and greedy tokens against
         a fresh prefill of the same prefix, compared by SHA-256; appends a ``graft-check`` ledger line. The report's
         ``passed`` is the verdict (``sha_equal`` of ``n`` samples, ``max_kl`` 0.0)."""
         from .runs.graft import graft_check
 
-        return graft_check(self.run, self.engine, str(artifact), samples, max_new_tokens)
+        opened = self._opened(artifact)
+        return graft_check(self.run, self.engine, opened, samples, max_new_tokens, on_sample=on_sample)
+
+    def generate(self, artifact: str | Path | Loaded | None, query: str, max_new_tokens: int) -> GraftResult:
+        """``kvgraft graft``: the artifact restored, the manifest's question template around ``query`` after it,
+        greedy decoding up to ``max_new_tokens`` (stops at EOS); appends a ``graft`` ledger line."""
+        from .runs.graft import graft_generate
+
+        opened = self._opened(artifact)
+        return graft_generate(self.run, self.engine, opened, query, max_new_tokens)
+
+    def probe(
+        self,
+        artifact: str | Path | Loaded | None,
+        offsets: list[int],
+        *,
+        samples: int = 8,
+        on_offset: Callable[[Any], None] | None = None,
+    ) -> ProbeReport:
+        """``kvgraft probe``: the artifact grafted at each offset (0 among them) against the prefix computed there;
+        appends a ``probe`` ledger line. Exactness holds at offset 0 alone."""
+        from .runs.probe import probe
+
+        opened = self._opened(artifact)
+        return probe(self.run, self.engine, opened, offsets, samples, on_offset=on_offset)

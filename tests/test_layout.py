@@ -13,8 +13,8 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "kvgraft_cli"
 
 # What each part may import (besides itself and the package root, which holds only __version__). The order is
-# cli -> library -> runs -> {engine, store, ledger, eval} -> artifacts -> config -> util -> errors, and audit (the
-# torch-free verifier) reads ledger, artifacts and eval but never engine, runs or store.
+# cli -> serve -> api -> library -> runs -> {engine, store, ledger, eval} -> artifacts -> config -> util -> errors,
+# and audit (the torch-free verifier) reads ledger, artifacts and eval but never engine, runs or store.
 BASE = {"errors"}
 ALLOWED: dict[str, set[str]] = {"errors": set(), "util": BASE}
 ALLOWED["config"] = ALLOWED["util"] | {"util"}
@@ -25,10 +25,10 @@ ALLOWED["audit"] = ALLOWED["artifacts"] | {"artifacts", "ledger", "eval"}
 ALLOWED["runs"] = ALLOWED["artifacts"] | {"artifacts", "engine", "store", "ledger", "eval"}
 ALLOWED["library"] = ALLOWED["runs"] | {"runs"}
 ALLOWED["report"] = ALLOWED["audit"] | {"audit"}  # the HTML report: reads what the verifier reads, and its verdict
-ALLOWED["serve"] = ALLOWED["library"] | {"library"}  # `kvgraft serve`: the library behind an HTTP endpoint
-# The public API (api.py): what a program imports, over the runs and the verifier; the CLI is one of its callers
+# The public API (api.py): what a program imports, over the runs and the verifier; the CLI and the server call it
 ALLOWED["api"] = ALLOWED["library"] | {"library", "audit"}
-ALLOWED["cli"] = ALLOWED["serve"] | {"serve", "audit", "report", "api"}
+ALLOWED["serve"] = ALLOWED["api"] | {"api"}  # `kvgraft serve`: an api.Session behind an HTTP endpoint
+ALLOWED["cli"] = ALLOWED["serve"] | {"serve", "report"}
 ALLOWED["__main__"] = {"cli"}
 HEAVY = ("torch", "transformers", "safetensors", "tokenizers", "boto3", "ray", "matplotlib")
 

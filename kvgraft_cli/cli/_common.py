@@ -169,18 +169,34 @@ def engine_start():
         gc.enable()
 
 
+def session(
+    manifest: Any,  # a path, None (the embedded default) or a loaded Manifest (a prereg's)
+    store: str | Path | None,
+    ledger: Path | None,
+    allow_drift: bool,
+    overrides: dict[str, Any] | None = None,
+):
+    """The api.Session of an engine command (the manifest with the command line's overrides, its store and ledger;
+    the manifest's kernel flags pinned before torch is imported), loading its engine inside engine_start."""
+    from ..api import Session
+
+    class CommandSession(Session):
+        # A command's process ends with the command: what the engine's load made is frozen out of collections.
+        def _loading(self):
+            return engine_start()
+
+    return CommandSession(manifest, store=store, ledger=ledger, allow_drift=allow_drift, overrides=overrides)
+
+
 def artifact_and_engine(
     manifest: Path | None, store: str | Path | None, ledger: Path | None, allow_drift: bool, artifact: str | None
 ):
-    """What graft and probe start with: (RunContext, the opened artifact, the loaded engine), in the safe order."""
-    from ..engine.engine import load_engine, pin_environment
-    from ..runs.graft import open_artifact
-
-    ctx = context(manifest, store, ledger, allow_drift)
-    drift = pin_environment(ctx.manifest)  # kernel flags first: reading the artifact imports torch
-    with engine_start():
-        loaded = open_artifact(ctx, artifact)  # re-hashed here, before the (slow) model load
-        return ctx, loaded, load_engine(ctx.manifest, ctx.allow_drift, drift)
+    """What graft and probe start with: (the api.Session, the opened artifact), in the safe order: the artifact read
+    and re-hashed first (a bad reference fails before the slow model load), then the engine loaded."""
+    s = session(manifest, store, ledger, allow_drift)
+    loaded = s.open(artifact)
+    s.engine  # noqa: B018  (the property loads it)
+    return s, loaded
 
 
 def ledger_path(ledger: Path | None, manifest: Path | None) -> Path:
@@ -247,15 +263,11 @@ WORKERS_OPT = typer.Option(
 )
 
 
-def ray_pool(ctx, ray: bool, address: str | None, workers: int | None):
-    """The workers --ray / --ray-address / --workers ask for (a runs.workers.ray.RayPool, a context manager that
-    starts nothing until the run needs it), else None in a null context."""
-    from contextlib import nullcontext
-
+def ray_choice(ray: bool, address: str | None, workers: int | None) -> bool | str:
+    """--ray / --ray-address / --workers as api.Session's ``ray`` argument: False, True (a local instance) or the
+    cluster's address; --workers alone is refused."""
     if not ray and address is None:
         if workers is not None:
             raise InputError("--workers is for Ray runs", "add --ray (or --ray-address ADDRESS)")
-        return nullcontext()
-    from ..runs.workers.ray import RayPool
-
-    return RayPool(ctx, address, workers)
+        return False
+    return address if address is not None else True

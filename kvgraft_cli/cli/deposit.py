@@ -12,10 +12,10 @@ from ._common import (
     WORKERS_OPT,
     Codec,
     at_most_max_count,
-    context,
     engine_options,
     field_overrides,
-    ray_pool,
+    ray_choice,
+    session,
 )
 from ._output import cell, err, human_bytes, out, print_json, printable, short, table
 
@@ -73,9 +73,9 @@ def deposit(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..errors import Interrupted
-    from ..runs.deposit import deposit as run_deposit
 
-    ctx = context(manifest, store, ledger, allow_drift, field_overrides(field, answer_extract))
+    on_ray = ray_choice(ray, ray_address, workers)
+    s = session(manifest, store, ledger, allow_drift, field_overrides(field, answer_extract))
     progress = Progress(
         TextColumn("depositing"),
         BarColumn(),
@@ -86,14 +86,14 @@ def deposit(
         transient=True,
         disable=as_json or not err.is_terminal,
     )
-    with ray_pool(ctx, ray, ray_address, workers) as pool, progress:
+    with progress:
         # Indeterminate until the model is loaded and its hash checked (seconds per GB of weights); on Ray, in
         # every worker.
         task = progress.add_task(
-            "starting Ray workers, loading models" if pool else "loading model, checking hashes", total=None
+            "starting Ray workers, loading models" if on_ray else "loading model, checking hashes", total=None
         )
 
-        start = _size(ctx.ledger)  # lines past it are this run's: counted if it is interrupted
+        start = _size(s.ledger)  # lines past it are this run's: counted if it is interrupted
         total: list[int] = []
 
         def on_start(n: int) -> None:
@@ -104,16 +104,16 @@ def deposit(
             progress.update(task, advance=1, description=r.id)
 
         try:
-            report = run_deposit(
-                ctx,
+            report = s.deposit_problems(
                 problems,
                 limit=limit,
                 allow_unverified=allow_unverified,
                 recompute=recompute,
+                codec=codec.value,
+                ray=on_ray,
+                workers=workers,
                 on_start=on_start,
                 on_progress=on_progress,
-                codec=codec.value,
-                pool=pool,
             )
         except KeyboardInterrupt:
             # Typer would turn the interrupt into a silent exit 130 (#24.10): say what was kept and how to resume.
@@ -121,8 +121,8 @@ def deposit(
             # again (as "already stored") by the next run, or removed by `kvgraft store gc`.
             of = f" of {total[0]}" if total else ""
             raise Interrupted(
-                f"interrupted: {_lines_after(ctx.ledger, start)}{of} problems were deposited and "
-                f"recorded in {ctx.ledger} before it, and are kept (every ledger line is whole)",
+                f"interrupted: {_lines_after(s.ledger, start)}{of} problems were deposited and "
+                f"recorded in {s.ledger} before it, and are kept (every ledger line is whole)",
                 f"re-run `kvgraft deposit {problems}` to resume: what is already stored comes back "
                 "as 'already stored'; `kvgraft verify` checks the ledger",
             ) from None
@@ -163,7 +163,7 @@ def deposit(
     )
     out.print(summary)
     out.print(
-        printable(f"store: {ctx.store_name}   ledger: {ctx.ledger}   manifest: {ctx.manifest.source}", False),
+        printable(f"store: {s.run.store_name}   ledger: {s.ledger}   manifest: {s.manifest.source}", False),
         markup=False,
         soft_wrap=True,
     )

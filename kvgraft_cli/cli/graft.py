@@ -41,17 +41,17 @@ def graft(
     as_json=False,  # engine_options
 ) -> None:
     """Restore an artifact at its own position and continue it; with --check, compare against fresh computation."""
-    from ..runs.graft import CHECK_MAX_NEW_TOKENS, graft_check, graft_generate
+    from ..runs.graft import CHECK_MAX_NEW_TOKENS
 
-    ctx, loaded, engine = artifact_and_engine(manifest, store, ledger, allow_drift, artifact)
+    s, loaded = artifact_and_engine(manifest, store, ledger, allow_drift, artifact)
     # A graft decodes the manifest's answer budget; a check its own (CHECK_MAX_NEW_TOKENS: the manifest's may be
     # hundreds of tokens a sample, and the check proves exactness, not an answer). -n overrides either.
     if max_new_tokens is not None:
         n_new = max_new_tokens
     else:
-        n_new = CHECK_MAX_NEW_TOKENS if check else ctx.manifest.decode.max_new_tokens
+        n_new = CHECK_MAX_NEW_TOKENS if check else s.manifest.decode.max_new_tokens
     if not check:
-        r = graft_generate(ctx, engine, loaded, query, n_new)
+        r = s.generate(loaded, query, n_new)
         if as_json:
             print_json(
                 {
@@ -86,7 +86,9 @@ def graft(
         disable=as_json or not err.is_terminal,
     ) as progress:
         task = progress.add_task("", total=samples)
-        report = graft_check(ctx, engine, loaded, samples, n_new, on_sample=lambda s: progress.advance(task))
+        report = s.check_graft(
+            loaded, samples=samples, max_new_tokens=n_new, on_sample=lambda _: progress.advance(task)
+        )
     if as_json:
         print_json(report.to_json())
     else:

@@ -34,13 +34,11 @@ def probe(
 ) -> None:
     """Graft an artifact at other positions (keys re-rotated by the model's rotary embedding) and measure how far
     that is from computing the prefix there. Exit 1 unless offset 0 is the only exact point."""
-    from ..runs.probe import probe as run_probe
-
     wanted = _int_list(offsets, "--offsets")
-    ctx, loaded, engine = artifact_and_engine(manifest, store, ledger, allow_drift, artifact)
+    s, loaded = artifact_and_engine(manifest, store, ledger, allow_drift, artifact)
     with err.status("probing") as status:
-        report = run_probe(
-            ctx, engine, loaded, wanted, samples, on_offset=lambda r: status.update(f"probing (offset {r.offset} done)")
+        report = s.probe(
+            loaded, wanted, samples=samples, on_offset=lambda r: status.update(f"probing (offset {r.offset} done)")
         )
     if as_json:
         print_json(report.to_json())

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from ..errors import CheckFailed, InputError
-from ._common import DRIFT_OPT, JSON_OPT, LEDGER_OPT, STORE_OPT, engine_start
+from ._common import DRIFT_OPT, JSON_OPT, LEDGER_OPT, STORE_OPT, session
 from ._output import cell, err, out, print_json, printable, short, table
 
 
@@ -40,13 +40,13 @@ def replay(
         _replay_served(prereg, store, ledger, allow_drift, as_json)
         return
     from ..library.solve import replay_solve
-    from ..runs.context import RunContext
     from ..runs.replay import RUNNERS, find_registration, load_prereg, prereg_manifest
     from ..runs.replay import register as do_register
     from ..runs.replay import replay as do_replay
 
     pr = load_prereg(prereg)
-    ctx = RunContext.make(prereg_manifest(pr), store, ledger, allow_drift)
+    s = session(prereg_manifest(pr), store, ledger, allow_drift)
+    ctx = s.run
     if register:
         found = find_registration(ctx.ledger, pr.sha256)
         if found:
@@ -74,7 +74,14 @@ def replay(
         from ..serve.replay import replay_served_run
 
         runners = {**RUNNERS, "solve": replay_solve, "serve": replay_served_run}
-        report = do_replay(ctx, pr, target, on_run=lambda rid: status.update(f"replaying {rid}"), runners=runners)
+        report = do_replay(
+            ctx,
+            pr,
+            target,
+            on_run=lambda rid: status.update(f"replaying {rid}"),
+            runners=runners,
+            get_engine=lambda: s.engine,
+        )
     if as_json:
         print_json(report.to_json())
     else:
@@ -117,20 +124,16 @@ def _replay_served(served: Path, store: str | None, ledger: Path | None, allow_d
     The manifest is the one the served lines name, checked against the hash they record, as a prereg's is."""
     from rich.text import Text
 
-    from ..engine.engine import load_engine
-    from ..runs.context import RunContext
     from ..serve.replay import replay_served, served_entries, served_manifest
 
     if not served.is_file():
         raise InputError(f"no served ledger {served}", "name the ledger `kvgraft serve` wrote")
     entries = served_entries(served)  # refuses a ledger with no served requests before the model loads
-    ctx = RunContext.make(
-        served_manifest(served, entries), store, ledger if ledger is not None else served, allow_drift
-    )
+    s = session(served_manifest(served, entries), store, ledger if ledger is not None else served, allow_drift)
+    ctx = s.run
     total = len(entries)
     with err.status(f"replaying {total} served requests") as status:
-        with engine_start():
-            engine = load_engine(ctx.manifest, ctx.allow_drift)
+        engine = s.engine
         done = 0
 
         def progress(_row) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ._common import at_most_max_count, batch_option, context, engine_options
+from ._common import at_most_max_count, batch_option, engine_options, session
 from ._output import err, print_json
 
 
@@ -131,7 +131,7 @@ def serve(
 
     keys = load_keys(api_key, api_key_file)
     bound = None if cache_max.strip().lower() == "none" else parse_size(cache_max, "--cache-max")
-    ctx = context(manifest, store, ledger, allow_drift)
+    s = session(manifest, store, ledger, allow_drift)
     options = Options(
         k,
         min_score,
@@ -160,9 +160,9 @@ def serve(
         info = {
             "url": url,
             "model": server.model_id,
-            "manifest": ctx.manifest.source,
-            "store": ctx.store_name,
-            "ledger": str(ctx.ledger),
+            "manifest": s.manifest.source,
+            "store": s.run.store_name,
+            "ledger": str(s.ledger),
             "requests_log": str(server.requests_log),
             "prompt_cache_chunk": server.chunk,
             "prompt_cache_warmed": server.warmed.to_json(),
@@ -186,7 +186,7 @@ def serve(
                 cache += f", at most {_size(bound)}" if bound is not None else ", unbounded"
             access = f"{len(keys)} API key{'s' if len(keys) != 1 else ''}" if keys else "no API key"
             err.print(
-                f"kvgraft serve: {server.model_id} on {url}/v1  (ledger {ctx.ledger}; store {ctx.store_name}; "
+                f"kvgraft serve: {server.model_id} on {url}/v1  (ledger {s.ledger}; store {s.run.store_name}; "
                 f"prompt cache {cache}; library {'on' if server.library else 'empty'}; {access}; "
                 f"{_batch_text(info['batch'], info['batch_note'])}"
                 f"{'; ' + str(info['replicas']) + ' replicas (Ray)' if info['replicas'] else ''})",
@@ -195,7 +195,7 @@ def serve(
             )
             print(f"listening on {url}", flush=True)
 
-    run_serve(ctx, options, settings, on_ready=ready)
+    run_serve(s, options, settings, on_ready=ready)
 
 
 def _size(n: int) -> str:

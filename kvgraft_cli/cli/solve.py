@@ -12,11 +12,10 @@ from ._common import (
     WORKERS_OPT,
     at_most_max_count,
     batch_option,
-    context,
     engine_options,
-    engine_start,
     field_overrides,
-    ray_pool,
+    ray_choice,
+    session,
 )
 from ._output import cell, err, out, print_json, table
 
@@ -77,11 +76,12 @@ def solve(
     solutions grafted as one chain; --no-library for the baseline, --compare for both side by side."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-    from ..engine.engine import load_engine
     from ..library.solve import Batcher, SolveRecord, check_library, check_outputs, check_sharded, prepare_solve
     from ..library.solve import compare as ratios
 
-    ctx = context(manifest, store, ledger, allow_drift, field_overrides(field, answer_extract))
+    on_ray = ray_choice(ray, ray_address, workers)
+    s = session(manifest, store, ledger, allow_drift, field_overrides(field, answer_extract))
+    ctx = s.run
     # The library run first: its checks (a store with a library) come before any work, and the baseline never
     # reads the library, so the answers the library run deposits cannot help it.
     modes = ["library", "baseline"] if compare else (["baseline"] if no_library else ["library"])
@@ -101,7 +101,7 @@ def solve(
         transient=True,
         disable=as_json or not err.is_terminal,
     )
-    with ray_pool(ctx, ray, ray_address, workers) as pool, progress:
+    with s.ray_pool(on_ray, workers) as pool, progress:
         if pool is not None:
             check_sharded(deposit_verified)  # before any worker starts
         task = progress.add_task(
@@ -113,8 +113,7 @@ def solve(
             pool.start()  # one set of workers for both runs of --compare
             engine = None
         else:
-            with engine_start():
-                engine = load_engine(ctx.manifest, ctx.allow_drift)
+            engine = s.engine
         progress.remove_task(task)
         # Both runs of --compare prepared first, sharing one batcher: the baseline's problems decode beside the
         # library run's, begun after them (the ledger and outputs are still the library run's, then the baseline's).

@@ -87,7 +87,7 @@ def deposit(
     allow_unverified: bool = False,
     recompute: bool = False,
     level: int = 3,
-    engine: Engine | None = None,
+    engine: Engine | Callable[[], Engine] | None = None,
     codec: str = "auto",
     pool: RayPool | None = None,
     on_start: Callable[[int], None] | None = None,
@@ -95,6 +95,7 @@ def deposit(
 ) -> DepositReport:
     """Deposit every verified problem of a JSONL file. The whole file is parsed and checked before any work.
     ``codec``: how new artifact files are written (``auto``, ``raw`` or ``zstd``; the identity is the same).
+    ``engine``: the engine, or a function that loads it (called only when there is work); None: loaded here.
     ``pool`` (runs.workers.ray): compute the artifacts on Ray workers, in shards; this process alone indexes them
     and appends the ledger, in input order, so the ledger records what a single-process run records."""
     problems = read_problems(problems_path, ctx.manifest.input.as_written())
@@ -128,8 +129,11 @@ def deposit(
             "deposit", list(zip((p for p, _ in plan), prefixes)), {"recompute": recompute, "level": level}, codec=codec
         )
     else:
+        # Loaded only now, once the file is read and checked whole: a bad line is refused before the model loads.
         if engine is None:
             engine = load_engine(ctx.manifest, ctx.allow_drift)
+        elif not isinstance(engine, Engine):
+            engine = engine()
         if on_start:
             on_start(len(plan))
         prefixes = [prefix_job(ctx, engine, p, where=where) for p, _ in plan]
@@ -138,7 +142,7 @@ def deposit(
     with ctx.open_store(codec=codec) as store, writers.registered(store.root):
         for (p, verdict), ids in zip(plan, prefixes):
             if computed is None:
-                assert engine is not None  # (loaded above when there is no pool)
+                assert isinstance(engine, Engine)  # (loaded above when there is no pool)
                 c = compute_deposit(ctx.manifest, engine, store, p, ids, recompute, level, engine_facts(engine))
             else:
                 c = next(computed)  # the workers' results, in input order, as their shards finish

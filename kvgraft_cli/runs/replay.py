@@ -206,9 +206,11 @@ def replay(
     target: str | None,
     on_run: Callable[[str], None] | None = None,
     runners: dict[str, Callable] | None = None,
+    get_engine: Callable[[], Any] | None = None,
 ) -> ReplayReport:
     """Run a registered prereg and compare every output hash with the target's expectations. ``runners`` maps a
-    run kind to its runner (default :data:`RUNNERS`); a run of a kind without one is reported as not run."""
+    run kind to its runner (default :data:`RUNNERS`); a run of a kind without one is reported as not run.
+    ``get_engine``: loads the engine, once, when a run first needs one (default: the manifest's, loaded here)."""
     runners = RUNNERS if runners is None else runners
     targets = pr.data["targets"]
     if target is None:
@@ -225,14 +227,17 @@ def replay(
         )
     expected = targets[target]
     report = ReplayReport(str(pr.path), target, reg[0])
-    engine = None
+    engine = None  # the engine the runs used, if any (its facts go into the replay's own ledger line)
 
-    def get_engine():
+    def engine_once():
         nonlocal engine
         if engine is None:
-            from ..engine.engine import load_engine
+            if get_engine is not None:
+                engine = get_engine()
+            else:
+                from ..engine.engine import load_engine
 
-            engine = load_engine(ctx.manifest, ctx.allow_drift)
+                engine = load_engine(ctx.manifest, ctx.allow_drift)
         return engine
 
     for run in pr.data["runs"]:
@@ -243,7 +248,7 @@ def replay(
             report.comparisons.append(Comparison(run["id"], "ran", "ok", f"no runner for kind {run['kind']!r} here"))
             continue
         try:
-            got = runners[run["kind"]](ctx, pr, run, get_engine)
+            got = runners[run["kind"]](ctx, pr, run, engine_once)
         except KvgraftError as e:
             report.comparisons.append(Comparison(run["id"], "ran", "ok", f"error: {e.message}"))
             continue

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from ..runs.context import RunContext
 from .answer import Options, Server
 from .app import DEFAULT_MAX_BODY
 from .tenants import Keys, is_loopback
 
 if TYPE_CHECKING:
+    from ..api import Session
     from .replicas import Front, Replicas
     from .worker import Worker
 
@@ -80,17 +80,18 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(
-    ctx: RunContext,
+    session: Session,
     options: Options,
     settings: ServeSettings,
     on_ready: Callable[[Server | Front, str], None] | None = None,
 ) -> None:
-    """Load the engine, open the store, bind, and serve until stopped (see the module docstring)."""
+    """Load the session's engine (or its replicas'), open the store, bind, and serve until stopped (see the module
+    docstring)."""
     check_installed()
     check_exposure(settings)
-    from ..engine.engine import load_engine
     from ..ledger import log as ledger
 
+    ctx = session.run
     ledger.check_appendable(ctx.ledger)
     worker: Worker | Replicas
     if settings.replicas is not None or settings.ray_address:
@@ -109,7 +110,7 @@ def serve(
     else:
         from .worker import Worker
 
-        worker = Worker(Server(ctx, load_engine(ctx.manifest, ctx.allow_drift), options), settings.queue)
+        worker = Worker(Server(ctx, session.engine, options), settings.queue)
         worker.start()  # opens the store in the engine's thread (refusals come out here)
         shown = worker.server
     sock = bind(settings.host, settings.port)

@@ -474,7 +474,9 @@ def test_deposit_writes_raw_and_codec_is_overridable(tmp_path):
     from conftest import EXAMPLES, run_cli, run_without_torch
 
     (tmp_path / "p.jsonl").write_text(EXAMPLES.read_text().splitlines()[0] + "\n")
-    for codec, want in (("auto", "raw"), ("zstd", "zstd"), ("shuffle-zstd", "shuffle-zstd")):
+    # auto (raw) and shuffle-zstd through the CLI; zstd differs from shuffle-zstd only below the flag, which the
+    # in-process tests above write and read
+    for codec, want in (("auto", "raw"), ("shuffle-zstd", "shuffle-zstd")):
         r = run_cli(
             "deposit",
             "p.jsonl",

@@ -106,9 +106,9 @@ def test_cli_deposit_in_chunks_grafts_into_another_chunking(tmp_path):
     )
     sha = dep["results"][0]["artifact"]
     check = json.loads(
-        run_cli("graft", sha, "--check", "--samples", "3", "-m", b, "--json", cwd=tmp_path, check_rc=0).stdout
+        run_cli("graft", sha, "--check", "--samples", "2", "-m", b, "--json", cwd=tmp_path, check_rc=0).stdout
     )
-    assert check["passed"] and check["deposit_reproduced"] and check["sha_equal"] == 3
+    assert check["passed"] and check["deposit_reproduced"] and check["sha_equal"] == 2
     assert check["single_pass_sha_equal"] and check["single_pass_max_abs_diff"] == 0.0
     assert check["batched_max_abs_diff"] > 0  # the batched kernels' bits are other bits
     assert check["schedule"]["schedule"] == "invariant"

@@ -91,7 +91,7 @@ def _answer_of(d: dict) -> tuple:
 
 
 def test_a_bounded_cache_under_a_long_run_of_distinct_prompts(tmp_path):
-    """300 distinct prompts from 6 clients on two servers sharing one store bounded at 160 KiB (about 5 chunks of
+    """150 distinct prompts from 6 clients on two servers sharing one store bounded at 160 KiB (about 5 chunks of
     this model): the chunk files on disk, sampled all along, never exceed the bound by more than one request's
     chain per server; every request is answered and recorded; the ledger verifies; replay --served matches every
     line; a prompt evicted long ago is answered as the first time."""
@@ -99,7 +99,7 @@ def test_a_bounded_cache_under_a_long_run_of_distinct_prompts(tmp_path):
     bound = 160 << 10
     a = start(tmp_path, "-m", "serve.yaml", "--cache-max", "160K", "--queue", "64")
     b = start(tmp_path, "-m", "serve.yaml", "--cache-max", "160K", "--queue", "64")
-    n, clients = 300, 6
+    n, clients = 150, 6
     first = {}
     peak = [0]
     done = threading.Event()

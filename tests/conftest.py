@@ -9,6 +9,7 @@ import shutil as _shutil
 import subprocess
 import sys
 import tempfile as _tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,33 @@ def deposited(tmp_path_factory, engine):
     c = RunContext.make(engine.manifest, d / "store", d / "ledger.jsonl")
     report = deposit(c, EXAMPLES, engine=engine)
     return c, report
+
+
+@contextmanager
+def inside(folder: Path):
+    """The working directory is ``folder`` for the block (paths given relative, as a user types them, are recorded
+    as the CLI records them)."""
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def deposit_here(engine, folder: Path, problems: str, *, store: str = "kvgraft-store",
+                 ledger: str = "kvgraft-ledger.jsonl", limit: int | None = None):  # fmt: skip
+    """`kvgraft deposit PROBLEMS [--store S] [--ledger L] [--limit N]` run in ``folder`` under the default manifest,
+    in this process on the session's engine: the same objects and the same ledger lines but their times as the
+    command writes (a setup, where the command itself is not what a test checks, without a process's 3-4 s of
+    imports). Returns the DepositReport."""
+    from kvgraft_cli.runs.context import RunContext
+    from kvgraft_cli.runs.deposit import deposit
+
+    with inside(folder):
+        return deposit(
+            RunContext.make(engine.manifest, store, Path(ledger)), Path(problems), limit=limit, engine=engine
+        )
 
 
 BLOCK_TORCH = """

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import EXAMPLES, MATH500, run_cli  # noqa: F401  (MATH500: part of the shared helper surface)
+from conftest import EXAMPLES, MATH500, deposit_here, run_cli  # noqa: F401  (MATH500: part of the shared helper surface)
 
 pytestmark = pytest.mark.xdist_group("cli-errors")  # one worker builds engine_runs (tests/xdist_groups.py)
 
@@ -118,10 +118,11 @@ def manifest(default_manifest) -> dict:
 
 
 @pytest.fixture(scope="module")
-def deposited_dir(tmp_path_factory) -> Path:
-    """A folder where `kvgraft deposit EXAMPLES --limit 2` ran once (store + ledger); copy it, never modify it."""
+def deposited_dir(tmp_path_factory, engine) -> Path:
+    """A folder where `kvgraft deposit EXAMPLES --limit 2` ran once (store + ledger; deposited in this process, the
+    same bytes); copy it, never modify it."""
     d = tmp_path_factory.mktemp("deposited")
-    run_cli("deposit", str(EXAMPLES), "--limit", "2", cwd=d, check_rc=0)
+    deposit_here(engine, d, str(EXAMPLES), limit=2)
     assert len(objects(d)) == 2
     return d
 

@@ -12,17 +12,18 @@ import sys
 import unicodedata
 
 import pytest
-from conftest import EXAMPLES, REPO, every_help, run_cli
+from conftest import EXAMPLES, REPO, deposit_here, every_help, run_cli
 
 REFERENCE = REPO / "ledger" / "reference.jsonl"
 HEX64 = re.compile(r"\b[0-9a-f]{64}\b")
 
 
 @pytest.fixture(scope="module")
-def deposited(tmp_path_factory):
-    """A working folder where the CLI deposited the first two examples (store and ledger in it, as a user has)."""
+def deposited(tmp_path_factory, engine):
+    """A working folder with the first two examples deposited (store and ledger in it, as a user has; deposited in
+    this process, the same bytes the CLI writes)."""
     d = tmp_path_factory.mktemp("ux")
-    run_cli("deposit", str(EXAMPLES), "--limit", "2", cwd=d, check_rc=0)
+    deposit_here(engine, d, str(EXAMPLES), limit=2)
     return d
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import EXAMPLES, run_cli
+from conftest import EXAMPLES, deposit_here, run_cli
 
 from kvgraft_cli.artifacts import format as kvg
 from kvgraft_cli.engine.engine import load_engine, tensor_sha256
@@ -82,8 +82,8 @@ def test_offsets_past_the_position_limit_are_refused(tmp_path, zoo):
     assert not (tmp_path / "ledger.jsonl").exists()
 
 
-def test_probe_cli_on_the_embedded_model(tmp_path):
-    run_cli("deposit", str(EXAMPLES), "--limit", "1", cwd=tmp_path, check_rc=0)
+def test_probe_cli_on_the_embedded_model(tmp_path, engine):
+    deposit_here(engine, tmp_path, str(EXAMPLES), limit=1)
     p = run_cli("probe", "--offsets", "0,1,64", "--samples", "2", "--json", cwd=tmp_path, check_rc=0)
     report = json.loads(p.stdout)
     assert report["exact_offsets"] == [0] and report["positions"] == "rotary"

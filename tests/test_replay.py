@@ -4,26 +4,32 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, run_cli
+from conftest import EXAMPLES, deposit_here, inside, run_cli
 
 from kvgraft_cli.errors import InputError
 from kvgraft_cli.ledger import log as ledger
+from kvgraft_cli.runs.context import RunContext
+from kvgraft_cli.runs.graft import graft_check
 from kvgraft_cli.runs.replay import load_prereg, prereg_from_ledger, write_prereg
 
-# finished_run (a deposit, a graft check, a score, a prereg: about 12 s) built once, on one worker
+# finished_run (a deposit, a graft check, a score, a prereg) built once, on one worker
 pytestmark = pytest.mark.xdist_group("replay")
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    """A scratch run (deposit 2 problems, one graft check, one score) and a prereg made from it."""
+def finished_run(tmp_path_factory, engine):
+    """A scratch run (deposit 2 problems, one graft check: in this process, the ledger lines the CLI writes; one
+    score) and a prereg made from it."""
     d = tmp_path_factory.mktemp("run")
     shutil.copy(EXAMPLES, d / "problems.jsonl")
     (d / "outputs.jsonl").write_text('{"id": "sum-1", "output": "\\\\boxed{42}"}\n{"id": "frac-1", "output": "1/2"}\n')
-    run_cli("deposit", "problems.jsonl", "--limit", "2", cwd=d, check_rc=0)
-    run_cli("graft", "--check", "--samples", "2", "-n", "2", "sum-1", cwd=d, check_rc=0)
+    deposit_here(engine, d, "problems.jsonl", limit=2)
+    with inside(d):
+        ctx = RunContext.make(engine.manifest, "kvgraft-store", Path("kvgraft-ledger.jsonl"))
+        assert graft_check(ctx, engine, "sum-1", 2, 2).passed
     run_cli("score", "outputs.jsonl", "--answers", "problems.jsonl", cwd=d, check_rc=0)
     run_cli("prereg", "make", "--target", "cpu-portable", "-o", "prereg.yaml", cwd=d, check_rc=0)
     return d

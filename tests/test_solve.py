@@ -9,7 +9,7 @@ import json
 import shutil
 
 import pytest
-from conftest import EXAMPLES, run_cli
+from conftest import EXAMPLES, deposit_here, run_cli
 
 from kvgraft_cli.audit.verify import verify_ledger
 from kvgraft_cli.config.manifest import with_overrides
@@ -163,8 +163,8 @@ def test_refusals_write_nothing(lib_ctx, engine, tmp_path):
         solve(lib_ctx, EXAMPLES, tmp_path / "z.jsonl", k=0, engine=engine)
 
 
-def test_cli_compare_verify_and_stats(tmp_path):
-    run_cli("deposit", str(EXAMPLES), cwd=tmp_path, check_rc=0)
+def test_cli_compare_verify_and_stats(tmp_path, engine):
+    deposit_here(engine, tmp_path, str(EXAMPLES))
     p = run_cli("solve", str(EXAMPLES), "--compare", "--k", "2", "--json", cwd=tmp_path, check_rc=0)
     out = json.loads(p.stdout)
     assert set(out) == {"baseline", "library", "ratios"}
@@ -188,12 +188,12 @@ def test_cli_compare_verify_and_stats(tmp_path):
     assert bad.returncode == 2 and "no store" in bad.stderr and not any(empty.iterdir())
 
 
-def test_prereg_and_replay_of_a_solve_protocol(tmp_path):
+def test_prereg_and_replay_of_a_solve_protocol(tmp_path, engine):
     """The protocol a user runs on their own model: deposit a library, solve with and without it, score both;
     `prereg make` turns the run into a prereg that replays, hash for hash, into a fresh store and ledger."""
     probs = tmp_path / "probs.jsonl"
     probs.write_text("".join(line + "\n" for line in EXAMPLES.read_text().splitlines() if "noref" not in line))
-    run_cli("deposit", "probs.jsonl", cwd=tmp_path, check_rc=0)
+    deposit_here(engine, tmp_path, "probs.jsonl")
     run_cli("solve", "probs.jsonl", "--compare", "--k", "2", "-o", "out.jsonl", cwd=tmp_path, check_rc=0)
     for mode in ("library", "baseline"):
         run_cli("score", f"out.{mode}.jsonl", "--answers", "probs.jsonl", cwd=tmp_path, check_rc=0)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, REPO, run_cli
+from conftest import EXAMPLES, REPO, deposit_here, run_cli
 
 from kvgraft_cli.config.profiles import environ_without_pins
 
@@ -74,12 +74,12 @@ def _one_problem(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def one_deposited(tmp_path_factory) -> Path:
-    """A folder where the CLI deposited the first example (one.jsonl) into store s with ledger l.jsonl: made once, and
-    copied into each test that starts from it (a deposit is a process of 3-4 s; the copy is the same bytes)."""
+def one_deposited(tmp_path_factory, engine) -> Path:
+    """A folder with the first example (one.jsonl) deposited into store s with ledger l.jsonl (in this process: the
+    bytes the CLI writes): made once, and copied into each test that starts from it."""
     d = tmp_path_factory.mktemp("one-deposited")
     _one_problem(d)
-    run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", cwd=d, check_rc=0)
+    deposit_here(engine, d, "one.jsonl", store="s", ledger="l.jsonl")
     return d
 
 
@@ -92,7 +92,7 @@ def _objects(store: Path) -> list[Path]:
     return sorted((store / "objects").rglob("*.kvg"))
 
 
-def test_failed_append_never_deletes_what_a_concurrent_deposit_recorded(tmp_path):
+def test_failed_append_never_deletes_what_a_concurrent_deposit_recorded(tmp_path, engine):
     """Two real processes deposit the same problem; A's append fails after B recorded the artifact. The artifact
     B's ledger line names must still be there (the old rollback deleted it, and verify still passed)."""
     _one_problem(tmp_path)
@@ -130,11 +130,11 @@ def test_failed_append_never_deletes_what_a_concurrent_deposit_recorded(tmp_path
     assert [p.stem for p in _objects(tmp_path / "s")] == [result["artifact"]]
     run_cli("verify", "b.jsonl", "--full", "--require-files", cwd=tmp_path, check_rc=0)
     # B again: the artifact is recorded now, so the line says "existing".
-    r = run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "b.jsonl", "--json", cwd=tmp_path, check_rc=0)
-    assert json.loads(r.stdout)["results"][0]["status"] == "existing"
+    again = deposit_here(engine, tmp_path, "one.jsonl", store="s", ledger="b.jsonl")
+    assert again.results[0].status == "existing"
 
 
-def test_the_first_record_after_a_crash_says_deposited(tmp_path):
+def test_the_first_record_after_a_crash_says_deposited(tmp_path, engine):
     """A run killed in its append leaves an object without a ledger line; the next run's line is the first record
     of that artifact and must say so (it said "existing", although no ledger line had ever recorded it)."""
     _one_problem(tmp_path)
@@ -143,13 +143,12 @@ def test_the_first_record_after_a_crash_says_deposited(tmp_path):
     assert a.returncode == 137 and len(_objects(tmp_path / "s")) == 1
     r = run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", "--json", cwd=tmp_path, check_rc=0)
     assert json.loads(r.stdout)["results"][0]["status"] == "deposited"
-    r = run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", "--json", cwd=tmp_path, check_rc=0)
-    assert json.loads(r.stdout)["results"][0]["status"] == "existing"
+    assert deposit_here(engine, tmp_path, "one.jsonl", store="s", ledger="l.jsonl").results[0].status == "existing"
     entries = [json.loads(x) for x in (tmp_path / "l.jsonl").read_text().splitlines()]
     assert [e["status"] for e in entries] == ["deposited", "existing"]
 
 
-def test_a_store_from_before_recording_reads_its_artifacts_as_recorded(tmp_path, one_deposited):
+def test_a_store_from_before_recording_reads_its_artifacts_as_recorded(tmp_path, one_deposited, engine):
     """A store made before the ``recorded`` column: opening it for writing adds the column, and its artifacts
     count as recorded (so a re-deposit says "existing", as it did)."""
     _from(one_deposited, tmp_path)
@@ -159,8 +158,7 @@ def test_a_store_from_before_recording_reads_its_artifacts_as_recorded(tmp_path,
     db.execute("ALTER TABLE artifacts DROP COLUMN recorded")
     db.commit()
     db.close()
-    r = run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", "--json", cwd=tmp_path, check_rc=0)
-    assert json.loads(r.stdout)["results"][0]["status"] == "existing"
+    assert deposit_here(engine, tmp_path, "one.jsonl", store="s", ledger="l.jsonl").results[0].status == "existing"
 
 
 def _old(path: Path, seconds: float = 7200) -> None:
@@ -168,10 +166,10 @@ def _old(path: Path, seconds: float = 7200) -> None:
     os.utime(path, (t, t))
 
 
-def test_store_gc_deletes_only_what_nothing_names(tmp_path):
+def test_store_gc_deletes_only_what_nothing_names(tmp_path, engine):
     problems = tmp_path / "two.jsonl"
     problems.write_text("".join(EXAMPLES.read_text().splitlines(keepends=True)[:2]))
-    run_cli("deposit", "two.jsonl", "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path, check_rc=0)
+    deposit_here(engine, tmp_path, "two.jsonl", store="s", ledger="l.jsonl")
     store = tmp_path / "s"
     indexed = _objects(store)
     for p in indexed:
@@ -365,7 +363,7 @@ def test_verify_origin_pins_the_checkpoints_log(tmp_path):
     run_cli("verify", "l.jsonl", "--origin", "x", cwd=tmp_path, check_rc=2)
 
 
-def test_an_artifact_no_ledger_line_recorded_is_not_served_until_one_does(tmp_path):
+def test_an_artifact_no_ledger_line_recorded_is_not_served_until_one_does(tmp_path, engine):
     _one_problem(tmp_path)
     a = _python(CRASHING_APPEND, "deposit", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path)
     a.communicate(timeout=300)
@@ -376,7 +374,7 @@ def test_an_artifact_no_ledger_line_recorded_is_not_served_until_one_does(tmp_pa
         "solve", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", "-o", "o.jsonl", "--json", cwd=tmp_path, check_rc=0
     )
     assert json.loads(r.stdout)["library"]["records"][0]["hit"] != "exact"
-    run_cli("deposit", "one.jsonl", "--store", "s", "--ledger", "l.jsonl", cwd=tmp_path, check_rc=0)
+    deposit_here(engine, tmp_path, "one.jsonl", store="s", ledger="l.jsonl")
     r = run_cli(
         "solve",
         "one.jsonl",

@@ -127,20 +127,28 @@ def run_without_torch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="session")
-def report_ledger(tmp_path_factory):
-    """A folder where the CLI ran one of each kind `kvgraft report` shows, on the first 4 examples (tiny model):
-    deposit, solve --compare, a score of each run, graft --check and probe. Read-only for tests."""
+def report_ledger(tmp_path_factory, engine):
+    """A folder where one of each kind `kvgraft report` shows ran, on the first 4 examples (tiny model): deposit,
+    solve --compare, a score of each run, graft --check and probe (the deposit, the check and the probe in this
+    process on the session's engine: the ledger lines the commands write; solve and score through the CLI).
+    Read-only for tests."""
+    from kvgraft_cli.runs.context import RunContext
+    from kvgraft_cli.runs.graft import graft_check
+    from kvgraft_cli.runs.probe import probe
+
     d = tmp_path_factory.mktemp("report")
     (d / "problems.jsonl").write_text("".join(line + "\n" for line in EXAMPLES.read_text().splitlines()[:4]))
+    deposit_here(engine, d, "problems.jsonl")
     for args in (
-        ["deposit", "problems.jsonl"],
         ["solve", "problems.jsonl", "--compare", "--k", "2"],
         ["score", "problems.solve.jsonl", "--answers", "problems.jsonl"],
         ["score", "problems.baseline.jsonl", "--answers", "problems.jsonl"],
-        ["graft", "--check", "--samples", "2"],
-        ["probe", "--offsets", "0,1,8", "--samples", "2"],
     ):
         run_cli(*args, cwd=d, check_rc=0)
+    with inside(d):  # `graft --check --samples 2`, then `probe --offsets 0,1,8 --samples 2`, on the latest deposit
+        ctx = RunContext.make(engine.manifest, "kvgraft-store", Path("kvgraft-ledger.jsonl"))
+        assert graft_check(ctx, engine, None, 2).passed
+        probe(ctx, engine, None, [0, 1, 8], 2)
     return d
 
 

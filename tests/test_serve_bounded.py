@@ -29,7 +29,7 @@ from pathlib import Path
 import openai
 import pytest
 import yaml
-from conftest import EXAMPLES, REPO, environ_without_pins, run_cli
+from conftest import EXAMPLES, REPO, deposit_here, environ_without_pins, run_cli
 from serving import Served, chat, ledger_lines, start
 
 pytestmark = pytest.mark.xdist_group("serve-bounded")
@@ -231,13 +231,13 @@ def test_kill_9_in_the_middle_of_an_eviction_then_a_restart_serves_the_same(tmp_
 
 
 @pytest.fixture(scope="module")
-def keyed(tmp_path_factory):
+def keyed(tmp_path_factory, engine):
     """A server with two keys (one on the command line, one from a file) and one more from the environment, on a
     store whose library holds the first 4 examples."""
     d = tmp_path_factory.mktemp("keyed")
     _manifest(d)
     (d / "problems.jsonl").write_text("".join(line + "\n" for line in EXAMPLES.read_text().splitlines()[:4]))
-    run_cli("deposit", "problems.jsonl", "-m", "serve.yaml", cwd=d, check_rc=0)
+    deposit_here(engine, d, "problems.jsonl", manifest="serve.yaml")
     (d / "keys.txt").write_text("# tenants\nkey-of-bob\n\n")
     s = start(
         d,

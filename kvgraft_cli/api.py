@@ -242,7 +242,7 @@ class Session:
         Nothing starts until a run needs it; one pool serves several runs (``solve --compare``)."""
         if ray is False or ray is None:
             if workers is not None:
-                raise InputError("workers are for Ray runs", "add --ray (or --ray-address ADDRESS)")
+                raise InputError("workers are for Ray runs", "pass ray=True (a local instance) or a cluster's address")
             return nullcontext()
         from .runs.workers.ray import RayPool
 
@@ -263,8 +263,8 @@ class Session:
         return Deposit(sha, len(ids), tuple(ids), logits_sha, path, stored)
 
     def open(self, artifact: str | Path | None = None) -> Loaded:
-        """Read an artifact and re-hash it, without the model (a damaged file or a wrong reference is refused in
-        milliseconds, before a model loads): its identity, a unique prefix of it, a problem id or a .kvg file;
+        """Read an artifact and re-hash it, without the model (a damaged file or a wrong reference is refused before
+        a model loads, not after): its identity, a unique prefix of it, a problem id or a .kvg file;
         None for the latest deposit. ``graft``, ``check_graft``, ``generate`` and ``probe`` take what this
         returns as well as a reference."""
         from .runs.graft import open_artifact

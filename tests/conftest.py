@@ -92,7 +92,7 @@ def inside(folder: Path):
         os.chdir(before)
 
 
-_ENGINES: dict = {}  # compute pin -> an engine loaded in this process (deposit_here's, besides the session's)
+_ENGINES: dict = {}  # manifest file hash -> an engine loaded in this process (deposit_here's, besides the session's)
 
 
 def deposit_here(engine, folder: Path, problems: str, *, manifest: str | None = None, store: str = "kvgraft-store",
@@ -101,8 +101,8 @@ def deposit_here(engine, folder: Path, problems: str, *, manifest: str | None = 
     process: the same objects and the same ledger lines but their times as the command writes (a setup, where the
     command itself is not what a test checks, without a process's 3-4 s of imports). ``manifest`` (a path relative to
     ``folder``; default: the session engine's) must pin this process's kernel flags (the tests' own: the portable
-    ones); a compute pin other than the session engine's loads an engine of its own here, once. Returns the
-    DepositReport."""
+    ones; another manifest's are refused as drift) and gets an engine of its own here, once a manifest (its prompts
+    and prefill are its own). Returns the DepositReport."""
     from kvgraft_cli.config.manifest import load_manifest
     from kvgraft_cli.engine.engine import load_engine
     from kvgraft_cli.runs.context import RunContext
@@ -110,10 +110,10 @@ def deposit_here(engine, folder: Path, problems: str, *, manifest: str | None = 
 
     with inside(folder):
         m = engine.manifest if manifest is None else load_manifest(Path(manifest))
-        if m.compute_sha256 != engine.manifest.compute_sha256:
-            if m.compute_sha256 not in _ENGINES:
-                _ENGINES[m.compute_sha256] = load_engine(m)
-            engine = _ENGINES[m.compute_sha256]
+        if manifest is not None:
+            if m.file_sha256 not in _ENGINES:
+                _ENGINES[m.file_sha256] = load_engine(m)
+            engine = _ENGINES[m.file_sha256]
         ctx = RunContext.make(m, store, Path(ledger))
         return deposit(ctx, Path(problems), limit=limit, engine=engine)
 

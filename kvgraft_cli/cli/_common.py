@@ -194,8 +194,10 @@ def artifact_and_engine(
     """What graft and probe start with: (the api.Session, the opened artifact), in the safe order: the artifact read
     and re-hashed first (a bad reference fails before the slow model load), then the engine loaded."""
     s = session(manifest, store, ledger, allow_drift)
-    loaded = s.open(artifact)
-    s.engine  # noqa: B018  (the property loads it)
+    # Reading the artifact imports torch: inside the same collection pause as the model's load (engine_start nests)
+    with engine_start():
+        loaded = s.open(artifact)
+        s.engine  # noqa: B018  (the property loads it)
     return s, loaded
 
 

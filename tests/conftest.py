@@ -9,7 +9,7 @@ import shutil as _shutil
 import subprocess
 import sys
 import tempfile as _tempfile
-from contextlib import contextmanager
+from contextlib import chdir
 from pathlib import Path
 
 import pytest
@@ -80,18 +80,6 @@ def deposited(tmp_path_factory, engine):
     return c, report
 
 
-@contextmanager
-def inside(folder: Path):
-    """The working directory is ``folder`` for the block (paths given relative, as a user types them, are recorded
-    as the CLI records them)."""
-    before = os.getcwd()
-    os.chdir(folder)
-    try:
-        yield
-    finally:
-        os.chdir(before)
-
-
 _ENGINES: dict = {}  # manifest file hash -> an engine loaded in this process (deposit_here's, besides the session's)
 
 
@@ -108,7 +96,7 @@ def deposit_here(engine, folder: Path, problems: str, *, manifest: str | None = 
     from kvgraft_cli.runs.context import RunContext
     from kvgraft_cli.runs.deposit import deposit
 
-    with inside(folder):
+    with chdir(folder):  # relative paths recorded as the CLI, run in the folder, records them
         m = engine.manifest if manifest is None else load_manifest(Path(manifest))
         if manifest is not None:
             if m.file_sha256 not in _ENGINES:
@@ -183,7 +171,7 @@ def report_ledger(tmp_path_factory, engine):
         ["score", "problems.baseline.jsonl", "--answers", "problems.jsonl"],
     ):
         run_cli(*args, cwd=d, check_rc=0)
-    with inside(d):  # `graft --check --samples 2`, then `probe --offsets 0,1,8 --samples 2`, on the latest deposit
+    with chdir(d):  # `graft --check --samples 2`, then `probe --offsets 0,1,8 --samples 2`, on the latest deposit
         ctx = RunContext.make(engine.manifest, "kvgraft-store", Path("kvgraft-ledger.jsonl"))
         assert graft_check(ctx, engine, None, 2).passed
         probe(ctx, engine, None, [0, 1, 8], 2)

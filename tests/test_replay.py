@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import chdir
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, deposit_here, inside, run_cli
+from conftest import EXAMPLES, deposit_here, run_cli
 
 from kvgraft_cli.errors import InputError
 from kvgraft_cli.ledger import log as ledger
@@ -27,7 +28,7 @@ def finished_run(tmp_path_factory, engine):
     shutil.copy(EXAMPLES, d / "problems.jsonl")
     (d / "outputs.jsonl").write_text('{"id": "sum-1", "output": "\\\\boxed{42}"}\n{"id": "frac-1", "output": "1/2"}\n')
     deposit_here(engine, d, "problems.jsonl", limit=2)
-    with inside(d):
+    with chdir(d):
         ctx = RunContext.make(engine.manifest, "kvgraft-store", Path("kvgraft-ledger.jsonl"))
         assert graft_check(ctx, engine, "sum-1", 2, 2).passed
     run_cli("score", "outputs.jsonl", "--answers", "problems.jsonl", cwd=d, check_rc=0)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from forkserver import forkable, run_forked
 
 # Tests that share a service run on one xdist worker (tests/xdist_groups.py says why loadgroup needs this).
 from xdist_groups import pytest_runtest_setup, pytest_xdist_make_scheduler  # noqa: F401
@@ -38,14 +39,28 @@ VECTORS = REPO / "tests" / "vectors"  # RFC 6962 and RFC 8785 test vectors, comm
 MATH500 = REPO / "data" / "math500" / "math500.jsonl"  # committed (data/math500/README.md)
 
 
-def run_cli(*args: str, cwd: Path, env: dict | None = None, check_rc: int | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m kvgraft_cli ARGS` in a fresh process (as a user would), capturing output."""
+def run_cli(
+    *args: str, cwd: Path, env: dict | None = None, check_rc: int | None = None, fresh: bool = False
+) -> subprocess.CompletedProcess:
+    """Run `python -m kvgraft_cli ARGS` in a process of its own (as a user would), capturing output.
+
+    The process is forked from a warm one that has imported torch and transformers (tests/forkserver.py says what
+    that changes and how it is kept out); ``fresh=True``, or extra variables read at interpreter start, start a new
+    interpreter instead."""
     full_env = environ_without_pins()
     full_env.pop("KVGRAFT_DEBUG", None)
     full_env.update(env or {})
-    p = subprocess.run(
-        [sys.executable, "-m", "kvgraft_cli", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=600
-    )
+    if not fresh and forkable(env):
+        p = run_forked(list(args), cwd, full_env, {n: os.environ.get(n) for n in KNOWN_BIT_ENV})
+    else:
+        p = subprocess.run(
+            [sys.executable, "-m", "kvgraft_cli", *args],
+            cwd=cwd,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     if check_rc is not None:
         assert p.returncode == check_rc, f"rc={p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     return p

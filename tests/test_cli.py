@@ -9,10 +9,11 @@ from conftest import EXAMPLES, REPO, run_cli, run_without_torch
 
 
 def test_main_job_deposit_then_check_50_samples(tmp_path):
-    """README quick start: deposit the examples with the embedded default, then graft --check (50 samples)."""
-    p = run_cli("deposit", str(EXAMPLES), cwd=tmp_path, check_rc=0)
+    """README quick start: deposit the examples with the embedded default, then graft --check (50 samples). Both in
+    fresh interpreters (not forked from the suite's warm one), as a user runs them."""
+    p = run_cli("deposit", str(EXAMPLES), cwd=tmp_path, check_rc=0, fresh=True)
     assert "deposited" in p.stdout and "kvgraft-store" in p.stdout
-    p = run_cli("graft", "--check", "--json", cwd=tmp_path, check_rc=0)
+    p = run_cli("graft", "--check", "--json", cwd=tmp_path, check_rc=0, fresh=True)
     r = json.loads(p.stdout)
     assert (r["samples"], r["sha_equal"], r["max_kl"], r["argmax_agreement"]) == (50, 50, 0.0, 1.0)
     assert r["passed"] and r["deposit_reproduced"] and r["generated_equal"] == 50

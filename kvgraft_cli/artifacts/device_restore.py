@@ -67,12 +67,6 @@ def open_file_on_device(
     return digest, _moved(art, device)
 
 
-def release_staging() -> None:
-    """Free the cached staging buffers (the pinned memory goes back to torch's host allocator)."""
-    with _STAGING_LOCK:
-        _STAGING.clear()
-
-
 def _device(torch, device):
     """``device`` as a torch.device with its index, refusing a CUDA device this process cannot reach."""
     try:

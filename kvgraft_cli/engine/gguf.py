@@ -102,14 +102,6 @@ def dequantize(gguf_path: Path, out_dir: Path, dtype: str = "float32") -> Path:
     return out_dir
 
 
-def ensure_dequantized(gguf_path: Path, gguf_sha256: str, dtype: str) -> Path:
-    """The cached dequantized checkpoint of the GGUF with this SHA-256, converted now if missing."""
-    out = gguf_config.dequantized_dir(gguf_sha256, dtype)
-    if (out / "model.safetensors").is_file():
-        return out
-    return dequantize(gguf_path, out, dtype)
-
-
 def materialize(manifest) -> None:
     """Make sure a GGUF manifest's dequantized checkpoint is in the cache, converting the GGUF once (after checking
     its SHA-256 against ``model.gguf_sha256``). The model hash of what was written is checked by the caller, as for

@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 # Variables a test may set for one command that are read only at run time (by kvgraft, or by the shell-outs it makes).
@@ -125,15 +126,17 @@ class Zygote:
 
 
 _ZYGOTES: dict[str, Zygote] = {}
+_ZYGOTES_LOCK = threading.Lock()  # tests that run commands from several threads at once start one zygote, not two
 
 
 def _zygote(pins: dict[str, str | None], base_env: dict[str, str]) -> Zygote:
     key = json.dumps(pins, sort_keys=True)
-    if key not in _ZYGOTES:
-        if not _ZYGOTES:
-            atexit.register(lambda: [z.close() for z in _ZYGOTES.values()])
-        _ZYGOTES[key] = Zygote(pins, base_env)
-    return _ZYGOTES[key]
+    with _ZYGOTES_LOCK:
+        if key not in _ZYGOTES:
+            if not _ZYGOTES:
+                atexit.register(lambda: [z.close() for z in _ZYGOTES.values()])
+            _ZYGOTES[key] = Zygote(pins, base_env)
+        return _ZYGOTES[key]
 
 
 def _text(data: bytes) -> str:
@@ -188,7 +191,6 @@ def _child(request: dict, fds: list[int], pins: dict[str, str | None]) -> None:
 
             traceback.print_exc()
             code = 1
-        import threading
 
         threading._shutdown()  # type: ignore[attr-defined]  # the interpreter joins non-daemon threads, then atexit
         atexit._run_exitfuncs()
@@ -265,18 +267,19 @@ def _serve(path: str, pins: dict[str, str | None]) -> None:
         conn, _ = server.accept()
         message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
         if os.fork() == 0:
-            # The waiter: forks the command, reports its pid and then its exit status.
-            server.close()
-            request = json.loads(message)
-            pid = os.fork()
-            if pid == 0:
-                conn.close()
-                _child(request, fds, pins)
-            for fd in fds:
-                os.close(fd)
-            conn.send(json.dumps({"pid": pid}).encode())
-            _, status = os.waitpid(pid, 0)
+            # The waiter: forks the command, reports its pid and then its exit status. Whatever happens (the test
+            # process gone, say), it ends here and never returns into this loop.
             try:
+                server.close()
+                request = json.loads(message)
+                pid = os.fork()
+                if pid == 0:
+                    conn.close()
+                    _child(request, fds, pins)
+                for fd in fds:
+                    os.close(fd)
+                conn.send(json.dumps({"pid": pid}).encode())
+                _, status = os.waitpid(pid, 0)
                 conn.send(json.dumps({"status": status}).encode())
             finally:
                 os._exit(0)

@@ -39,18 +39,25 @@ VECTORS = REPO / "tests" / "vectors"  # RFC 6962 and RFC 8785 test vectors, comm
 MATH500 = REPO / "data" / "math500" / "math500.jsonl"  # committed (data/math500/README.md)
 
 
+# The commands that load torch (and `manifest init`, which does for a GGUF) run forked from a warm process. The others
+# run in a fresh interpreter: a fork would gain them little, and they can observe what the warm process loaded (a
+# score's ledger line records torch's version only when torch is loaded; verify's unshuffle takes numpy's path when
+# numpy is).
+ENGINE_COMMANDS = {("deposit",), ("graft",), ("probe",), ("solve",), ("replay",), ("matrix",), ("serve",)}
+
+
 def run_cli(
     *args: str, cwd: Path, env: dict | None = None, check_rc: int | None = None, fresh: bool = False
 ) -> subprocess.CompletedProcess:
     """Run `python -m kvgraft_cli ARGS` in a process of its own (as a user would), capturing output.
 
-    The process is forked from a warm one that has imported torch and transformers (tests/forkserver.py says what
-    that changes and how it is kept out); ``fresh=True``, or extra variables read at interpreter start, start a new
-    interpreter instead."""
+    An engine command's process is forked from a warm one that has imported torch and transformers
+    (tests/forkserver.py says what that changes and how it is kept out); ``fresh=True``, a command that never loads
+    torch, or extra variables read at interpreter start, start a new interpreter instead."""
     full_env = environ_without_pins()
     full_env.pop("KVGRAFT_DEBUG", None)
     full_env.update(env or {})
-    if not fresh and forkable(env):
+    if not fresh and forkable(env) and (args[:1] in ENGINE_COMMANDS or args[:2] == ("manifest", "init")):
         p = run_forked(list(args), cwd, full_env, {n: os.environ.get(n) for n in KNOWN_BIT_ENV})
     else:
         p = subprocess.run(

@@ -4,11 +4,21 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import forkserver
-from conftest import EXAMPLES, run_cli
-from forkserver import forkable
+import pytest
+from conftest import EXAMPLES, REPO, run_cli
+from forkserver import forkable, run_forked
+
+from kvgraft_cli.config.profiles import KNOWN_BIT_ENV, environ_without_pins
+
+forked_only = pytest.mark.skipif(
+    os.environ.get("KVGRAFT_TEST_FRESH") == "1", reason="KVGRAFT_TEST_FRESH=1: every call is a fresh interpreter"
+)
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -42,6 +52,44 @@ def test_a_forked_deposit_and_error_are_the_fresh_ones(tmp_path):
     assert runs["fresh"][2] == 2 and runs["fresh"][3].startswith("Error: ")
 
 
+def _probe_both(mode: str, cwd: Path) -> dict[str, subprocess.CompletedProcess]:
+    # The probe runs from a folder of its own (`python -m` finds it there), not from tests/, where the zygote started.
+    (cwd / "fork_probe.py").write_bytes((REPO / "tests" / "fork_probe.py").read_bytes())
+    env = environ_without_pins()
+    pins = {n: os.environ.get(n) for n in KNOWN_BIT_ENV}
+    fresh = subprocess.run(
+        [sys.executable, "-m", "fork_probe", mode],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return {"fresh": fresh, "forked": run_forked([mode], cwd, env, pins, timeout=120, module="fork_probe")}
+
+
+@forked_only
+def test_a_forked_child_sees_what_a_fresh_interpreter_sees(tmp_path):
+    runs = _probe_both("state", tmp_path)
+    for p in runs.values():
+        assert p.returncode == 3, p.stderr
+        assert p.stdout.splitlines()[1:] == ["thread", "atexit"]  # threads joined, then atexit, as at interpreter exit
+    state = {how: json.loads(p.stdout.splitlines()[0]) for how, p in runs.items()}
+    assert state["forked"] == state["fresh"]
+    assert state["fresh"]["prog"] == "fork_probe.py" and state["fresh"]["stdin"] == "/dev/null"
+
+
+@forked_only
+def test_torch_imported_before_the_pins_is_drift_in_a_forked_child_too(tmp_path):
+    for mode, drift in (("pins-first", []), ("torch-first", ["env.ATEN_CPU_CAPABILITY", "env.MKL_CBWR"])):
+        runs = _probe_both(mode, tmp_path)
+        got = {how: (p.returncode, p.stderr, json.loads(p.stdout)) for how, p in runs.items()}
+        assert got["forked"] == got["fresh"], mode
+        assert got["fresh"][2][:2] == drift, mode
+
+
+@forked_only
 def test_a_manifest_pinning_other_kernels_runs_where_torch_was_imported_under_them(tmp_path):
     # The avx2 profile pins ATEN_CPU_CAPABILITY, MKL_CBWR and ONEDNN_MAX_CPU_ISA to other values than the tests'
     # process (the portable flags): a child of the portable zygote must hand the command to one started under them,
@@ -51,6 +99,7 @@ def test_a_manifest_pinning_other_kernels_runs_where_torch_was_imported_under_th
         encoding="utf-8",
     )
     outs = {}
+    before = set(forkserver._ZYGOTES)
     for how in ("forked", "fresh"):
         p = run_cli(
             "deposit", str(EXAMPLES), "--limit", "1", "-m", "../m.yaml", "--json",
@@ -64,9 +113,10 @@ def test_a_manifest_pinning_other_kernels_runs_where_torch_was_imported_under_th
     assert outs["forked"] == outs["fresh"]
     # ATen happens to read its capability lazily, so even a child of the portable zygote would record avx2 above:
     # check that the command was handed to a zygote whose torch import saw the avx2 pins.
-    assert any(z.pins["ATEN_CPU_CAPABILITY"] == "avx2" for z in forkserver._ZYGOTES.values())
+    assert any(z.pins["ATEN_CPU_CAPABILITY"] == "avx2" for k, z in forkserver._ZYGOTES.items() if k not in before)
 
 
+@forked_only
 def test_variables_read_at_interpreter_start_get_a_fresh_interpreter():
     assert forkable(None) and forkable({"KVGRAFT_MAX_LINE": "2K", "COLUMNS": "80", "XDG_CACHE_HOME": "/x"})
     for name in ("PYTHONHASHSEED", "LC_ALL", "OMP_NUM_THREADS", "HF_HOME", "ATEN_CPU_CAPABILITY"):

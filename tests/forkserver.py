@@ -199,7 +199,9 @@ def run_forked(
         # (What it did before it applied them, such as making its store folder, it does again there.)
         rc, out, err, again = _zygote(asked).run(argv, cwd, env, timeout)
         assert again is None, f"the zygote for {asked} asked for {again}"
-    return subprocess.CompletedProcess(argv, rc, _text(out), _text(err))
+    done = subprocess.CompletedProcess(argv, rc, _text(out), _text(err))
+    done.forked_under = asked or pins  # type: ignore[attr-defined]  # the pins of the zygote that ran it
+    return done
 
 
 # ---- the zygote process ---------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import forkserver
 import pytest
 from conftest import EXAMPLES, REPO, run_cli
 from forkserver import forkable, run_forked
@@ -98,8 +97,7 @@ def test_a_manifest_pinning_other_kernels_runs_where_torch_was_imported_under_th
         run_cli("manifest", "init", "builtin:tiny-gemma4", "--profile", "avx2", cwd=tmp_path, check_rc=0).stdout,
         encoding="utf-8",
     )
-    outs = {}
-    before = set(forkserver._ZYGOTES)
+    outs, under = {}, {}
     for how in ("forked", "fresh"):
         p = run_cli(
             "deposit", str(EXAMPLES), "--limit", "1", "-m", "../m.yaml", "--json",
@@ -107,13 +105,14 @@ def test_a_manifest_pinning_other_kernels_runs_where_torch_was_imported_under_th
         )  # fmt: skip
         ledger = _ledger_without_times(tmp_path / how / "kvgraft-ledger.jsonl")
         outs[how] = ([(r["artifact"], r["logits_sha256"]) for r in json.loads(p.stdout)["results"]], ledger)
-        # The kernels torch chose at import (the tiny model's bits alone would not tell them apart).
+        under[how] = getattr(p, "forked_under", None)
+        # The kernels ATen chose (the tiny model's bits alone would not tell them apart).
         assert [e["environment"]["kernels"]["aten"] for e in ledger] == ["avx2"]
         assert not [e for e in ledger if e.get("drift")]
     assert outs["forked"] == outs["fresh"]
     # ATen happens to read its capability lazily, so even a child of the portable zygote would record avx2 above:
     # check that the command was handed to a zygote whose torch import saw the avx2 pins.
-    assert any(z.pins["ATEN_CPU_CAPABILITY"] == "avx2" for k, z in forkserver._ZYGOTES.items() if k not in before)
+    assert under["forked"]["ATEN_CPU_CAPABILITY"] == "avx2" and under["fresh"] is None
 
 
 @forked_only

@@ -28,6 +28,12 @@ os.environ["MKL_CBWR"] = "COMPATIBLE"
 os.environ["ATEN_CPU_CAPABILITY"] = "default"
 os.environ["ONEDNN_MAX_CPU_ISA"] = "SSE41"
 
+# Two workers share the cores, and each engine process runs OpenMP with one thread per core. By default an idle
+# OpenMP thread spins before it sleeps, so two processes' spinning threads take each other's cores: the invariant
+# schedule's many small parallel regions ran 3x slower beside a busy process (docs/TESTING.md, 2026-12-07). Passive
+# threads sleep at once. How threads wait changes no arithmetic; every process the tests start inherits this.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # `kvgraft verify` keeps its cache of verified files in the user's cache folder: tests (and the CLI processes they
 # start, which inherit the environment) use one of their own, never the developer's ~/.cache.
 os.environ["XDG_CACHE_HOME"] = _tempfile.mkdtemp(prefix="kvgraft-test-cache-")

@@ -31,7 +31,7 @@ os.environ["ONEDNN_MAX_CPU_ISA"] = "SSE41"
 # Two workers share the cores, and each engine process runs OpenMP with one thread per core. By default an idle
 # OpenMP thread spins before it sleeps, so two processes' spinning threads take each other's cores: the invariant
 # schedule's many small parallel regions ran 3x slower beside a busy process (docs/TESTING.md, 2026-12-07). Passive
-# threads sleep at once. How threads wait changes no arithmetic; every process the tests start inherits this.
+# threads sleep at once. How threads wait changes no arithmetic; run_cli's processes, the warm ones and the servers inherit this.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # `kvgraft verify` keeps its cache of verified files in the user's cache folder: tests (and the CLI processes they
